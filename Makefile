@@ -1,0 +1,38 @@
+# Every target builds its own virtualenv from pyproject.toml, so a fresh
+# machine needs nothing but python3 (and root plus Debian's apt for the
+# end-to-end tests, which fetch containerd themselves).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-fast lint gen check-gen bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/nri-midbatch replay examples/recordings/demo.jsonl --via-socket
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m 'not e2e'
+
+lint: $(STAMP)
+	$(BIN)/ruff check nri_midbatch tests scripts
+	$(BIN)/ruff format --check nri_midbatch tests scripts
+	$(BIN)/mypy nri_midbatch
+
+gen: $(STAMP)
+	$(BIN)/python scripts/gen_protos.py
+
+check-gen: $(STAMP)
+	$(BIN)/python scripts/gen_protos.py --check
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
