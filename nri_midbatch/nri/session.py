@@ -1,0 +1,418 @@
+"""One registration with a runtime: the NRI plugin protocol over a MuxConnection.
+
+The session owns what NRI requires of every plugin, whatever it does: serve
+the Plugin service before registering, fit the event mask to the runtime's NRI
+version, reassemble split Synchronize requests, route both the v0.12 dedicated
+event RPCs and StateChange to one set of handlers, and keep UpdateContainers
+out of event handlers. What to do with events is the `Plugin`'s business.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import structlog
+from google.protobuf.message import Message
+
+from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.nri import version as nri_version
+from nri_midbatch.nri.events import POD_EVENTS, Event
+from nri_midbatch.rpc.connection import MuxConnection
+from nri_midbatch.rpc.errors import RpcError
+from nri_midbatch.rpc.service import CallContext, Method, Service
+from nri_midbatch.wire.status import Code
+
+log = structlog.get_logger(__name__)
+
+PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
+RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
+
+#: The runtime waits 5 s for RegisterPlugin by default; waiting a little longer
+#: ourselves avoids giving up on a busy runtime that would still accept us.
+DEFAULT_REGISTRATION_TIMEOUT = 6.0
+
+_in_event_handler: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "nri_in_event_handler", default=False
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeInfo:
+    name: str
+    version: str
+    nri_version: nri_version.Version
+    #: Seconds, when the runtime tells us (NRI v0.7+).
+    registration_timeout: float | None
+    request_timeout: float | None
+
+    @property
+    def valid_events(self) -> int:
+        return nri_version.valid_events(self.nri_version)
+
+    @property
+    def update_containers_safe(self) -> bool:
+        return self.nri_version >= nri_version.SAFE_UPDATE_CONTAINERS
+
+
+class Plugin(Protocol):
+    """The plugin logic a session drives."""
+
+    #: Events the plugin wants; the session drops those the runtime cannot send.
+    events: frozenset[Event]
+
+    async def configure(self, config: str, runtime: RuntimeInfo) -> None: ...
+
+    async def synchronize(
+        self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container]
+    ) -> Sequence[api.ContainerUpdate]: ...
+
+    async def create_container(
+        self, pod: api.PodSandbox, container: api.Container
+    ) -> api.CreateContainerResponse: ...
+
+    async def update_container(
+        self, pod: api.PodSandbox, container: api.Container, resources: api.LinuxResources
+    ) -> Sequence[api.ContainerUpdate]: ...
+
+    async def stop_container(
+        self, pod: api.PodSandbox, container: api.Container
+    ) -> Sequence[api.ContainerUpdate]: ...
+
+    async def update_pod_sandbox(
+        self,
+        pod: api.PodSandbox,
+        overhead: api.LinuxResources,
+        resources: api.LinuxResources,
+    ) -> None: ...
+
+    async def pod_event(self, event: Event, pod: api.PodSandbox) -> None: ...
+
+    async def container_event(
+        self, event: Event, pod: api.PodSandbox, container: api.Container
+    ) -> None: ...
+
+
+class RegistrationError(Exception):
+    """The runtime refused or never answered our RegisterPlugin."""
+
+
+@dataclass
+class SessionState:
+    registered: bool = False
+    configured: bool = False
+    synchronized: bool = False
+    runtime: RuntimeInfo | None = None
+    events: int = 0
+    sync_chunks: int = 0
+    sync_pods: int = 0
+    sync_containers: int = 0
+    _listeners: list[Callable[[SessionState], None]] = field(default_factory=list, repr=False)
+
+    def changed(self) -> None:
+        for listener in self._listeners:
+            listener(self)
+
+
+class Session:
+    def __init__(
+        self,
+        plugin: Plugin,
+        name: str,
+        idx: str,
+        *,
+        registration_timeout: float = DEFAULT_REGISTRATION_TIMEOUT,
+        on_state: Callable[[SessionState], None] | None = None,
+    ) -> None:
+        self._plugin = plugin
+        self._name = name
+        self._idx = idx
+        self._registration_timeout = registration_timeout
+        self.state = SessionState()
+        if on_state is not None:
+            self.state._listeners.append(on_state)
+        self._conn: MuxConnection | None = None
+        self._sync_pods: list[api.PodSandbox] = []
+        self._sync_containers: list[api.Container] = []
+        self._configured = asyncio.Event()
+        self._log = log.bind(plugin=f"{idx}-{name}")
+
+    # -- running -------------------------------------------------------------
+
+    async def run(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str:
+        """Register and serve until the connection ends; returns why it ended."""
+        conn = MuxConnection(
+            reader, writer, {PLUGIN_SERVICE: self._service()}, name=f"{self._idx}-{self._name}"
+        )
+        self._conn = conn
+        self._configured.clear()
+        self._sync_pods, self._sync_containers = [], []
+        # Serve connection 1 before registering: Configure may arrive before
+        # the reply to RegisterPlugin.
+        reader_task = asyncio.create_task(conn.run())
+        try:
+            await self._register(conn)
+            await conn.wait_closed()
+        finally:
+            conn.close()
+            await asyncio.gather(reader_task, return_exceptions=True)
+            self._conn = None
+            self.state.registered = self.state.configured = self.state.synchronized = False
+            self.state.changed()
+        return conn.close_reason or "closed"
+
+    async def _register(self, conn: MuxConnection) -> None:
+        request = api.RegisterPluginRequest(
+            plugin_name=self._name,
+            plugin_idx=self._idx,
+            NRI_version=nri_version.format_version(nri_version.SAFE_UPDATE_CONTAINERS),
+        )
+        try:
+            async with asyncio.timeout(self._registration_timeout):
+                await conn.call(
+                    RUNTIME_SERVICE,
+                    "RegisterPlugin",
+                    request,
+                    api.Empty,
+                    timeout=self._registration_timeout,
+                )
+                self.state.registered = True
+                self.state.changed()
+                # Like the Go stub, registration is complete only once the
+                # runtime has configured us.
+                configured = asyncio.create_task(self._configured.wait())
+                closed = asyncio.create_task(conn.wait_closed())
+                await asyncio.wait((configured, closed), return_when=asyncio.FIRST_COMPLETED)
+                configured.cancel()
+                closed.cancel()
+                if not self._configured.is_set():
+                    raise RegistrationError(
+                        f"connection closed before Configure: {conn.close_reason}"
+                    )
+        except RpcError as exc:
+            raise RegistrationError(f"runtime refused registration: {exc.message}") from exc
+        except TimeoutError:
+            raise RegistrationError(
+                f"no Configure within {self._registration_timeout}s of registering"
+            ) from None
+        self._log.info("registered", runtime=self.state.runtime)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close("session closed")
+
+    # -- unsolicited updates -------------------------------------------------
+
+    async def update_containers(
+        self, updates: Sequence[api.ContainerUpdate], *, timeout: float | None = None
+    ) -> Sequence[api.ContainerUpdate]:
+        """Ask the runtime to update containers; returns the updates that failed.
+
+        Runtimes hold their locks while an event is out with a plugin, so this
+        must run in a task of its own, never awaited from an event handler.
+        """
+        if _in_event_handler.get():
+            raise RuntimeError(
+                "UpdateContainers awaited inside an event handler would block the runtime; "
+                "use schedule_update_containers()"
+            )
+        if self._conn is None or not self.state.configured:
+            raise RuntimeError("not registered with a runtime")
+        reply = await self._conn.call(
+            RUNTIME_SERVICE,
+            "UpdateContainers",
+            api.UpdateContainersRequest(update=updates),
+            api.UpdateContainersResponse,
+            timeout=timeout,
+        )
+        return list(reply.failed)
+
+    def schedule_update_containers(
+        self, updates: Sequence[api.ContainerUpdate]
+    ) -> asyncio.Task[Sequence[api.ContainerUpdate]]:
+        """Run update_containers in its own task, outside any handler's context."""
+        return asyncio.get_running_loop().create_task(
+            self.update_containers(updates), context=contextvars.Context()
+        )
+
+    # -- the Plugin service --------------------------------------------------
+
+    def _service(self) -> Service:
+        def event(
+            request_type: type[Message], handler: Callable[[Any], Awaitable[Message]]
+        ) -> Method:
+            async def run(request: Any, _ctx: CallContext) -> Message:
+                _in_event_handler.set(True)
+                return await handler(request)
+
+            return Method(request_type, run)
+
+        def pod_event(
+            request_type: type[Message], response_type: type[Message], kind: Event
+        ) -> Method:
+            async def handle(request: Any) -> Message:
+                await self._plugin.pod_event(kind, request.pod)
+                return response_type()
+
+            return event(request_type, handle)
+
+        def container_event(
+            request_type: type[Message], response_type: type[Message], kind: Event
+        ) -> Method:
+            async def handle(request: Any) -> Message:
+                await self._plugin.container_event(kind, request.pod, request.container)
+                return response_type()
+
+            return event(request_type, handle)
+
+        methods = {
+            "Configure": event(api.ConfigureRequest, self._configure),
+            "Synchronize": event(api.SynchronizeRequest, self._synchronize),
+            "Shutdown": event(api.Empty, self._shutdown),
+            "CreateContainer": event(api.CreateContainerRequest, self._create_container),
+            "UpdateContainer": event(api.UpdateContainerRequest, self._update_container),
+            "StopContainer": event(api.StopContainerRequest, self._stop_container),
+            "UpdatePodSandbox": event(api.UpdatePodSandboxRequest, self._update_pod_sandbox),
+            "StateChange": event(api.StateChangeEvent, self._state_change),
+            "ValidateContainerAdjustment": event(
+                api.ValidateContainerAdjustmentRequest, self._validate
+            ),
+            "RunPodSandbox": pod_event(
+                api.RunPodSandboxRequest, api.RunPodSandboxResponse, Event.RUN_POD_SANDBOX
+            ),
+            "StopPodSandbox": pod_event(
+                api.StopPodSandboxRequest, api.StopPodSandboxResponse, Event.STOP_POD_SANDBOX
+            ),
+            "RemovePodSandbox": pod_event(
+                api.RemovePodSandboxRequest,
+                api.RemovePodSandboxResponse,
+                Event.REMOVE_POD_SANDBOX,
+            ),
+            "PostUpdatePodSandbox": pod_event(
+                api.PostUpdatePodSandboxRequest,
+                api.PostUpdatePodSandboxResponse,
+                Event.POST_UPDATE_POD_SANDBOX,
+            ),
+            "PostCreateContainer": container_event(
+                api.PostCreateContainerRequest,
+                api.PostCreateContainerResponse,
+                Event.POST_CREATE_CONTAINER,
+            ),
+            "StartContainer": container_event(
+                api.StartContainerRequest, api.StartContainerResponse, Event.START_CONTAINER
+            ),
+            "PostStartContainer": container_event(
+                api.PostStartContainerRequest,
+                api.PostStartContainerResponse,
+                Event.POST_START_CONTAINER,
+            ),
+            "PostUpdateContainer": container_event(
+                api.PostUpdateContainerRequest,
+                api.PostUpdateContainerResponse,
+                Event.POST_UPDATE_CONTAINER,
+            ),
+            "RemoveContainer": container_event(
+                api.RemoveContainerRequest, api.RemoveContainerResponse, Event.REMOVE_CONTAINER
+            ),
+        }
+        return Service(PLUGIN_SERVICE, methods)
+
+    async def _configure(self, request: api.ConfigureRequest) -> api.ConfigureResponse:
+        runtime = RuntimeInfo(
+            name=request.runtime_name,
+            version=request.runtime_version,
+            nri_version=nri_version.nri_version(
+                request.NRI_version, request.runtime_name, request.runtime_version
+            ),
+            registration_timeout=request.registration_timeout / 1000
+            if request.registration_timeout
+            else None,
+            request_timeout=request.request_timeout / 1000 if request.request_timeout else None,
+        )
+        wanted = 0
+        for kind in self._plugin.events:
+            wanted |= kind.bit
+        events = wanted & runtime.valid_events
+        if events == 0:
+            # Zero would mean "everything" to the runtime.
+            raise RpcError(Code.FAILED_PRECONDITION, "no event this runtime supports is wanted")
+        await self._plugin.configure(request.config, runtime)
+        self.state.runtime = runtime
+        self.state.events = events
+        self.state.configured = True
+        self.state.changed()
+        self._configured.set()
+        self._log.info(
+            "configured",
+            runtime=f"{runtime.name} {runtime.version}",
+            nri=nri_version.format_version(runtime.nri_version),
+            events=hex(events),
+        )
+        return api.ConfigureResponse(events=events)
+
+    async def _synchronize(self, request: api.SynchronizeRequest) -> api.SynchronizeResponse:
+        self._sync_pods.extend(request.pods)
+        self._sync_containers.extend(request.containers)
+        self.state.sync_chunks += 1
+        if request.more:
+            # The runtime closes a plugin that answers a partial chunk with
+            # anything but more=true.
+            return api.SynchronizeResponse(more=True)
+        pods, containers = self._sync_pods, self._sync_containers
+        self._sync_pods, self._sync_containers = [], []
+        self.state.sync_pods, self.state.sync_containers = len(pods), len(containers)
+        updates = await self._plugin.synchronize(pods, containers)
+        self.state.synchronized = True
+        self.state.changed()
+        return api.SynchronizeResponse(update=updates)
+
+    async def _shutdown(self, _request: api.Empty) -> api.Empty:
+        self._log.info("runtime asked us to shut down")
+        return api.Empty()
+
+    async def _create_container(
+        self, request: api.CreateContainerRequest
+    ) -> api.CreateContainerResponse:
+        return await self._plugin.create_container(request.pod, request.container)
+
+    async def _update_container(
+        self, request: api.UpdateContainerRequest
+    ) -> api.UpdateContainerResponse:
+        updates = await self._plugin.update_container(
+            request.pod, request.container, request.linux_resources
+        )
+        return api.UpdateContainerResponse(update=updates)
+
+    async def _stop_container(self, request: api.StopContainerRequest) -> api.StopContainerResponse:
+        updates = await self._plugin.stop_container(request.pod, request.container)
+        return api.StopContainerResponse(update=updates)
+
+    async def _update_pod_sandbox(
+        self, request: api.UpdatePodSandboxRequest
+    ) -> api.UpdatePodSandboxResponse:
+        await self._plugin.update_pod_sandbox(
+            request.pod, request.overhead_linux_resources, request.linux_resources
+        )
+        return api.UpdatePodSandboxResponse()
+
+    async def _state_change(self, request: api.StateChangeEvent) -> api.Empty:
+        try:
+            kind = Event(request.event)
+        except ValueError:
+            self._log.warning("unknown event in StateChange", event=request.event)
+            return api.Empty()
+        if kind in POD_EVENTS:
+            await self._plugin.pod_event(kind, request.pod)
+        else:
+            await self._plugin.container_event(kind, request.pod, request.container)
+        return api.Empty()
+
+    async def _validate(
+        self, _request: api.ValidateContainerAdjustmentRequest
+    ) -> api.ValidateContainerAdjustmentResponse:
+        # We never subscribe to validation; should a runtime ask anyway, an
+        # error here would fail the container, so approve.
+        return api.ValidateContainerAdjustmentResponse(reject=False)

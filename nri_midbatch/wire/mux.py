@@ -1,0 +1,92 @@
+"""NRI's connection multiplexer, as a sans-IO codec.
+
+One socket carries several logical byte streams. Each frame is an 8-byte
+big-endian header (connection id, payload length) and the payload. The Go
+reader hands ttrpc one whole frame per read through a 4096-byte buffer, which
+dictates how we must frame what we send (see `frame_message`).
+"""
+
+from __future__ import annotations
+
+import struct
+
+from nri_midbatch.wire.errors import ProtocolError
+
+HEADER = struct.Struct(">II")
+
+#: The plugin serves `nri.pkg.api.v1alpha1.Plugin` here; the runtime is the client.
+PLUGIN_SERVICE_CONN = 1
+#: The runtime serves `nri.pkg.api.v1alpha1.Runtime` here; the plugin is the client.
+RUNTIME_SERVICE_CONN = 2
+
+#: Go's bufio default: the largest frame the runtime can take at a message start.
+FIRST_FRAME_MAX = 4096
+
+#: Largest frame payload we accept. Go writers split at 4 MiB + 10 since NRI
+#: v0.7 and refused writes above 16 MiB before it; anything larger is garbage,
+#: and trusting it would let one header make us buffer gigabytes.
+MAX_FRAME_PAYLOAD = 1 << 24
+
+
+class MuxDecoder:
+    """Splits a socket byte stream into (connection id, payload) frames.
+
+    Frames for connections not in `known` are dropped, as the Go mux drops
+    frames for connections nobody opened; `dropped_frames` counts them.
+    """
+
+    def __init__(self, known: frozenset[int]) -> None:
+        self._known = known
+        self._buffer = bytearray()
+        self.dropped_frames = 0
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        buf = self._buffer
+        buf += data
+        frames: list[tuple[int, bytes]] = []
+        offset = 0
+        while len(buf) - offset >= HEADER.size:
+            conn_id, length = HEADER.unpack_from(buf, offset)
+            if length > MAX_FRAME_PAYLOAD:
+                raise ProtocolError(
+                    f"mux frame for connection {conn_id} declares {length} bytes, "
+                    f"more than the {MAX_FRAME_PAYLOAD} any runtime sends"
+                )
+            end = offset + HEADER.size + length
+            if end > len(buf):
+                break
+            if conn_id in self._known:
+                frames.append((conn_id, bytes(buf[offset + HEADER.size : end])))
+            else:
+                self.dropped_frames += 1
+            offset = end
+        del buf[:offset]
+        return frames
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet part of a complete frame."""
+        return len(self._buffer)
+
+
+def frame_message(conn_id: int, message: bytes) -> bytes:
+    """Frame one complete ttrpc message for the mux.
+
+    The runtime can only read a frame larger than 4096 bytes straight into the
+    body of a message it has already started, so: at most 4096 bytes in the
+    first frame, everything else in exactly one second frame (many small frames
+    would overflow its 256-frame queue), and never two messages in one frame.
+    The result goes out in one write so concurrent senders cannot interleave.
+    """
+    if len(message) <= FIRST_FRAME_MAX:
+        return HEADER.pack(conn_id, len(message)) + message
+    head = memoryview(message)[:FIRST_FRAME_MAX]
+    rest = memoryview(message)[FIRST_FRAME_MAX:]
+    return b"".join(
+        (
+            HEADER.pack(conn_id, FIRST_FRAME_MAX),
+            head,
+            HEADER.pack(conn_id, len(rest)),
+            rest,
+        )
+    )
