@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Fetch containerd 1.7 (Debian trixie's package) for the end-to-end tests
+# without installing it, plus Debian 12's runc and busybox-static.
+#
+# Idempotent: the unpacked tree is cached under .cache/containerd/ in the
+# repository root; a second run only checks that it is there.
+# Prints the directory holding containerd, containerd-shim-runc-v2 and ctr.
+# Quiet on success; on failure the captured apt output goes to stderr.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CACHE="$ROOT/.cache/containerd"
+UNPACKED="$CACHE/unpacked"
+BIN="$UNPACKED/usr/bin"
+SUITE="${CONTAINERD_SUITE:-trixie}"
+LOG="$CACHE/fetch.log"
+
+die() {
+    echo "fetch-containerd: $*" >&2
+    if [[ -s "$LOG" ]]; then
+        echo "--- $LOG ---" >&2
+        tail -n 40 "$LOG" >&2
+    fi
+    exit 1
+}
+
+# Run a command with its output in the log; the log is shown on failure.
+quietly() {
+    "$@" >>"$LOG" 2>&1 || die "failed: $*"
+}
+
+mkdir -p "$CACHE"
+: >"$LOG"
+
+# --- Debian 12's runc and busybox-static (system-wide, from the normal lists) ---
+missing=()
+command -v runc >/dev/null 2>&1 || missing+=(runc)
+[[ -x /bin/busybox ]] || missing+=(busybox-static)
+if ((${#missing[@]})); then
+    [[ $EUID -eq 0 ]] || die "need root to apt-get install ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    # Install straight away if the lists already know the packages, else update once.
+    if ! apt-get install -y --no-install-recommends "${missing[@]}" >>"$LOG" 2>&1; then
+        quietly apt-get update
+        quietly apt-get install -y --no-install-recommends "${missing[@]}"
+    fi
+fi
+
+# --- containerd from trixie, cached ---
+if [[ -x "$BIN/containerd" && -x "$BIN/containerd-shim-runc-v2" && -x "$BIN/ctr" ]]; then
+    rm -f "$BIN/runc"
+    echo "$BIN"
+    exit 0
+fi
+
+# Find the main Debian archive among the machine's own apt sources: the URI
+# serving the release's own suite (not -security / -updates) with `main`.
+find_mirror() {
+    local codename
+    codename="$(. /etc/os-release && echo "${VERSION_CODENAME:-}")"
+    [[ -n "$codename" ]] || codename=bookworm
+    {
+        # one-line format: deb [opts] URI SUITE COMPONENTS...
+        for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+            [[ -r "$f" ]] || continue
+            sed -e 's/#.*//' -e 's/\[[^]]*\]//' "$f" |
+                awk -v c="$codename" '$1 == "deb" && $3 == c { print $2 }'
+        done
+        # deb822 format: paragraphs with Types/URIs/Suites/Components
+        for f in /etc/apt/sources.list.d/*.sources; do
+            [[ -r "$f" ]] || continue
+            awk -v c="$codename" '
+                function flush() {
+                    if (types ~ /(^| )deb( |$)/ && suites ~ ("(^| )" c "( |$)") \
+                        && enabled !~ /^no$/)
+                        n = split(uris, u, " ")
+                    else
+                        n = 0
+                    for (i = 1; i <= n; i++) print u[i]
+                    types = uris = suites = enabled = ""
+                }
+                /^[[:space:]]*#/ { next }
+                /^[[:space:]]*$/ { flush(); next }
+                {
+                    key = tolower($1); sub(/:$/, "", key)
+                    val = $0; sub(/^[^:]*:[[:space:]]*/, "", val)
+                    if (key == "types") types = val
+                    else if (key == "uris") uris = val
+                    else if (key == "suites") suites = val
+                    else if (key == "enabled") enabled = tolower(val)
+                }
+                END { flush() }
+            ' "$f"
+        done
+    } | grep -E '^(https?|file|mirror\+[a-z]+)://' | grep -v -- '-security' | head -n 1
+}
+
+MIRROR="$(find_mirror || true)"
+[[ -n "$MIRROR" ]] || die "no Debian mirror found in /etc/apt/sources.list{,.d/*}"
+MIRROR="${MIRROR%/}"
+
+APTDIR="$CACHE/apt"
+mkdir -p "$APTDIR/lists/partial" "$APTDIR/archives/partial" "$CACHE/debs"
+printf 'deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] %s %s main\n' \
+    "$MIRROR" "$SUITE" >"$APTDIR/sources.list"
+APT_OPTS=(
+    -o "Dir::Etc::SourceList=$APTDIR/sources.list"
+    -o "Dir::Etc::SourceParts=/dev/null"
+    -o "Dir::State::Lists=$APTDIR/lists"
+    -o "Dir::Cache::Archives=$APTDIR/archives"
+    -o "Dir::Cache::pkgcache="
+    -o "Dir::Cache::srcpkgcache="
+    -o "APT::Sandbox::User=root"
+)
+quietly apt-get "${APT_OPTS[@]}" update
+(cd "$CACHE/debs" && quietly apt-get "${APT_OPTS[@]}" download containerd)
+
+shopt -s nullglob
+debs=("$CACHE"/debs/containerd_*.deb)
+((${#debs[@]})) || die "apt-get download produced no containerd_*.deb"
+deb="${debs[-1]}"
+
+tmp="$(mktemp -d "$CACHE/unpack.XXXXXX")"
+quietly dpkg -x "$deb" "$tmp"
+# Trixie's runc (if any) needs a newer glibc; the shim must find Debian 12's.
+find "$tmp" -name runc -type f -delete
+[[ -x "$tmp/usr/bin/containerd" ]] || die "$deb holds no usr/bin/containerd"
+rm -rf "$UNPACKED"
+mv "$tmp" "$UNPACKED"
+echo "$BIN"

@@ -1,0 +1,644 @@
+"""A real containerd 1.7 with NRI enabled, driven over CRI, for end-to-end tests.
+
+`Containerd(workdir, bin_dir)` lays out a private containerd under `workdir`
+(root, state, sockets, runc state, NRI plugin dirs, log), builds and imports a
+local busybox image, and offers a small CRI client plus helpers that locate the
+cgroup directories runc creates under /sys/fs/cgroup/<controller>/.
+
+Nothing here is shared with another containerd on the machine: the CRI
+namespace is always `k8s.io` in containerd 1.7, so runc's state directory is
+moved into `workdir` (runc would otherwise use /run/containerd/runc/k8s.io),
+and every pod gets its own cgroup parent /kubepods/<qos>/pod<uuid>.
+
+`close()` (also the context-manager exit) removes all pods and containers,
+stops containerd, kills any shim it left behind, unmounts what is still
+mounted under `workdir`, and removes the cgroup directories of the pods.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import platform
+import signal
+import subprocess
+import tarfile
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from tests.e2e.cri import runtime_pb2 as cri
+from tests.e2e.cri import runtime_pb2_grpc as cri_grpc
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+BUSYBOX = Path("/bin/busybox")
+IMAGE_TAG = "local/busybox:1"
+# The CRI plugin normalises short names the docker way.
+IMAGE = f"docker.io/{IMAGE_TAG}"
+BUSYBOX_LINKS = ("sh", "sleep", "cat")
+SLEEP_FOREVER = ("/bin/sleep", "2147483647")
+CRI_NAMESPACE = "k8s.io"
+
+
+class ContainerdError(RuntimeError):
+    """containerd did not start, or a harness step failed; carries the log tail."""
+
+
+def build_busybox_image(dest: Path, tag: str = IMAGE_TAG) -> Path:
+    """Write a docker-archive tar (as `docker save` makes) holding static busybox."""
+    if not BUSYBOX.is_file():
+        raise ContainerdError(f"{BUSYBOX} missing: install busybox-static")
+    layer = io.BytesIO()
+    mtime = 0
+    with tarfile.open(fileobj=layer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name in ("bin", "dev", "etc", "proc", "sys", "tmp"):
+            info = tarfile.TarInfo(name)
+            info.type = tarfile.DIRTYPE
+            info.mode = 0o1777 if name == "tmp" else 0o755
+            info.mtime = mtime
+            tar.addfile(info)
+        data = BUSYBOX.read_bytes()
+        info = tarfile.TarInfo("bin/busybox")
+        info.size = len(data)
+        info.mode = 0o755
+        info.mtime = mtime
+        tar.addfile(info, io.BytesIO(data))
+        for link in BUSYBOX_LINKS:
+            info = tarfile.TarInfo(f"bin/{link}")
+            info.type = tarfile.SYMTYPE
+            info.linkname = "busybox"
+            info.mode = 0o777
+            info.mtime = mtime
+            tar.addfile(info)
+    layer_bytes = layer.getvalue()
+    diff_id = "sha256:" + hashlib.sha256(layer_bytes).hexdigest()
+
+    arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+    config = {
+        "architecture": arch,
+        "os": "linux",
+        "created": "1970-01-01T00:00:00Z",
+        "config": {"Env": ["PATH=/bin"], "Cmd": list(SLEEP_FOREVER), "WorkingDir": "/"},
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+        "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "nri-midbatch e2e"}],
+    }
+    config_bytes = json.dumps(config, sort_keys=True).encode()
+    config_name = hashlib.sha256(config_bytes).hexdigest() + ".json"
+    layer_name = diff_id.removeprefix("sha256:") + "/layer.tar"
+    manifest = [{"Config": config_name, "RepoTags": [tag], "Layers": [layer_name]}]
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(dest, mode="w") as tar:
+        for name, blob in (
+            (layer_name, layer_bytes),
+            (config_name, config_bytes),
+            ("manifest.json", json.dumps(manifest).encode()),
+        ):
+            info = tarfile.TarInfo(name)
+            info.size = len(blob)
+            info.mode = 0o644
+            tar.addfile(info, io.BytesIO(blob))
+    return dest
+
+
+def cgroup_controllers() -> list[str]:
+    """Every hierarchy mounted under /sys/fs/cgroup (cpu, memory, systemd, ...)."""
+    with contextlib.suppress(FileNotFoundError):
+        return sorted(p.name for p in CGROUP_ROOT.iterdir() if p.is_dir() and not p.is_symlink())
+    return []
+
+
+def remove_cgroup_tree(parent: str, attempts: int = 20) -> list[str]:
+    """rmdir `parent` and everything below it in every hierarchy, leaves first.
+
+    Returns the directories that could not be removed (still busy).
+    """
+    rel = parent.strip("/")
+    if not rel:
+        raise ValueError("refusing to remove the cgroup root")
+    left: list[str] = []
+    for controller in cgroup_controllers():
+        top = CGROUP_ROOT / controller / rel
+        if not top.is_dir():
+            continue
+        dirs = [Path(d) for d, _, _ in os.walk(top)]
+        for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
+            for i in range(attempts):
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    # EBUSY while the kernel reaps the last task; retry briefly.
+                    if i == attempts - 1:
+                        left.append(str(d))
+                    else:
+                        time.sleep(0.05)
+    return left
+
+
+def _unmount_under(path: Path) -> None:
+    """Lazily unmount anything still mounted at or below `path` (deepest first)."""
+    prefix = str(path.resolve())
+    points = []
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        for line in f:
+            mnt = line.split()[4].encode().decode("unicode_escape")
+            if mnt == prefix or mnt.startswith(prefix + "/"):
+                points.append(mnt)
+    for mnt in sorted(points, key=len, reverse=True):
+        subprocess.run(["umount", "-l", mnt], check=False, capture_output=True)
+
+
+def _pids_referring_to(needle: str) -> list[int]:
+    """Pids whose command line mentions `needle` (our socket path)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if needle.encode() in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+class Containerd:
+    """A private containerd (CRI + NRI) living under `workdir`."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        bin_dir: Path,
+        *,
+        log_level: str = "info",
+        start_timeout: float = 20.0,
+    ) -> None:
+        self.workdir = Path(workdir).resolve()
+        self.bin_dir = Path(bin_dir).resolve()
+        self.log_level = log_level
+        self.start_timeout = start_timeout
+
+        self.root = self.workdir / "root"
+        self.state = self.workdir / "state"
+        self.runc_root = self.workdir / "runc"
+        self.address = self.workdir / "containerd.sock"
+        self.nri_socket = self.workdir / "nri.sock"
+        self.plugin_path = self.workdir / "nri-plugins"
+        self.plugin_config_path = self.workdir / "nri-conf"
+        self.config_path = self.workdir / "config.toml"
+        self.log_path = self.workdir / "containerd.log"
+        self.image_tar = self.workdir / "busybox.tar"
+        self.pod_logs = self.workdir / "pod-logs"
+
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._channel: grpc.Channel | None = None
+        self._cri: cri_grpc.RuntimeServiceStub | None = None
+        self._image_imported = False
+        self._started_once = False
+        #: pod id -> the PodSandboxConfig it was started with
+        self.pod_configs: dict[str, cri.PodSandboxConfig] = {}
+        #: every cgroup parent handed to a pod, for cleanup
+        self.cgroup_parents: set[str] = set()
+
+        for d in (
+            self.root,
+            self.state,
+            self.runc_root,
+            self.plugin_path,
+            self.plugin_config_path,
+            self.pod_logs,
+        ):
+            d.mkdir(parents=True, exist_ok=True)
+        self.write_config()
+
+    # ---------------------------------------------------------------- config
+
+    def config_text(self) -> str:
+        return f"""\
+version = 2
+root = "{self.root}"
+state = "{self.state}"
+# Plugins this machine cannot use; skipping them keeps start-up quick and quiet.
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.tracing.processor.v1.otlp",
+  "io.containerd.internal.v1.tracing",
+]
+
+[grpc]
+  address = "{self.address}"
+
+[plugins."io.containerd.nri.v1.nri"]
+  disable = false
+  socket_path = "{self.nri_socket}"
+  plugin_path = "{self.plugin_path}"
+  plugin_config_path = "{self.plugin_config_path}"
+  plugin_registration_timeout = "5s"
+  plugin_request_timeout = "2s"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{IMAGE}"
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+
+[plugins."io.containerd.grpc.v1.cri".containerd]
+  default_runtime_name = "runc"
+
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+  # runc keeps its state in <Root>/<namespace>; keep it out of /run/containerd.
+  Root = "{self.runc_root}"
+  SystemdCgroup = false
+"""
+
+    def write_config(self) -> None:
+        self.config_path.write_text(self.config_text())
+
+    # --------------------------------------------------------------- process
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.running and self.proc else None
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        path = env.get("PATH", "")
+        extra = [p for p in ("/usr/sbin", "/usr/bin", "/sbin", "/bin") if p not in path.split(":")]
+        env["PATH"] = ":".join([str(self.bin_dir), path, *extra]).replace("::", ":")
+        return env
+
+    def start(self) -> None:
+        """Start containerd (again, after stop(): same root and state) and wait for CRI."""
+        if self.running:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            self.address.unlink()
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        try:
+            log.write(f"\n=== harness: starting containerd at {time.time():.3f}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                [
+                    str(self.bin_dir / "containerd"),
+                    "--config",
+                    str(self.config_path),
+                    "--log-level",
+                    self.log_level,
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self._env(),
+                cwd=self.workdir,
+            )
+        finally:
+            log.close()
+        self._wait_ready()
+        self._started_once = True
+        if not self._image_imported:
+            self.import_image()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        while not self.address.exists():
+            self._check_alive("before creating its socket")
+            if time.monotonic() > deadline:
+                raise ContainerdError(self._with_log("no CRI socket after start"))
+            time.sleep(0.02)
+        self._connect()
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            self._check_alive("during start-up")
+            try:
+                self.cri.Version(cri.VersionRequest(version="v1"), timeout=2)
+                return
+            except grpc.RpcError as e:  # CRI still initialising
+                last = e
+                time.sleep(0.05)
+        raise ContainerdError(self._with_log(f"CRI not ready: {last}"))
+
+    def _check_alive(self, when: str) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise ContainerdError(
+                self._with_log(f"containerd exited with {self.proc.returncode} {when}")
+            )
+
+    def _connect(self) -> None:
+        self._close_channel()
+        self._channel = grpc.insecure_channel(f"unix://{self.address}")
+        self._cri = cri_grpc.RuntimeServiceStub(self._channel)
+
+    def _close_channel(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+        self._channel = None
+        self._cri = None
+
+    @property
+    def cri(self) -> cri_grpc.RuntimeServiceStub:
+        """The raw CRI RuntimeService stub."""
+        if self._cri is None:
+            raise ContainerdError("containerd is not running")
+        return self._cri
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM containerd by pid, wait, SIGKILL if it lingers. Shims keep running."""
+        self._close_channel()
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+    def ctr(self, *args: str, timeout: float = 30.0) -> str:
+        """Run `ctr` against this containerd in the CRI namespace; return stdout."""
+        cmd = [str(self.bin_dir / "ctr"), "-a", str(self.address), "-n", CRI_NAMESPACE, *args]
+        res = subprocess.run(cmd, capture_output=True, text=True, env=self._env(), timeout=timeout)
+        if res.returncode != 0:
+            raise ContainerdError(
+                self._with_log(f"{' '.join(cmd)} failed ({res.returncode}): {res.stderr.strip()}")
+            )
+        return res.stdout
+
+    def import_image(self) -> None:
+        if not self.image_tar.exists():
+            build_busybox_image(self.image_tar)
+        self.ctr("images", "import", str(self.image_tar))
+        self._image_imported = True
+
+    # ------------------------------------------------------------------- log
+
+    def log_text(self) -> str:
+        """Everything containerd has logged so far (across restarts)."""
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def wait_for_log(self, needle: str, timeout: float = 10.0, *, after: int = 0) -> str:
+        """Wait until `needle` appears in the log (from char offset `after`); return the line."""
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self.log_text()
+            idx = text.find(needle, after)
+            if idx >= 0:
+                start = text.rfind("\n", 0, idx) + 1
+                end = text.find("\n", idx)
+                return text[start : end if end >= 0 else None]
+            if time.monotonic() > deadline:
+                raise ContainerdError(self._with_log(f"{needle!r} not logged in {timeout}s"))
+            time.sleep(0.05)
+
+    def _with_log(self, msg: str, lines: int = 40) -> str:
+        tail = "\n".join(self.log_text().splitlines()[-lines:])
+        return f"{msg}\n--- {self.log_path} (tail) ---\n{tail}"
+
+    # ------------------------------------------------------------------- CRI
+
+    def pod_config(
+        self,
+        name: str,
+        namespace: str = "default",
+        uid: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        annotations: Mapping[str, str] | None = None,
+        cgroup_parent: str | None = None,
+    ) -> cri.PodSandboxConfig:
+        """A host-network PodSandboxConfig; cgroup parent defaults to the besteffort tier."""
+        uid = uid or str(uuid.uuid4())
+        if cgroup_parent is None:
+            cgroup_parent = new_cgroup_parent("besteffort", uid)
+        return cri.PodSandboxConfig(
+            metadata=cri.PodSandboxMetadata(name=name, namespace=namespace, uid=uid, attempt=0),
+            # Host network implies the host's UTS namespace: no hostname of our own.
+            hostname="",
+            log_directory=str(self.pod_logs / f"{namespace}_{name}_{uid}"),
+            labels=dict(labels or {}),
+            annotations=dict(annotations or {}),
+            linux=cri.LinuxPodSandboxConfig(
+                cgroup_parent=cgroup_parent,
+                security_context=cri.LinuxSandboxSecurityContext(
+                    namespace_options=cri.NamespaceOption(network=cri.NODE),
+                ),
+            ),
+        )
+
+    def run_pod(
+        self,
+        name: str,
+        namespace: str = "default",
+        uid: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        annotations: Mapping[str, str] | None = None,
+        cgroup_parent: str | None = None,
+        *,
+        timeout: float = 30.0,
+    ) -> str:
+        """RunPodSandbox with host networking; returns the pod sandbox id."""
+        config = self.pod_config(name, namespace, uid, labels, annotations, cgroup_parent)
+        return self.run_pod_config(config, timeout=timeout)
+
+    def run_pod_config(self, config: cri.PodSandboxConfig, *, timeout: float = 30.0) -> str:
+        self.cgroup_parents.add(config.linux.cgroup_parent)
+        Path(config.log_directory).mkdir(parents=True, exist_ok=True)
+        resp = self.cri.RunPodSandbox(cri.RunPodSandboxRequest(config=config), timeout=timeout)
+        self.pod_configs[resp.pod_sandbox_id] = config
+        return resp.pod_sandbox_id
+
+    def create_container(
+        self,
+        pod_id: str,
+        pod_config: cri.PodSandboxConfig | None = None,
+        name: str = "main",
+        resources: Mapping[str, Any] | None = None,
+        labels: Mapping[str, str] | None = None,
+        annotations: Mapping[str, str] | None = None,
+        *,
+        command: tuple[str, ...] | list[str] = SLEEP_FOREVER,
+        timeout: float = 30.0,
+    ) -> str:
+        """CreateContainer from the busybox image; `resources` are LinuxContainerResources
+        fields (cpu_period, cpu_quota, cpu_shares, memory_limit_in_bytes, ...)."""
+        if pod_config is None:
+            pod_config = self.pod_configs[pod_id]
+        config = cri.ContainerConfig(
+            metadata=cri.ContainerMetadata(name=name, attempt=0),
+            image=cri.ImageSpec(image=IMAGE),
+            command=list(command),
+            labels=dict(labels or {}),
+            annotations=dict(annotations or {}),
+            log_path=f"{name}/0.log",
+            linux=cri.LinuxContainerConfig(
+                resources=cri.LinuxContainerResources(**dict(resources or {}))
+            ),
+        )
+        resp = self.cri.CreateContainer(
+            cri.CreateContainerRequest(
+                pod_sandbox_id=pod_id, config=config, sandbox_config=pod_config
+            ),
+            timeout=timeout,
+        )
+        return resp.container_id
+
+    def start_container(self, container_id: str, *, timeout: float = 30.0) -> None:
+        self.cri.StartContainer(
+            cri.StartContainerRequest(container_id=container_id), timeout=timeout
+        )
+
+    def update_container_resources(
+        self,
+        container_id: str,
+        resources: Mapping[str, Any],
+        annotations: Mapping[str, str] | None = None,
+        *,
+        timeout: float = 30.0,
+    ) -> None:
+        self.cri.UpdateContainerResources(
+            cri.UpdateContainerResourcesRequest(
+                container_id=container_id,
+                linux=cri.LinuxContainerResources(**dict(resources)),
+                annotations=dict(annotations or {}),
+            ),
+            timeout=timeout,
+        )
+
+    def container_status(self, container_id: str) -> cri.ContainerStatus:
+        req = cri.ContainerStatusRequest(container_id=container_id)
+        return self.cri.ContainerStatus(req, timeout=10).status
+
+    def stop_container(self, container_id: str, grace: int = 0) -> None:
+        req = cri.StopContainerRequest(container_id=container_id, timeout=grace)
+        self.cri.StopContainer(req, timeout=grace + 30)
+
+    def remove_container(self, container_id: str) -> None:
+        self.cri.RemoveContainer(cri.RemoveContainerRequest(container_id=container_id), timeout=30)
+
+    def stop_pod(self, pod_id: str) -> None:
+        self.cri.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=pod_id), timeout=30)
+
+    def remove_pod(self, pod_id: str) -> None:
+        self.cri.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=pod_id), timeout=30)
+        self.pod_configs.pop(pod_id, None)
+
+    def list_containers(self, pod_id: str = "") -> list[cri.Container]:
+        req = cri.ListContainersRequest(filter=cri.ContainerFilter(pod_sandbox_id=pod_id))
+        return list(self.cri.ListContainers(req, timeout=10).containers)
+
+    def list_pods(self) -> list[cri.PodSandbox]:
+        return list(self.cri.ListPodSandbox(cri.ListPodSandboxRequest(), timeout=10).items)
+
+    def stop_and_remove_all(self) -> None:
+        """Stop and remove every container and pod this containerd knows about."""
+        for c in self.list_containers():
+            with contextlib.suppress(grpc.RpcError):
+                self.stop_container(c.id)
+            self.remove_container(c.id)
+        for p in self.list_pods():
+            self.stop_pod(p.id)
+            self.remove_pod(p.id)
+
+    # --------------------------------------------------------------- cgroups
+
+    @staticmethod
+    def pod_cgroup_dir(controller: str, cgroup_parent: str) -> Path:
+        """/sys/fs/cgroup/<controller>/<cgroup_parent> (the pod-level directory)."""
+        return CGROUP_ROOT / controller / cgroup_parent.strip("/")
+
+    @staticmethod
+    def container_cgroup_dir(controller: str, cgroup_parent: str, container_id: str) -> Path:
+        """/sys/fs/cgroup/<controller>/<cgroup_parent>/<container id> (cgroupfs driver)."""
+        return CGROUP_ROOT / controller / cgroup_parent.strip("/") / container_id
+
+    @classmethod
+    def read_cgroup(
+        cls, controller: str, cgroup_parent: str, filename: str, container_id: str | None = None
+    ) -> str:
+        base = (
+            cls.container_cgroup_dir(controller, cgroup_parent, container_id)
+            if container_id
+            else cls.pod_cgroup_dir(controller, cgroup_parent)
+        )
+        return (base / filename).read_text().strip()
+
+    # --------------------------------------------------------------- cleanup
+
+    def close(self) -> list[str]:
+        """Tear everything down; returns problems found (empty when clean).
+
+        Never leaves containerd or its shims running, even if a step fails.
+        """
+        problems: list[str] = []
+        try:
+            if not self.running and self._started_once:
+                # A test may have stopped containerd; bring it back to clean up via CRI.
+                try:
+                    self.start()
+                except Exception as e:
+                    problems.append(f"restart for cleanup failed: {e}")
+            if self.running:
+                try:
+                    self.stop_and_remove_all()
+                except Exception as e:
+                    problems.append(f"stop_and_remove_all failed: {e}")
+        finally:
+            self.stop()
+            # Shims are daemons of their own; anything still naming our socket goes.
+            for pid in _pids_referring_to(str(self.address)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                    problems.append(f"killed leftover process {pid}")
+            _unmount_under(self.workdir)
+            for parent in sorted(self.cgroup_parents):
+                left = remove_cgroup_tree(parent)
+                if left:
+                    problems.append(f"cgroup dirs still busy: {left}")
+        return problems
+
+    def __enter__(self) -> Containerd:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def new_cgroup_parent(qos: str = "besteffort", uid: str | None = None) -> str:
+    """A fresh kubelet-style pod cgroup parent, e.g. /kubepods/besteffort/pod<uuid>."""
+    uid = uid or str(uuid.uuid4())
+    prefix = "/kubepods" if qos == "guaranteed" else f"/kubepods/{qos}"
+    return f"{prefix}/pod{uid}"
+
+
+@contextlib.contextmanager
+def running_containerd(workdir: Path, bin_dir: Path, **kwargs: Any) -> Iterator[Containerd]:
+    """Context manager: a started harness, always torn down."""
+    harness = Containerd(workdir, bin_dir, **kwargs)
+    try:
+        harness.start()
+        yield harness
+    finally:
+        harness.close()
