@@ -1,0 +1,42 @@
+"""Pod-level cgroup files, written directly because NRI cannot adjust a pod sandbox.
+
+`paths`, `values` and `files` are pure; `fs` holds all of the file I/O.
+"""
+
+from nri_midbatch.cgroups.files import CgroupVersion
+from nri_midbatch.cgroups.fs import (
+    DEFAULT_CGROUP_ROOT,
+    apply_pod_values,
+    container_dir,
+    detect_version,
+    pod_dir,
+    read_pod_values,
+)
+from nri_midbatch.cgroups.paths import CgroupDriver, CgroupPathError
+from nri_midbatch.cgroups.report import FileFailure, FileUnchanged, FileWrite, WriteReport
+from nri_midbatch.cgroups.values import (
+    UNLIMITED,
+    PodCgroupReading,
+    PodCgroupValues,
+    cpu_shares_to_weight,
+)
+
+__all__ = [
+    "DEFAULT_CGROUP_ROOT",
+    "UNLIMITED",
+    "CgroupDriver",
+    "CgroupPathError",
+    "CgroupVersion",
+    "FileFailure",
+    "FileUnchanged",
+    "FileWrite",
+    "PodCgroupReading",
+    "PodCgroupValues",
+    "WriteReport",
+    "apply_pod_values",
+    "container_dir",
+    "cpu_shares_to_weight",
+    "detect_version",
+    "pod_dir",
+    "read_pod_values",
+]

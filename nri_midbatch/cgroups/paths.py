@@ -1,0 +1,110 @@
+"""Cgroup parent strings -> directory paths relative to the cgroup root.
+
+Pure: no file system access. The strings come from NRI's
+`PodSandbox.linux.cgroup_parent`, i.e. from the runtime, so they are checked
+here before anything joins them onto a real directory; confinement after
+symlink resolution is checked again where the I/O happens (`fs.py`).
+"""
+
+from enum import StrEnum
+from pathlib import PurePosixPath
+
+_SLICE_SUFFIX = ".slice"
+
+
+class CgroupPathError(ValueError):
+    """A cgroup parent or container id that must not be turned into a path."""
+
+
+class CgroupDriver(StrEnum):
+    """How the kubelet names pod cgroups (its `--cgroup-driver`)."""
+
+    AUTO = "auto"
+    CGROUPFS = "cgroupfs"
+    SYSTEMD = "systemd"
+
+
+def resolve_driver(driver: CgroupDriver, cgroup_parent: str) -> CgroupDriver:
+    """Pick a concrete driver; AUTO guesses from the spelling of the parent."""
+    if driver is not CgroupDriver.AUTO:
+        return driver
+    if cgroup_parent.endswith(_SLICE_SUFFIX):
+        return CgroupDriver.SYSTEMD
+    return CgroupDriver.CGROUPFS
+
+
+def pod_relpath(driver: CgroupDriver, cgroup_parent: str) -> PurePosixPath:
+    """The pod's cgroup directory relative to the root (of a v1 hierarchy or of v2).
+
+    Raises CgroupPathError for anything that is not a plain downward path.
+    """
+    _check_text(cgroup_parent, cgroup_parent)
+    concrete = resolve_driver(driver, cgroup_parent)
+    # A systemd parent with slashes is already an expanded path (the form
+    # `/kubepods.slice/kubepods-besteffort.slice/...`); only a bare unit name
+    # needs expanding.
+    if concrete is CgroupDriver.SYSTEMD and "/" not in cgroup_parent:
+        segments = _expand_slice(cgroup_parent)
+    else:
+        segments = _split_segments(cgroup_parent)
+    return PurePosixPath(*segments)
+
+
+def container_relpath(driver: CgroupDriver, cgroup_parent: str, container_id: str) -> PurePosixPath:
+    """A container's cgroup directory relative to the root.
+
+    runc with the cgroupfs driver nests `<container id>` under the pod
+    directory; with systemd, containerd names the container's unit
+    `cri-containerd-<id>.scope` inside the pod slice.
+    """
+    pod = pod_relpath(driver, cgroup_parent)
+    _check_text(container_id, cgroup_parent)
+    if container_id in ("", ".", "..") or "/" in container_id:
+        raise CgroupPathError(
+            f"container id {container_id!r} (cgroup parent {cgroup_parent!r}) "
+            "is not a single path segment"
+        )
+    if resolve_driver(driver, cgroup_parent) is CgroupDriver.SYSTEMD:
+        return pod / f"cri-containerd-{container_id}.scope"
+    return pod / container_id
+
+
+def _check_text(text: str, cgroup_parent: str) -> None:
+    # NUL would truncate the path in the kernel; lone surrogates cannot be
+    # encoded for the file system and never come out of a protobuf string.
+    if "\x00" in text:
+        raise CgroupPathError(f"cgroup parent {cgroup_parent!r}: contains NUL")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise CgroupPathError(f"cgroup parent {cgroup_parent!r}: not valid text") from exc
+
+
+def _split_segments(cgroup_parent: str) -> list[str]:
+    # A leading "/" means "from the cgroup root", which is where every path
+    # starts anyway, so empty segments carry no meaning and are dropped.
+    segments = [s for s in cgroup_parent.split("/") if s]
+    for segment in segments:
+        if segment in (".", ".."):
+            raise CgroupPathError(
+                f"cgroup parent {cgroup_parent!r}: {segment!r} segments are not allowed"
+            )
+    if not segments:
+        raise CgroupPathError(f"cgroup parent {cgroup_parent!r}: names the cgroup root itself")
+    return segments
+
+
+def _expand_slice(slice_name: str) -> list[str]:
+    """`a-b-c.slice` -> [`a.slice`, `a-b.slice`, `a-b-c.slice`], as systemd and runc do.
+
+    In a slice name each `-` starts a child level, so empty components
+    (`a--b.slice`, `-a.slice`) are invalid. `-.slice` is the root slice,
+    which is never a pod's cgroup.
+    """
+    stem = slice_name.removesuffix(_SLICE_SUFFIX)
+    if stem == slice_name or not stem or stem == "-":
+        raise CgroupPathError(f"cgroup parent {slice_name!r}: not a systemd slice below the root")
+    components = stem.split("-")
+    if "" in components:
+        raise CgroupPathError(f"cgroup parent {slice_name!r}: empty component in slice name")
+    return ["-".join(components[: i + 1]) + _SLICE_SUFFIX for i in range(len(components))]

@@ -1,0 +1,129 @@
+from pathlib import PurePosixPath
+
+import pytest
+
+from nri_midbatch.cgroups.paths import (
+    CgroupDriver,
+    CgroupPathError,
+    container_relpath,
+    pod_relpath,
+    resolve_driver,
+)
+
+AUTO = CgroupDriver.AUTO
+CGROUPFS = CgroupDriver.CGROUPFS
+SYSTEMD = CgroupDriver.SYSTEMD
+
+
+@pytest.mark.parametrize(
+    ("driver", "parent", "expected"),
+    [
+        (AUTO, "kubepods-besteffort-pod1.slice", SYSTEMD),
+        (AUTO, "/kubepods/besteffort/pod1", CGROUPFS),
+        (AUTO, "/kubepods.slice/kubepods-pod1.slice", SYSTEMD),
+        (CGROUPFS, "kubepods-pod1.slice", CGROUPFS),
+        (SYSTEMD, "/kubepods/pod1", SYSTEMD),
+    ],
+)
+def test_resolve_driver(driver: CgroupDriver, parent: str, expected: CgroupDriver) -> None:
+    assert resolve_driver(driver, parent) is expected
+
+
+@pytest.mark.parametrize(
+    ("parent", "expected"),
+    [
+        ("/kubepods/besteffort/pod1234-5678", "kubepods/besteffort/pod1234-5678"),
+        ("/kubepods/burstable/podabc", "kubepods/burstable/podabc"),
+        ("/kubepods/podabc", "kubepods/podabc"),
+        ("kubepods/podabc", "kubepods/podabc"),
+        ("//kubepods///podabc/", "kubepods/podabc"),
+    ],
+)
+def test_cgroupfs_parent_is_relative_to_root(parent: str, expected: str) -> None:
+    assert pod_relpath(CGROUPFS, parent) == PurePosixPath(expected)
+    assert pod_relpath(AUTO, parent) == PurePosixPath(expected)
+
+
+@pytest.mark.parametrize(
+    ("parent", "expected"),
+    [
+        (
+            "kubepods-besteffort-pod1234_5678.slice",
+            "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1234_5678.slice",
+        ),
+        (
+            "kubepods-burstable-podabc.slice",
+            "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podabc.slice",
+        ),
+        ("kubepods-podabc.slice", "kubepods.slice/kubepods-podabc.slice"),
+        ("kubepods.slice", "kubepods.slice"),
+        # Already expanded: used as a path.
+        (
+            "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice",
+            "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice",
+        ),
+    ],
+)
+def test_systemd_slice_expansion(parent: str, expected: str) -> None:
+    assert pod_relpath(SYSTEMD, parent) == PurePosixPath(expected)
+    assert pod_relpath(AUTO, parent) == PurePosixPath(expected)
+
+
+@pytest.mark.parametrize(
+    "parent",
+    [
+        "../../etc",
+        "/kubepods/../../x",
+        "/kubepods/..",
+        "..",
+        "/kubepods/./pod1",
+        "/kubepods/pod1\x00/x",
+        "/kubepods/pod\ud800",
+        "",
+        "/",
+        "///",
+    ],
+)
+@pytest.mark.parametrize("driver", [AUTO, CGROUPFS, SYSTEMD])
+def test_refuses_parents_that_are_not_plain_downward_paths(
+    parent: str, driver: CgroupDriver
+) -> None:
+    with pytest.raises(CgroupPathError) as info:
+        pod_relpath(driver, parent)
+    assert repr(parent) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "parent",
+    [
+        "kubepods--pod1.slice",
+        "-kubepods.slice",
+        "kubepods-.slice",
+        "-.slice",
+        ".slice",
+        "kubepods-pod1",
+        "/kubepods.slice/../../etc.slice",
+    ],
+)
+def test_refuses_bad_systemd_names(parent: str) -> None:
+    with pytest.raises(CgroupPathError, match="cgroup parent"):
+        pod_relpath(SYSTEMD, parent)
+
+
+def test_container_relpath_cgroupfs() -> None:
+    assert container_relpath(CGROUPFS, "/kubepods/besteffort/pod1", "abc123") == PurePosixPath(
+        "kubepods/besteffort/pod1/abc123"
+    )
+
+
+def test_container_relpath_systemd_uses_containerd_scope() -> None:
+    assert container_relpath(AUTO, "kubepods-besteffort-pod1.slice", "abc123") == PurePosixPath(
+        "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/"
+        "cri-containerd-abc123.scope"
+    )
+
+
+@pytest.mark.parametrize("container_id", ["", ".", "..", "a/b", "../x", "a\x00b"])
+def test_container_relpath_refuses_ids_that_are_not_one_segment(container_id: str) -> None:
+    with pytest.raises(CgroupPathError, match="/kubepods/pod1"):
+        container_relpath(CGROUPFS, "/kubepods/pod1", container_id)
