@@ -1,0 +1,247 @@
+"""The `nri-midbatch` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from nri_midbatch import __version__
+from nri_midbatch.obs.logging import LEVELS, configure_logging, open_sink
+from nri_midbatch.record import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, Recorder, RotatingFile
+
+DEFAULT_SOCKET = "/var/run/nri/nri.sock"
+DEFAULT_NAME = "midbatch"
+#: After koordlet (00), before the nri-plugins resource policies (90).
+DEFAULT_IDX = "10"
+
+_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
+_IDX = re.compile(r"^[0-9]{2}$")
+
+
+def _plugin_name(value: str) -> str:
+    if not _NAME.match(value):
+        raise argparse.ArgumentTypeError(
+            f"plugin name {value!r} must be letters, digits and _ . + - only"
+        )
+    return value
+
+
+def _plugin_idx(value: str) -> str:
+    if not _IDX.match(value):
+        raise argparse.ArgumentTypeError(f"plugin index {value!r} must be exactly two digits")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nri-midbatch",
+        description="NRI plugin setting cgroup values for Koordinator batch and mid-tier pods.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = commands.add_parser("run", help="connect to the runtime and serve NRI events")
+    run.add_argument("--socket-path", default=DEFAULT_SOCKET, help="NRI socket of the runtime")
+    run.add_argument("--name", type=_plugin_name, default=None, help="plugin name")
+    run.add_argument("--idx", type=_plugin_idx, default=None, help="plugin index, two digits")
+    run.add_argument("--config", metavar="FILE", help="YAML configuration file")
+    run.add_argument("--log-level", choices=LEVELS, default="info")
+    run.add_argument("--log-format", choices=("json", "console"), default="json")
+    run.add_argument("--log-file", metavar="FILE", help="log here instead of stderr")
+    run.add_argument(
+        "--record", metavar="FILE", help="append every NRI request and reply to FILE (JSON lines)"
+    )
+    run.add_argument(
+        "--record-max-bytes",
+        type=_positive_int,
+        default=DEFAULT_MAX_BYTES,
+        metavar="N",
+        help="rotate the recording before it grows past N bytes (default %(default)s)",
+    )
+    run.add_argument(
+        "--record-backups",
+        type=_non_negative_int,
+        default=DEFAULT_BACKUPS,
+        metavar="K",
+        help="keep FILE.1 .. FILE.K when rotating (default %(default)s)",
+    )
+
+    check = commands.add_parser("check-config", help="validate a configuration file")
+    check.add_argument("file", metavar="FILE")
+
+    replay = commands.add_parser(
+        "replay",
+        help="run a recording through the plugin and show what it decides now",
+        epilog="exit status: 0 all replayed; 1 replies differ from --expect; 2 cannot run; "
+        "4 malformed lines skipped (ORed with 1)",
+    )
+    replay.add_argument("recording", metavar="FILE", help="a recording made with run --record")
+    replay.add_argument(
+        "--config", metavar="FILE", help="configuration (wins over a recorded Configure's)"
+    )
+    replay.add_argument("--expect", metavar="GOLDEN", help="compare the replies with GOLDEN")
+    replay.add_argument(
+        "--write-expected", metavar="GOLDEN", help="write the replies as a golden file"
+    )
+    replay.add_argument(
+        "--via-socket",
+        action="store_true",
+        help="drive the plugin through a socket pair, mux and ttrpc, as a runtime does",
+    )
+    replay.add_argument("--format", choices=("table", "json"), default="table")
+    replay.add_argument("--log-level", choices=LEVELS, default="error")
+
+    explain = commands.add_parser("explain", help="explain the decision for a pod")
+    explain.add_argument(
+        "--pod", metavar="FILE", required=True, help="Pod manifest or NRI PodSandbox (YAML/JSON)"
+    )
+    explain.add_argument("--config", metavar="FILE", help="YAML configuration file")
+    explain.add_argument("--format", choices=("text", "json"), default="text")
+    return parser
+
+
+def _positive_int(value: str) -> int:
+    number = _non_negative_int(value)
+    if number == 0:
+        raise argparse.ArgumentTypeError("must be positive")
+    return number
+
+
+def _non_negative_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError("must not be negative")
+    return number
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv and "NRI_PLUGIN_SOCKET" in os.environ:
+        # The runtime execs a pre-launched plugin without arguments.
+        argv = ["run"]
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        return _run(parser, args)
+    if args.command == "check-config":
+        return _check_config(args.file)
+    if args.command == "replay":
+        return _replay(args)
+    if args.command == "explain":
+        return _explain(args)
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+def _identity(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, prelaunched: bool
+) -> tuple[str, str]:
+    """Name and index: flags win, then NRI's environment, then our defaults."""
+    name = args.name or os.environ.get("NRI_PLUGIN_NAME") or DEFAULT_NAME
+    idx = args.idx or os.environ.get("NRI_PLUGIN_IDX") or DEFAULT_IDX
+    # NRI v0.3 runtimes pass the file name ("10-midbatch") as the name.
+    if prelaunched and name.startswith(f"{idx}-"):
+        name = name[len(idx) + 1 :]
+    for value, check in ((name, _plugin_name), (idx, _plugin_idx)):
+        try:
+            check(value)
+        except argparse.ArgumentTypeError as exc:
+            parser.error(str(exc))
+    return name, idx
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from nri_midbatch.app import App, ConfigError, load_startup_config
+
+    prelaunched_fd = os.environ.get("NRI_PLUGIN_SOCKET")
+    name, idx = _identity(parser, args, prelaunched_fd is not None)
+    configure_logging(
+        args.log_level, args.log_format, open_sink(args.log_file, bool(prelaunched_fd))
+    )
+    try:
+        config = load_startup_config(args.config)
+    except ConfigError as exc:
+        print(f"nri-midbatch: {exc}", file=sys.stderr)
+        return 2
+    recorder = None
+    if args.record:
+        try:
+            sink = RotatingFile(Path(args.record), args.record_max_bytes, args.record_backups)
+        except OSError as exc:
+            print(f"nri-midbatch: {args.record}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+        recorder = Recorder(sink)
+    app = App(config, name=name, idx=idx, config_path=args.config, recorder=recorder)
+
+    async def serve() -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, app.stop)
+        # The recorder flushes on the way out, whatever ended the run.
+        async with recorder or contextlib.nullcontext():
+            if prelaunched_fd is not None:
+                return await app.run_prelaunched(int(prelaunched_fd))
+            return await app.run_external(args.socket_path)
+
+    return asyncio.run(serve())
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from nri_midbatch.app import ConfigError, load_startup_config
+    from nri_midbatch.replay import EXIT_CANNOT_RUN, replay_command
+
+    configure_logging(args.log_level, "console")
+    try:
+        config = load_startup_config(args.config)
+    except ConfigError as exc:
+        print(f"nri-midbatch: {exc}", file=sys.stderr)
+        return EXIT_CANNOT_RUN
+    return replay_command(
+        Path(args.recording),
+        config,
+        runtime_config=args.config is None,
+        via_socket=args.via_socket,
+        fmt=args.format,
+        expect=None if args.expect is None else Path(args.expect),
+        write_expected_to=None if args.write_expected is None else Path(args.write_expected),
+        out=sys.stdout,
+        err=sys.stderr,
+    )
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from nri_midbatch.app import ConfigError, load_startup_config
+    from nri_midbatch.explain import explain_command
+
+    try:
+        config = load_startup_config(args.config)
+    except ConfigError as exc:
+        print(f"nri-midbatch: {exc}", file=sys.stderr)
+        return 2
+    return explain_command(Path(args.pod), config, fmt=args.format, out=sys.stdout, err=sys.stderr)
+
+
+def _check_config(path: str) -> int:
+    from nri_midbatch.config import ConfigError, effective_config_yaml, load_config_file
+
+    try:
+        config = load_config_file(path)
+    except ConfigError as exc:
+        print(f"nri-midbatch: {exc}", file=sys.stderr)
+        return 1
+    sys.stdout.write(effective_config_yaml(config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

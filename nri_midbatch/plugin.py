@@ -1,0 +1,327 @@
+"""Glue between the NRI session and the policy core.
+
+NRI messages become plain views, the policy decides, and decisions become
+container adjustments, container updates, or pod-level cgroup writes (NRI
+cannot adjust a pod sandbox). This is also where the failure policy is
+applied: the policy reports bad input as a value; only here does it turn into
+"leave the container alone" or "make the runtime refuse it".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.cgroups.fs import apply_pod_values
+from nri_midbatch.cgroups.paths import CgroupDriver, CgroupPathError
+from nri_midbatch.cgroups.report import WriteReport
+from nri_midbatch.cgroups.values import PodCgroupValues
+from nri_midbatch.config import Config, ConfigError, load_config_text
+from nri_midbatch.nri.events import Event
+from nri_midbatch.nri.session import RuntimeInfo
+from nri_midbatch.policy import (
+    CgroupValues,
+    ContainerView,
+    Decision,
+    NativeLimits,
+    PodView,
+    Policy,
+    compile_policy,
+    decide_container,
+    decide_pod,
+)
+from nri_midbatch.rpc.errors import RpcError
+from nri_midbatch.wire.status import Code
+
+log = structlog.get_logger(__name__)
+
+_RUNNING_STATES = frozenset({api.CONTAINER_CREATED, api.CONTAINER_RUNNING, api.CONTAINER_PAUSED})
+
+#: Told of every decision (container None: pod level), e.g. to record it with the call.
+DecisionListener = Callable[[PodView, ContainerView | None, Decision], None]
+
+
+@dataclass
+class Counters:
+    """What happened, for metrics and for tests to assert on."""
+
+    decisions: dict[str, int] = field(default_factory=dict)
+    invalid: dict[str, int] = field(default_factory=dict)
+    pod_writes_failed: int = 0
+    config_rejected: int = 0
+
+    def count_decision(self, decision: Decision) -> None:
+        key = decision.tier or "none"
+        self.decisions[key] = self.decisions.get(key, 0) + 1
+
+    def count_invalid(self, reason: str) -> None:
+        self.invalid[reason] = self.invalid.get(reason, 0) + 1
+
+
+# -- NRI -> views ----------------------------------------------------------
+
+
+def native_limits(resources: api.LinuxResources) -> NativeLimits:
+    """Finite limits the runtime or kubelet already set; None where unlimited."""
+    cpu, memory = resources.cpu, resources.memory
+    quota = cpu.quota.value if cpu.HasField("quota") and cpu.quota.value > 0 else None
+    period = cpu.period.value if cpu.HasField("period") and cpu.period.value > 0 else None
+    limit = memory.limit.value if memory.HasField("limit") and memory.limit.value > 0 else None
+    return NativeLimits(cpu_quota=quota, cpu_period=period, memory_limit=limit)
+
+
+def pod_view(pod: api.PodSandbox) -> PodView:
+    linux = pod.linux
+    resources = linux.pod_resources if linux.HasField("pod_resources") else linux.resources
+    return PodView(
+        uid=pod.uid,
+        namespace=pod.namespace,
+        name=pod.name,
+        labels=pod.labels,
+        annotations=pod.annotations,
+        cgroup_parent=linux.cgroup_parent,
+        native=native_limits(resources),
+    )
+
+
+def container_view(
+    container: api.Container, resources: api.LinuxResources | None = None
+) -> ContainerView:
+    current = resources if resources is not None else container.linux.resources
+    return ContainerView(id=container.id, name=container.name, native=native_limits(current))
+
+
+# -- decisions -> NRI --------------------------------------------------------
+
+
+def linux_resources(values: CgroupValues) -> api.LinuxResources:
+    return api.LinuxResources(
+        cpu=api.LinuxCPU(
+            shares=api.OptionalUInt64(value=values.cpu_shares),
+            quota=api.OptionalInt64(value=values.cpu_quota),
+        ),
+        memory=api.LinuxMemory(limit=api.OptionalInt64(value=values.memory_limit)),
+    )
+
+
+def container_update(container_id: str, values: CgroupValues) -> api.ContainerUpdate:
+    return api.ContainerUpdate(
+        container_id=container_id,
+        linux=api.LinuxContainerUpdate(resources=linux_resources(values)),
+    )
+
+
+def current_values(resources: api.LinuxResources) -> CgroupValues:
+    """A container's values as the runtime reports them, unlimited as -1."""
+    cpu, memory = resources.cpu, resources.memory
+    quota = cpu.quota.value if cpu.HasField("quota") and cpu.quota.value > 0 else -1
+    limit = memory.limit.value if memory.HasField("limit") and memory.limit.value > 0 else -1
+    shares = cpu.shares.value if cpu.HasField("shares") else 0
+    return CgroupValues(cpu_shares=shares, cpu_quota=quota, memory_limit=limit)
+
+
+class MidBatchPlugin:
+    events = frozenset({Event.RUN_POD_SANDBOX, Event.CREATE_CONTAINER, Event.UPDATE_CONTAINER})
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        dry_run: bool = False,
+        on_decision: DecisionListener | None = None,
+    ) -> None:
+        """dry_run: decide pod-level values but write no cgroup file (replay, audits)."""
+        self.counters = Counters()
+        self.runtime: RuntimeInfo | None = None
+        self._dry_run = dry_run
+        self._on_decision = on_decision
+        self._apply_config(config)
+
+    def _apply_config(self, config: Config) -> None:
+        self.config = config
+        self.policy: Policy = compile_policy(config)
+        self._fail = config.failure_policy == "Fail"
+        self._cgroup_root = Path(config.cgroups.root)
+        self._cgroup_driver = CgroupDriver(config.cgroups.driver)
+
+    # -- session hooks -------------------------------------------------------
+
+    async def configure(self, config: str, runtime: RuntimeInfo) -> None:
+        self.runtime = runtime
+        if not config.strip():
+            return
+        # Pre-launched plugins get their drop-in file here. A bad one must not
+        # cost the node its plugin: keep what we have and say why.
+        try:
+            self._apply_config(load_config_text(config, source="NRI Configure"))
+        except ConfigError as exc:
+            self.counters.config_rejected += 1
+            log.error("configuration from the runtime rejected", error=str(exc))
+            return
+        log.info(
+            "configuration applied",
+            source="NRI Configure",
+            failure_policy=self.config.failure_policy,
+        )
+
+    async def synchronize(
+        self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container]
+    ) -> Sequence[api.ContainerUpdate]:
+        views = {pod.id: pod_view(pod) for pod in pods}
+        updates: list[api.ContainerUpdate] = []
+        for container in containers:
+            pod = views.get(container.pod_sandbox_id)
+            if pod is None or container.state not in _RUNNING_STATES:
+                continue
+            decision = self._decide_container(pod, container_view(container), "Synchronize")
+            if decision.values is None:
+                continue
+            if decision.values != current_values(container.linux.resources):
+                updates.append(container_update(container.id, decision.values))
+        if self.config.cgroups.pod_level:
+            for pod in views.values():
+                self._write_pod(pod, "Synchronize", raise_on_failure=False)
+        log.info("synchronized", pods=len(pods), containers=len(containers), updates=len(updates))
+        return updates
+
+    async def create_container(
+        self, pod: api.PodSandbox, container: api.Container
+    ) -> api.CreateContainerResponse:
+        decision = self._decide_container(
+            pod_view(pod), container_view(container), "CreateContainer"
+        )
+        if decision.values is None:
+            return api.CreateContainerResponse()
+        return api.CreateContainerResponse(
+            adjust=api.ContainerAdjustment(
+                linux=api.LinuxContainerAdjustment(resources=linux_resources(decision.values))
+            )
+        )
+
+    async def update_container(
+        self, pod: api.PodSandbox, container: api.Container, resources: api.LinuxResources
+    ) -> Sequence[api.ContainerUpdate]:
+        # Decide from the resources being requested, not the container's
+        # current ones, and name the container: an update without its id is
+        # silently dropped by the runtime (koordlet's NRI bug).
+        decision = self._decide_container(
+            pod_view(pod), container_view(container, resources), "UpdateContainer"
+        )
+        if decision.values is None:
+            return []
+        return [container_update(container.id, decision.values)]
+
+    async def stop_container(
+        self, pod: api.PodSandbox, container: api.Container
+    ) -> Sequence[api.ContainerUpdate]:
+        return []
+
+    async def update_pod_sandbox(
+        self, pod: api.PodSandbox, overhead: api.LinuxResources, resources: api.LinuxResources
+    ) -> None:
+        return None
+
+    async def pod_event(self, event: Event, pod: api.PodSandbox) -> None:
+        if event == Event.RUN_POD_SANDBOX and self.config.cgroups.pod_level:
+            self._write_pod(pod_view(pod), "RunPodSandbox", raise_on_failure=self._fail)
+
+    async def container_event(
+        self, event: Event, pod: api.PodSandbox, container: api.Container
+    ) -> None:
+        return None
+
+    # -- decisions -----------------------------------------------------------
+
+    def _decide_container(self, pod: PodView, container: ContainerView, method: str) -> Decision:
+        decision = decide_container(pod, container, self.policy)
+        self.counters.count_decision(decision)
+        if self._on_decision is not None:
+            self._on_decision(pod, container, decision)
+        where = {"namespace": pod.namespace, "pod": pod.name, "container": container.name}
+        if decision.error is not None:
+            self._invalid(decision, method, where)
+        elif decision.values is not None:
+            log.info(
+                "decision",
+                method=method,
+                tier=decision.tier,
+                **where,
+                **_values_log(decision.values),
+            )
+        return decision
+
+    def _invalid(self, decision: Decision, method: str, where: Mapping[str, str]) -> None:
+        self.counters.count_invalid(decision.error_kind or "invalid")
+        log.warning(
+            "invalid input, container left untouched"
+            if not self._fail
+            else "invalid input, refusing the container",
+            method=method,
+            reason=decision.error,
+            failure_policy=self.config.failure_policy,
+            **where,
+        )
+        if self._fail:
+            raise RpcError(Code.INVALID_ARGUMENT, f"nri-midbatch: {decision.error}")
+
+    def _write_pod(self, pod: PodView, method: str, *, raise_on_failure: bool) -> None:
+        decision = decide_pod(pod, self.policy)
+        self.counters.count_decision(decision)
+        if self._on_decision is not None:
+            self._on_decision(pod, None, decision)
+        where = {"namespace": pod.namespace, "pod": pod.name}
+        if decision.error is not None:
+            self._invalid(decision, method, where)
+            return
+        if decision.values is None:
+            return
+        values = decision.values
+        if self._dry_run:
+            log.info(
+                "pod cgroup not written: dry run",
+                method=method,
+                tier=decision.tier,
+                **where,
+                **_values_log(values),
+            )
+            return
+        try:
+            report = apply_pod_values(
+                self._cgroup_root,
+                self._cgroup_driver,
+                pod.cgroup_parent,
+                PodCgroupValues(values.cpu_shares, values.cpu_quota, values.memory_limit),
+            )
+        except CgroupPathError as exc:
+            self._pod_write_failed(method, where, str(exc), raise_on_failure)
+            return
+        if not report.ok:
+            self._pod_write_failed(method, where, _describe_failures(report), raise_on_failure)
+            return
+        log.info(
+            "pod cgroup set", method=method, tier=decision.tier, **where, **_values_log(values)
+        )
+
+    def _pod_write_failed(
+        self, method: str, where: Mapping[str, str], reason: str, raise_on_failure: bool
+    ) -> None:
+        self.counters.pod_writes_failed += 1
+        log.warning("pod cgroup not set", method=method, reason=reason, **where)
+        if raise_on_failure:
+            raise RpcError(Code.INTERNAL, f"nri-midbatch: pod cgroup not set: {reason}")
+
+
+def _values_log(values: CgroupValues) -> dict[str, int]:
+    return {
+        "cpu_shares": values.cpu_shares,
+        "cpu_quota": values.cpu_quota,
+        "memory_limit": values.memory_limit,
+    }
+
+
+def _describe_failures(report: WriteReport) -> str:
+    return "; ".join(f"{f.operation} {f.path}: {f.error}" for f in report.failed)

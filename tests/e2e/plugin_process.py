@@ -1,0 +1,109 @@
+"""Run nri-midbatch as a real process and watch its JSON log."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+EXECUTABLE = Path(sys.executable).with_name("nri-midbatch")
+
+Record = dict[str, Any]
+
+
+def read_log(path: Path) -> list[Record]:
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            records.append(json.loads(line))
+    return records
+
+
+def wait_for_record(
+    path: Path,
+    match: Callable[[Record], bool],
+    *,
+    timeout: float = 10.0,
+    after: int = 0,
+) -> tuple[int, Record]:
+    """The first record past index `after` that matches; (index, record)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        records = read_log(path)
+        for index, record in enumerate(records[after:], start=after):
+            if match(record):
+                return index, record
+        if time.monotonic() > deadline:
+            tail = "\n".join(json.dumps(r) for r in records[-20:])
+            raise AssertionError(f"no matching log record within {timeout}s; log tail:\n{tail}")
+        time.sleep(0.02)
+
+
+def event(name: str) -> Callable[[Record], bool]:
+    return lambda record: record.get("event") == name
+
+
+class PluginProcess:
+    """`nri-midbatch run` against a socket, logging JSON to a file."""
+
+    def __init__(self, workdir: Path, socket_path: Path, *, config: str | None = None) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.log_path = workdir / "plugin.log"
+        args = [
+            str(EXECUTABLE),
+            "run",
+            "--socket-path",
+            str(socket_path),
+            "--log-file",
+            str(self.log_path),
+            "--log-level",
+            "debug",
+        ]
+        if config is not None:
+            config_path = workdir / "config.yaml"
+            config_path.write_text(config)
+            args += ["--config", str(config_path)]
+        self.proc = subprocess.Popen(
+            args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+
+    def records(self) -> list[Record]:
+        return read_log(self.log_path)
+
+    def wait_for(self, name: str, *, timeout: float = 10.0, after: int = 0) -> tuple[int, Record]:
+        return wait_for_record(self.log_path, event(name), timeout=timeout, after=after)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def prelaunched_wrapper(plugin_dir: Path, name: str, log_path: Path) -> Path:
+    """An NN-name executable for containerd's plugin_path.
+
+    The runtime starts it with an empty environment and no arguments; the
+    wrapper only adds a log file so the test can read what happened.
+    """
+    path = plugin_dir / name
+    path.write_text(f"#!/bin/sh\nexec {EXECUTABLE} run --log-file {log_path} --log-level debug\n")
+    os.chmod(path, 0o755)
+    return path
+
+
+def iter_events(records: list[Record], name: str) -> Iterator[Record]:
+    return (r for r in records if r.get("event") == name)

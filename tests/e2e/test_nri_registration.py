@@ -1,0 +1,96 @@
+"""The plugin registers with a real containerd, external and pre-launched."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from tests.e2e.containerd import Containerd
+from tests.e2e.plugin_process import PluginProcess, prelaunched_wrapper, wait_for_record
+
+
+def test_external_plugin_registers_configures_and_synchronizes(
+    containerd: Containerd, tmp_path: Path
+) -> None:
+    plugin = PluginProcess(tmp_path / "plugin", containerd.nri_socket)
+    try:
+        _, configured = plugin.wait_for("configured")
+        # containerd 1.7.24 vendors NRI v0.6.1: bits above 0x7FF would get us dropped.
+        assert configured["runtime"].startswith("containerd ")
+        assert configured["nri"] == "v0.6.1"
+        assert int(configured["events"], 16) & ~0x7FF == 0
+        plugin.wait_for("synchronized")
+        containerd.wait_for_log('plugin \\"10-midbatch\\"', timeout=5)
+    finally:
+        assert plugin.stop() == 0
+
+
+def test_containerd_restart_leads_to_a_fresh_registration(
+    containerd: Containerd, tmp_path: Path
+) -> None:
+    plugin = PluginProcess(tmp_path / "plugin", containerd.nri_socket)
+    try:
+        first, _ = plugin.wait_for("synchronized")
+
+        def identity() -> tuple[int, int]:
+            st = containerd.nri_socket.stat()
+            return st.st_ino, st.st_ctime_ns
+
+        old_socket = identity()
+        containerd.stop()
+        # containerd 1.7 leaves its socket file behind on stop; it comes back as
+        # a new socket (new inode or ctime: tmpfs reuses inode numbers).
+        socket_back: list[float] = []
+
+        def watch_socket() -> None:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                try:
+                    if identity() != old_socket:
+                        socket_back.append(time.monotonic())
+                        return
+                except FileNotFoundError:
+                    pass
+                time.sleep(0.002)
+
+        watcher = threading.Thread(target=watch_socket)
+        watcher.start()
+        time.sleep(1.0)  # let the plugin notice and back off against the stale socket
+        containerd.start()
+        watcher.join(timeout=20)
+        plugin.wait_for("registered", after=first + 1, timeout=10)
+        registered_at = time.monotonic()
+        plugin.wait_for("synchronized", after=first + 1)
+        assert socket_back, "the NRI socket never came back"
+        assert registered_at - socket_back[0] < 2.0, registered_at - socket_back[0]
+        # Exactly one registration per containerd lifetime: never two live ones.
+        registrations = [r for r in plugin.records() if r.get("event") == "registered"]
+        assert len(registrations) == 2
+    finally:
+        assert plugin.stop() == 0
+
+
+def test_prelaunched_plugin_from_plugin_path(containerd: Containerd, tmp_path: Path) -> None:
+    log_path = tmp_path / "prelaunched.log"
+    prelaunched_wrapper(containerd.plugin_path, "10-midbatch", log_path)
+    (containerd.plugin_config_path / "10-midbatch.conf").write_text("failurePolicy: Fail\n")
+    containerd.stop()
+    containerd.start()
+    _, configured = wait_for_record(log_path, lambda r: r.get("event") == "configured")
+    assert configured["nri"] == "v0.6.1"
+    starting = [r for r in _records(log_path) if r.get("event") == "starting"]
+    assert starting[0]["mode"] == "pre-launched"
+    # The drop-in config arrives through Configure and is applied.
+    assert not [r for r in _records(log_path) if "rejected" in r.get("event", "")]
+    assert any(
+        r.get("failure_policy") == "Fail"
+        for r in _records(log_path)
+        if r.get("event") == "configuration applied"
+    )
+
+
+def _records(path: Path) -> list[dict[str, object]]:
+    from tests.e2e.plugin_process import read_log
+
+    return read_log(path)
