@@ -1,0 +1,30 @@
+"""The pure policy core: views in, decisions out. Imports nothing but the standard library."""
+
+from .calculate import CgroupValues, Rules
+from .classes import PriorityClass, QoSClass
+from .classify import ClassificationSettings, Classified, Source
+from .compile import compile_policy
+from .compiled import Policy
+from .decision import Decision, ErrorKind, decide_container, decide_pod
+from .tiers import Tier
+from .views import ContainerView, NativeLimits, PodView
+
+__all__ = [
+    "CgroupValues",
+    "ClassificationSettings",
+    "Classified",
+    "ContainerView",
+    "Decision",
+    "ErrorKind",
+    "NativeLimits",
+    "PodView",
+    "Policy",
+    "PriorityClass",
+    "QoSClass",
+    "Rules",
+    "Source",
+    "Tier",
+    "compile_policy",
+    "decide_container",
+    "decide_pod",
+]

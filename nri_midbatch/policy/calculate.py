@@ -1,0 +1,178 @@
+"""Koordinator batchresource formulas (koordlet util/system cgroup.go, batch_resource.go).
+
+Every calculator appends one trace line per value it sets, saying which input produced it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from fractions import Fraction
+
+from .spec import ContainerSpec
+from .tiers import Tier
+from .views import NativeLimits
+
+CPU_SHARE_UNIT = 1024
+CFS_BASE_PERIOD = 100_000
+CFS_QUOTA_MIN = 1000
+CPU_SHARES_MIN = 2
+CPU_SHARES_MAX = 262_144
+UNLIMITED = -1
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupValues:
+    """cpu.shares, cfs quota (us per 100000us period) and memory limit; -1 is unlimited."""
+
+    cpu_shares: int
+    cpu_quota: int
+    memory_limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class Rules:
+    cfs_quota: bool = True
+    cpu_normalization_ratio: Fraction | None = None
+
+
+def milli_cpu_to_shares(milli_cpu: int) -> int:
+    if milli_cpu <= 0:
+        return CPU_SHARES_MIN
+    shares = milli_cpu * CPU_SHARE_UNIT // 1000
+    return max(CPU_SHARES_MIN, min(CPU_SHARES_MAX, shares))
+
+
+def milli_cpu_to_quota(milli_cpu: int) -> int:
+    if milli_cpu <= 0:
+        return UNLIMITED
+    quota = milli_cpu * CFS_BASE_PERIOD // 1000
+    if quota <= 0:
+        return UNLIMITED
+    return max(quota, CFS_QUOTA_MIN)
+
+
+def container_values(
+    entry: ContainerSpec, tier: Tier, rules: Rules, native: NativeLimits, trace: list[str]
+) -> CgroupValues:
+    request = _positive(entry.requests, tier.cpu_resource)
+    shares = milli_cpu_to_shares(request)
+    trace.append(f"cpu.shares {shares} from {_describe(request, 'request', tier.cpu_resource)}")
+
+    if rules.cfs_quota:
+        limit = _positive(entry.limits, tier.cpu_resource)
+        quota = milli_cpu_to_quota(limit)
+        trace.append(f"cpu quota {quota} from {_describe(limit, 'limit', tier.cpu_resource)}")
+    else:
+        quota = _quota_disabled(trace)
+    quota = _never_loosen_quota(_normalize(quota, rules, trace), native, trace)
+
+    memory = _positive(entry.limits, tier.memory_resource) or UNLIMITED
+    trace.append(f"memory limit {memory} from {_describe(memory, 'limit', tier.memory_resource)}")
+    memory = _never_loosen_memory(memory, native, trace)
+    return CgroupValues(shares, quota, memory)
+
+
+def pod_values(
+    containers: Mapping[str, ContainerSpec],
+    tier: Tier,
+    rules: Rules,
+    native: NativeLimits,
+    trace: list[str],
+) -> CgroupValues:
+    """Sums over the containers listed in the spec; unlisted containers do not count."""
+    cpu, memory_name = tier.cpu_resource, tier.memory_resource
+    requests = sum(_positive(entry.requests, cpu) for entry in containers.values())
+    shares = milli_cpu_to_shares(requests)
+    trace.append(
+        f"pod cpu.shares {shares} from {cpu} requests summing to {requests} "
+        f"over {len(containers)} listed container(s)"
+    )
+
+    if rules.cfs_quota:
+        quota, why = _pod_limit_sum(containers, cpu)
+        quota = milli_cpu_to_quota(quota)
+        trace.append(f"pod cpu quota {quota} from {why}")
+    else:
+        quota = _quota_disabled(trace)
+    quota = _never_loosen_quota(_normalize(quota, rules, trace), native, trace)
+
+    memory, why = _pod_limit_sum(containers, memory_name)
+    # Koordinator would write 0 for a spec listing no containers; that means unlimited here.
+    memory = memory or UNLIMITED
+    trace.append(f"pod memory limit {memory} from {why}")
+    memory = _never_loosen_memory(memory, native, trace)
+    return CgroupValues(shares, quota, memory)
+
+
+def _positive(resources: Mapping[str, int], name: str) -> int:
+    """The resource's value, or 0 where Koordinator treats it as absent (missing or <= 0)."""
+    value = resources.get(name, 0)
+    return value if value > 0 else 0
+
+
+def _describe(value: int, what: str, resource: str) -> str:
+    if value > 0:
+        return f"{what} {resource}={value}"
+    return f"no positive {what} {resource}"
+
+
+def _pod_limit_sum(containers: Mapping[str, ContainerSpec], resource: str) -> tuple[int, str]:
+    """Sum of the limits, or -1 as soon as one listed container has none."""
+    total = 0
+    for name, entry in containers.items():
+        limit = _positive(entry.limits, resource)
+        if not limit:
+            return UNLIMITED, f"container {name!r} having no limit {resource} (pod unlimited)"
+        total += limit
+    return total, f"limits {resource} summing to {total} over {len(containers)} container(s)"
+
+
+def _quota_disabled(trace: list[str]) -> int:
+    trace.append("cpu quota -1: rules.cfsQuota is false")
+    return UNLIMITED
+
+
+def _normalize(quota: int, rules: Rules, trace: list[str]) -> int:
+    ratio = rules.cpu_normalization_ratio
+    # Koordinator ignores ratios in (0, 1]: "no support ratio in (0, 1) yet".
+    if quota <= 0 or ratio is None or ratio <= 1:
+        return quota
+    scaled = -(-quota // ratio)  # ceil, exact
+    trace.append(f"cpu quota {scaled} = ceil({quota} / cpuNormalizationRatio {_ratio(ratio)})")
+    return int(scaled)
+
+
+def _never_loosen_quota(quota: int, native: NativeLimits, trace: list[str]) -> int:
+    native_quota = native.cpu_quota
+    if native_quota is None or native_quota <= 0:
+        return quota
+    period = native.cpu_period if native.cpu_period and native.cpu_period > 0 else CFS_BASE_PERIOD
+    # Compare rates, quota/period, without dividing: our quota assumes the 100000us period.
+    if quota > 0 and quota * period <= native_quota * CFS_BASE_PERIOD:
+        return quota
+    computed = "unlimited" if quota <= 0 else str(quota)
+    trace.append(
+        f"cpu quota {native_quota}: native {native_quota}/{period}us is tighter than "
+        f"computed {computed}; never loosen"
+    )
+    return native_quota
+
+
+def _never_loosen_memory(memory: int, native: NativeLimits, trace: list[str]) -> int:
+    native_memory = native.memory_limit
+    if native_memory is None or native_memory <= 0:
+        return memory
+    if 0 < memory <= native_memory:
+        return memory
+    computed = "unlimited" if memory <= 0 else str(memory)
+    trace.append(
+        f"memory limit {native_memory}: native {native_memory} is tighter than "
+        f"computed {computed}; never loosen"
+    )
+    return native_memory
+
+
+def _ratio(ratio: Fraction) -> str:
+    return format(Decimal(ratio.numerator) / Decimal(ratio.denominator), "f")

@@ -1,0 +1,189 @@
+"""Kubernetes resource.Quantity, parsed and rounded exactly as apimachinery does.
+
+Values are kept as exact fractions; nothing here ever touches a float.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from fractions import Fraction
+
+__all__ = ["Format", "Quantity", "QuantityError", "parse_quantity"]
+
+
+class QuantityError(ValueError):
+    """A string that is not a Kubernetes quantity."""
+
+
+class Format(StrEnum):
+    DECIMAL_SI = "DecimalSI"
+    BINARY_SI = "BinarySI"
+    DECIMAL_EXPONENT = "DecimalExponent"
+
+
+_DECIMAL_SUFFIXES = {
+    "n": -9,
+    "u": -6,
+    "m": -3,
+    "": 0,
+    "k": 3,
+    "M": 6,
+    "G": 9,
+    "T": 12,
+    "P": 15,
+    "E": 18,
+}
+_BINARY_SUFFIXES = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+_DECIMAL_SUFFIX_BY_EXPONENT = {exp: suffix for suffix, exp in _DECIMAL_SUFFIXES.items()}
+_BINARY_SUFFIX_BY_POWER = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+
+# apimachinery's documented grammar: <sign>? <digits>[.<digits>] | <sign>? .<digits>, then a
+# suffix. The split is loose on purpose; the suffix is checked against the tables.
+_SHAPE = re.compile(r"([+-]?)([0-9]*)(?:\.([0-9]*))?(.*)", re.DOTALL)
+_EXPONENT = re.compile(r"[eE]([+-]?[0-9]+)")
+_SUFFIX_ALPHABET = frozenset("eEinumkKMGTP+-0123456789")
+
+# Kubernetes accepts any length; these bounds keep exact arithmetic cheap and stay far
+# beyond anything a cgroup value (int64) can use.
+_MAX_LENGTH = 1000
+_MAX_EXPONENT = 1000
+
+# Parsing rounds to nano resolution, away from zero (inf.RoundUp), like apimachinery.
+_NANO = 10**9
+# apimachinery silently caps binary-suffixed quantities at MaxInt64 ("8Ei" -> 2^63-1).
+_BINARY_CAP = 2**63 - 1
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Quantity:
+    """An exact quantity plus the format it was written in (used only for str())."""
+
+    amount: Fraction
+    format: Format = Format.DECIMAL_SI
+
+    def __post_init__(self) -> None:
+        if (self.amount * _NANO).denominator != 1:
+            raise QuantityError(f"{self.amount} is finer than the nano resolution of a quantity")
+
+    def __eq__(self, other: object) -> bool:
+        # Like Quantity.Cmp: "1k", "1000" and "1e3" are the same quantity.
+        if not isinstance(other, Quantity):
+            return NotImplemented
+        return self.amount == other.amount
+
+    def __hash__(self) -> int:
+        return hash(self.amount)
+
+    def value(self) -> int:
+        """Quantity.Value(): the integer value, rounded away from zero."""
+        return _round_away_from_zero(self.amount)
+
+    def milli_value(self) -> int:
+        """Quantity.MilliValue(): value * 1000, rounded away from zero."""
+        return _round_away_from_zero(self.amount * 1000)
+
+    def __str__(self) -> str:
+        """Kubernetes canonical form (Quantity.String())."""
+        amount = self.amount
+        if amount == 0:
+            return "0"
+        if (
+            self.format is Format.BINARY_SI
+            and not -1024 < amount < 1024
+            and amount.denominator == 1
+        ):
+            return _binary_string(amount.numerator)
+        mantissa, exponent = _decimal_mantissa(amount)
+        if self.format is not Format.DECIMAL_EXPONENT:
+            suffix = _DECIMAL_SUFFIX_BY_EXPONENT.get(exponent)
+            if suffix is not None:
+                return f"{mantissa}{suffix}"
+        return f"{mantissa}e{exponent}" if exponent else str(mantissa)
+
+
+def parse_quantity(text: str) -> Quantity:
+    """Parse a Kubernetes quantity string ("500m", "1k", "2Gi", "1e3", "-1.5")."""
+    if not text:
+        raise QuantityError("empty quantity")
+    if len(text) > _MAX_LENGTH:
+        raise QuantityError(f"quantity is longer than {_MAX_LENGTH} characters")
+    shape = _SHAPE.fullmatch(text)
+    if shape is None:  # pragma: no cover - the pattern matches every string
+        raise QuantityError(f"invalid quantity {text!r}")
+    sign, whole, fraction, suffix = shape.groups()
+    fraction = fraction or ""
+    if not whole and not fraction:
+        raise QuantityError(
+            f"invalid quantity {text!r}: expected a number such as 1, 1.5 or .5 "
+            "(optionally signed) before any suffix"
+        )
+    fmt, exponent = _interpret_suffix(text, suffix)
+    amount = Fraction(int(whole + fraction or "0"), 10 ** len(fraction))
+    if fmt is Format.BINARY_SI:
+        amount *= 2**exponent
+    else:
+        amount *= Fraction(10) ** exponent
+    if sign == "-":
+        amount = -amount
+    amount = Fraction(_round_away_from_zero(amount * _NANO), _NANO)
+    if fmt is Format.BINARY_SI:
+        if abs(amount) > _BINARY_CAP:
+            amount = Fraction(_BINARY_CAP if amount > 0 else -_BINARY_CAP)
+        elif 0 < abs(amount) < 1:
+            fmt = Format.DECIMAL_SI
+    return Quantity(amount, fmt)
+
+
+def _interpret_suffix(text: str, suffix: str) -> tuple[Format, int]:
+    decimal = _DECIMAL_SUFFIXES.get(suffix)
+    if decimal is not None:
+        return Format.DECIMAL_SI, decimal
+    binary = _BINARY_SUFFIXES.get(suffix)
+    if binary is not None:
+        return Format.BINARY_SI, binary
+    exponent = _EXPONENT.fullmatch(suffix)
+    if exponent is None:
+        stray = next((ch for ch in suffix if ch not in _SUFFIX_ALPHABET), None)
+        if stray is not None:
+            raise QuantityError(f"invalid quantity {text!r}: unexpected {stray!r} after the number")
+        raise QuantityError(
+            f"invalid quantity {text!r}: unknown suffix {suffix!r} (expected one of "
+            "n u m k M G T P E Ki Mi Gi Ti Pi Ei, or an exponent such as e3)"
+        )
+    value = int(exponent.group(1))
+    if abs(value) > _MAX_EXPONENT:
+        raise QuantityError(f"invalid quantity {text!r}: exponent beyond +/-{_MAX_EXPONENT}")
+    return Format.DECIMAL_EXPONENT, value
+
+
+def _round_away_from_zero(amount: Fraction) -> int:
+    whole, rest = divmod(abs(amount.numerator), amount.denominator)
+    if rest:
+        whole += 1
+    return whole if amount.numerator >= 0 else -whole
+
+
+def _decimal_mantissa(amount: Fraction) -> tuple[int, int]:
+    """The integer mantissa and the largest exponent that is a multiple of 3."""
+    exponent = 0
+    while amount.denominator != 1:
+        amount *= 10
+        exponent -= 1
+    mantissa = amount.numerator
+    while mantissa % 10 == 0:
+        mantissa //= 10
+        exponent += 1
+    while exponent % 3:
+        mantissa *= 10
+        exponent -= 1
+    return mantissa, exponent
+
+
+def _binary_string(value: int) -> str:
+    power = 0
+    while value % 1024 == 0 and power < len(_BINARY_SUFFIX_BY_POWER) - 1:
+        value //= 1024
+        power += 1
+    return f"{value}{_BINARY_SUFFIX_BY_POWER[power]}"

@@ -1,0 +1,158 @@
+"""The node.koordinator.sh/extended-resource-spec annotation.
+
+Shape (Koordinator apis/extension ExtendedResourceSpec):
+    {"containers": {"<name>": {"requests": {<resource>: <qty>}, "limits": {...}}}}
+Decoding follows Go's encoding/json into those structs: unknown keys are ignored, null means
+"absent", and a quantity may be a JSON string (whitespace trimmed) or a bare JSON number.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .quantity import QuantityError, parse_quantity
+
+__all__ = ["ContainerSpec", "ExtendedSpec", "SpecError", "load_spec", "parse_spec"]
+
+_INT64_MIN = -(2**63)
+_INT64_MAX = 2**63 - 1
+# Go's strings.TrimSpace (unicode.IsSpace), which Quantity.UnmarshalJSON applies.
+_GO_SPACE = " \t\n\v\f\r\x85\xa0\u1680\u2028\u2029\u202f\u205f\u3000" + "".join(
+    chr(c) for c in range(0x2000, 0x200B)
+)
+
+
+class SpecError(ValueError):
+    """The annotation is present but unusable; names the container and resource if known."""
+
+    def __init__(
+        self,
+        message: str,
+        container: str | None = None,
+        field: str | None = None,
+        resource: str | None = None,
+    ) -> None:
+        where = "" if container is None else f"container {container!r}"
+        if field is not None:
+            where += f" {field}"
+        if resource is not None:
+            where += f" {resource!r}"
+        super().__init__(
+            f"extended-resource spec: {where}: {message}"
+            if where
+            else f"extended-resource spec: {message}"
+        )
+        self.container = container
+        self.resource = resource
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerSpec:
+    """Quantity.Value() of every listed resource (milli-cores for *-cpu, bytes for memory)."""
+
+    requests: Mapping[str, int]
+    limits: Mapping[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class ExtendedSpec:
+    containers: Mapping[str, ContainerSpec]
+    # Every resource named anywhere, so priority inference need not walk the containers.
+    resource_names: frozenset[str]
+
+
+class _Number(str):
+    """The source text of a JSON number, kept because Go hands it to ParseQuantity as is."""
+
+
+@lru_cache(maxsize=4096)
+def load_spec(text: str) -> ExtendedSpec | SpecError | None:
+    """parse_spec with the outcome (error included) cached per annotation string."""
+    try:
+        return parse_spec(text)
+    except SpecError as error:
+        return error
+
+
+def parse_spec(text: str) -> ExtendedSpec | None:
+    """Parse the annotation value; None when it carries no containers map (Koordinator: no spec)."""
+    try:
+        document = json.loads(
+            text, parse_int=_Number, parse_float=_Number, parse_constant=_reject_constant
+        )
+    except (ValueError, RecursionError) as error:
+        raise SpecError(f"not valid JSON: {error}") from None
+    if document is None:
+        return None
+    top = _object(document, "the annotation")
+    containers = top.get("containers")
+    if containers is None:
+        return None
+    parsed: dict[str, ContainerSpec] = {}
+    names: set[str] = set()
+    for name, entry in _object(containers, '"containers"').items():
+        if entry is None:
+            parsed[name] = ContainerSpec({}, {})
+            continue
+        fields = _object(entry, "the entry", name)
+        requests = _resource_list(fields.get("requests"), name, "requests")
+        limits = _resource_list(fields.get("limits"), name, "limits")
+        names.update(requests, limits)
+        parsed[name] = ContainerSpec(requests, limits)
+    return ExtendedSpec(parsed, frozenset(names))
+
+
+def _reject_constant(token: str) -> object:
+    raise ValueError(f"{token} is not JSON")
+
+
+def _object(
+    value: object, what: str, container: str | None = None, field: str | None = None
+) -> dict[str, object]:
+    if isinstance(value, dict):
+        return value
+    raise SpecError(f"{what} must be a JSON object, not {_json_type(value)}", container, field)
+
+
+def _resource_list(value: object, container: str, field: str) -> dict[str, int]:
+    if value is None:
+        return {}
+    result: dict[str, int] = {}
+    for resource, raw in _object(value, "the resource list", container, field).items():
+        result[resource] = _quantity_value(raw, container, field, resource)
+    return result
+
+
+def _quantity_value(raw: object, container: str, field: str, resource: str) -> int:
+    if raw is None:
+        return 0  # Quantity.UnmarshalJSON turns null into a zero quantity.
+    if not isinstance(raw, str):
+        raise SpecError(
+            f"quantity must be a string or number, not {_json_type(raw)}",
+            container,
+            field,
+            resource,
+        )
+    text = raw if isinstance(raw, _Number) else raw.strip(_GO_SPACE)
+    try:
+        value = parse_quantity(text).value()
+    except QuantityError as error:
+        raise SpecError(str(error), container, field, resource) from None
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise SpecError(f"quantity {text!r} does not fit in int64", container, field, resource)
+    return value
+
+
+def _json_type(value: object) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, _Number):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "null" if value is None else "an object"

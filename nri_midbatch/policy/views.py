@@ -1,0 +1,33 @@
+"""Plain views of a pod and a container, built by the plugin glue from NRI messages."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class NativeLimits:
+    """What kubelet or the runtime already set; None (or a value <= 0) means unlimited."""
+
+    cpu_quota: int | None = None
+    cpu_period: int | None = None
+    memory_limit: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PodView:
+    uid: str
+    namespace: str
+    name: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    cgroup_parent: str
+    native: NativeLimits = field(default_factory=NativeLimits)
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerView:
+    id: str
+    name: str
+    native: NativeLimits = field(default_factory=NativeLimits)

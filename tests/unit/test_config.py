@@ -1,0 +1,266 @@
+"""The YAML configuration: defaults, validation with field paths, round trips, the example."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nri_midbatch.config import (
+    CgroupDriver,
+    Config,
+    ConfigError,
+    FailurePolicy,
+    effective_config_yaml,
+    load_config_file,
+    load_config_text,
+)
+from nri_midbatch.policy import PriorityClass, QoSClass, compile_policy
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "config" / "default.yaml"
+
+
+def tier(
+    name: str = "x",
+    priority: str = "koord-batch",
+    qos: str = "BE",
+    cpu: str = "a",
+    memory: str = "b",
+    extra: str = "",
+) -> str:
+    """One tier as a YAML flow mapping; `extra` adds raw `key: value` entries."""
+    return (
+        f"{{name: {name}, priorityClasses: [{priority}], qosClasses: [{qos}], "
+        f"resources: {{cpu: {cpu}, memory: {memory}}}{', ' + extra if extra else ''}}}"
+    )
+
+
+def rejected(text: str) -> str:
+    with pytest.raises(ConfigError) as caught:
+        load_config_text(text, "node.yaml")
+    message = str(caught.value)
+    assert message.startswith("node.yaml: ")
+    return message
+
+
+@pytest.mark.parametrize("text", ["", "\n", "# only a comment\n", "---\n"])
+def test_empty_text_gives_defaults(text: str) -> None:
+    assert load_config_text(text, "empty.yaml") == Config()
+
+
+def test_defaults_reproduce_koordinator() -> None:
+    config = Config()
+    assert config.failure_policy is FailurePolicy.IGNORE
+    batch, mid = config.tiers
+    assert (batch.name, batch.priority_classes, batch.qos_classes) == (
+        "batch",
+        (PriorityClass.BATCH, PriorityClass.FREE),
+        (QoSClass.BE,),
+    )
+    assert (batch.resources.cpu, batch.resources.memory) == (
+        "kubernetes.io/batch-cpu",
+        "kubernetes.io/batch-memory",
+    )
+    assert (mid.name, mid.priority_classes, mid.qos_classes) == (
+        "mid",
+        (PriorityClass.MID,),
+        (QoSClass.BE, QoSClass.LS),
+    )
+    assert (mid.resources.cpu, mid.resources.memory) == (
+        "kubernetes.io/mid-cpu",
+        "kubernetes.io/mid-memory",
+    )
+    assert batch.namespaces is None and mid.namespaces is None
+    assert config.classification.qos_label == "koordinator.sh/qosClass"
+    assert config.classification.priority_class_label == "koordinator.sh/priority-class"
+    assert (
+        config.classification.extended_resource_spec_annotation
+        == "node.koordinator.sh/extended-resource-spec"
+    )
+    assert config.classification.qos_from_cgroup_parent is False
+    assert config.rules.cfs_quota is True
+    assert config.rules.cpu_normalization_ratio is None
+    assert config.cgroups.root == "/sys/fs/cgroup"
+    assert config.cgroups.driver is CgroupDriver.AUTO
+    assert config.cgroups.pod_level is True
+
+
+def test_partial_config_keeps_other_defaults() -> None:
+    config = load_config_text("failurePolicy: Fail\nrules: {cfsQuota: false}\n", "x")
+    assert config.failure_policy is FailurePolicy.FAIL
+    assert config.rules.cfs_quota is False
+    assert config.rules.cpu_normalization_ratio is None
+    assert config.tiers == Config().tiers
+
+
+@pytest.mark.parametrize(
+    ("text", "path"),
+    [
+        ("failurePolicy: Ignore\nverbose: true\n", "verbose: unknown key"),
+        ("rules: {cfsQuota: true, cfs_quota: true}", "rules.cfs_quota: unknown key"),
+        (
+            f"tiers: [{tier()}, {tier('y', 'koord-mid', cpu='c', memory='d', extra='more: 1')}]",
+            "tiers.1.more: unknown key",
+        ),
+        ("cgroups: {driver: auto, podlevel: true}", "cgroups.podlevel: unknown key"),
+    ],
+)
+def test_unknown_key_rejected_with_its_path(text: str, path: str) -> None:
+    assert path in rejected(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            f"tiers: [{tier()}, {tier(name='y', qos='BE, XX', cpu='c', memory='d')}]",
+            "tiers.1.qosClasses.1: Input should be 'LSE', 'LSR', 'LS', 'BE' or 'SYSTEM'",
+        ),
+        (f"tiers: [{tier(priority='koord-low')}]", "tiers.0.priorityClasses.0: Input should be"),
+        (f"tiers: [{tier(name='Batch')}]", "tiers.0.name: must match [a-z0-9-]+"),
+        (f"tiers: [{tier(name='a_b')}]", "tiers.0.name: must match [a-z0-9-]+"),
+        (f"tiers: [{tier(priority='')}]", "tiers.0.priorityClasses: must not be empty"),
+        (f"tiers: [{tier(qos='BE, BE')}]", "tiers.0.qosClasses: listed more than once: BE"),
+        (f"tiers: [{tier(extra='namespaces: []')}]", "tiers.0.namespaces: must not be empty"),
+        (f"tiers: [{tier(memory='a')}]", "tiers.0.resources: cpu and memory must name different"),
+        (f"tiers: [{tier(cpu='a b')}]", "tiers.0.resources.cpu: must be non-empty"),
+        (
+            f"tiers: [{tier()}, {tier(priority='koord-mid', cpu='c', memory='d')}]",
+            "tiers: tier 1 (x): name 'x' is already used",
+        ),
+        (
+            f"tiers: [{tier()}, {tier(name='y', priority='koord-mid', cpu='c', memory='a')}]",
+            "tiers: tiers 0 (x) and 1 (y) both read resource 'a'",
+        ),
+        ("tiers: {batch: {}}", "tiers: Input should be a valid tuple"),
+        (
+            "rules: {cpuNormalizationRatio: 0}",
+            "rules.cpuNormalizationRatio: Input should be greater",
+        ),
+        ("rules: {cpuNormalizationRatio: -1.5}", "cpuNormalizationRatio: Input should be greater"),
+        ("rules: {cpuNormalizationRatio: .inf}", "cpuNormalizationRatio: Input should be a finite"),
+        ("rules: {cpuNormalizationRatio: '1.2'}", "cpuNormalizationRatio: Input should be a valid"),
+        ("rules: {cfsQuota: 'no'}", "rules.cfsQuota: Input should be a valid boolean"),
+        ("failurePolicy: ignore", "failurePolicy: Input should be 'Ignore' or 'Fail'"),
+        ("cgroups: {driver: systemD}", "cgroups.driver: Input should be"),
+        ("cgroups: {root: sys/fs/cgroup}", "cgroups.root: must be an absolute path"),
+        ("classification: {qosLabel: 'a b'}", "classification.qosLabel: must be non-empty"),
+        ("- tiers", "the top level must be a mapping"),
+        ("rules: {cfsQuota: true}\nrules: {cfsQuota: false}\n", "duplicate key 'rules'"),
+        ("rules: [", "not valid YAML"),
+    ],
+)
+def test_invalid_values_rejected_with_path_and_reason(text: str, message: str) -> None:
+    assert message in rejected(text)
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        (tier(), tier(name="y", cpu="c", memory="d")),
+        (
+            tier(priority="koord-mid", qos="BE, LS"),
+            tier(name="y", priority="koord-batch, koord-mid", qos="LS", cpu="c", memory="d"),
+        ),
+    ],
+)
+def test_ambiguous_tiers_rejected(first: str, second: str) -> None:
+    message = rejected(f"tiers: [{first}, {second}]")
+    assert "tiers: tiers 0 (x) and 1 (y) both claim priority" in message
+    assert "a pod must map to one tier" in message
+
+
+def test_same_pair_in_different_namespaces_is_still_ambiguous() -> None:
+    a = tier("a", extra="namespaces: [x]")
+    b = tier("b", cpu="c", memory="d", extra="namespaces: [y]")
+    assert "both claim priority koord-batch with qos BE" in rejected(f"tiers: [{a}, {b}]")
+
+
+def test_errors_report_every_problem() -> None:
+    message = rejected("failurePolicy: Never\nrules: {bogus: 1}\n")
+    assert "failurePolicy:" in message
+    assert "rules.bogus: unknown key" in message
+
+
+def test_no_tiers_is_allowed() -> None:
+    assert load_config_text("tiers: []", "x").tiers == ()
+
+
+CUSTOM = """
+failurePolicy: Fail
+tiers:
+  - name: batch
+    priorityClasses: [koord-batch]
+    qosClasses: [BE]
+    resources: {cpu: kubernetes.io/batch-cpu, memory: kubernetes.io/batch-memory}
+    namespaces: [jobs]
+  - name: free-2
+    priorityClasses: [koord-free]
+    qosClasses: [BE, LS]
+    resources: {cpu: example.com/free-cpu, memory: example.com/free-memory}
+classification: {qosFromCgroupParent: true, qosLabel: example.com/qos}
+rules: {cfsQuota: false, cpuNormalizationRatio: 1.15}
+cgroups: {root: /host/sys/fs/cgroup, driver: systemd, podLevel: false}
+"""
+
+
+@pytest.mark.parametrize("text", ["", CUSTOM])
+def test_effective_config_round_trips(text: str) -> None:
+    config = load_config_text(text, "in.yaml")
+    rendered = effective_config_yaml(config)
+    assert load_config_text(rendered, "effective.yaml") == config
+    assert effective_config_yaml(load_config_text(rendered, "again")) == rendered
+
+
+def test_effective_config_lists_every_field_in_camel_case() -> None:
+    rendered = yaml.safe_load(effective_config_yaml(Config()))
+    assert list(rendered) == ["failurePolicy", "tiers", "classification", "rules", "cgroups"]
+    assert rendered["rules"] == {"cfsQuota": True, "cpuNormalizationRatio": None}
+    assert rendered["cgroups"] == {"root": "/sys/fs/cgroup", "driver": "auto", "podLevel": True}
+    assert rendered["tiers"][0]["namespaces"] is None
+    assert rendered["classification"]["qosFromCgroupParent"] is False
+
+
+def test_example_config_is_the_defaults() -> None:
+    assert load_config_file(EXAMPLE) == Config()
+    # It spells out every setting, not just the ones that differ from nothing.
+    assert yaml.safe_load(EXAMPLE.read_text()) == yaml.safe_load(effective_config_yaml(Config()))
+
+
+def test_load_config_file_names_the_file(tmp_path: Path) -> None:
+    missing = tmp_path / "absent.yaml"
+    with pytest.raises(ConfigError, match=r"absent\.yaml: cannot read"):
+        load_config_file(missing)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("rules:\n  cfsQuota: maybe\n")
+    with pytest.raises(ConfigError, match=rf"^{broken}: rules\.cfsQuota: "):
+        load_config_file(broken)
+    unparsable = tmp_path / "unparsable.yaml"
+    unparsable.write_text("rules:\n  - [\n")
+    with pytest.raises(ConfigError, match=r'not valid YAML(.|\n)*in ".*unparsable\.yaml", line 3'):
+        load_config_file(unparsable)
+
+
+def test_config_is_frozen() -> None:
+    config = Config()
+    with pytest.raises(ValueError):
+        config.rules.cfs_quota = False
+
+
+def test_compile_policy() -> None:
+    policy = compile_policy(load_config_text(CUSTOM, "x"))
+    batch, free = policy.chain.tiers
+    assert batch.namespaces == frozenset({"jobs"})
+    assert free.priority_classes == (PriorityClass.FREE,)
+    assert free.qos_classes == frozenset({QoSClass.BE, QoSClass.LS})
+    assert (free.cpu_resource, free.memory_resource) == (
+        "example.com/free-cpu",
+        "example.com/free-memory",
+    )
+    assert policy.rules.cfs_quota is False
+    assert policy.rules.cpu_normalization_ratio == Fraction(23, 20)  # exactly 1.15
+    assert policy.classifier.settings.qos_label == "example.com/qos"
+    assert policy.classifier.settings.qos_from_cgroup_parent is True
+    assert policy.spec_annotation == "node.koordinator.sh/extended-resource-spec"

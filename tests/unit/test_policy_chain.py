@@ -1,0 +1,349 @@
+"""The tier chain end to end: pod and container views in, decisions out."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nri_midbatch.config import load_config_text
+from nri_midbatch.policy import (
+    CgroupValues,
+    ContainerView,
+    Decision,
+    ErrorKind,
+    NativeLimits,
+    PodView,
+    Policy,
+    PriorityClass,
+    QoSClass,
+    Source,
+    compile_policy,
+    decide_container,
+    decide_pod,
+)
+from nri_midbatch.policy.chain import Chain
+
+QOS = "koordinator.sh/qosClass"
+PRIORITY = "koordinator.sh/priority-class"
+SPEC = "node.koordinator.sh/extended-resource-spec"
+BATCH_CPU, BATCH_MEMORY = "kubernetes.io/batch-cpu", "kubernetes.io/batch-memory"
+MID_CPU, MID_MEMORY = "kubernetes.io/mid-cpu", "kubernetes.io/mid-memory"
+GI = 2**30
+
+
+def policy(yaml: str = "") -> Policy:
+    return compile_policy(load_config_text(yaml, "test"))
+
+
+DEFAULT = policy()
+
+
+def spec(cpu: str, memory: str, **containers: tuple[str | None, str | None, str | None]) -> str:
+    """containers: name -> (cpu request, cpu limit, memory limit), as quantity strings."""
+    body = {}
+    for name, (request, limit, memory_limit) in containers.items():
+        entry: dict[str, dict[str, str]] = {}
+        if request is not None:
+            entry["requests"] = {cpu: request}
+        if limit is not None or memory_limit is not None:
+            limits = {cpu: limit, memory: memory_limit}
+            entry["limits"] = {k: v for k, v in limits.items() if v is not None}
+        body[name] = entry
+    return json.dumps({"containers": body})
+
+
+def batch_spec(**containers: tuple[str | None, str | None, str | None]) -> str:
+    return spec(BATCH_CPU, BATCH_MEMORY, **containers)
+
+
+def mid_spec(**containers: tuple[str | None, str | None, str | None]) -> str:
+    return spec(MID_CPU, MID_MEMORY, **containers)
+
+
+def pod(
+    qos: str | None = None,
+    priority: str | None = None,
+    annotation: str | None = None,
+    namespace: str = "default",
+    native: NativeLimits | None = None,
+) -> PodView:
+    labels = {QOS: qos, PRIORITY: priority}
+    return PodView(
+        uid="0a1b",
+        namespace=namespace,
+        name="job-0",
+        labels={k: v for k, v in labels.items() if v is not None},
+        annotations={} if annotation is None else {SPEC: annotation},
+        cgroup_parent="/kubepods/besteffort/pod0a1b",
+        native=native or NativeLimits(),
+    )
+
+
+MAIN = ContainerView(id="c0", name="main")
+
+
+def decide(p: PodView, c: ContainerView = MAIN, policy: Policy = DEFAULT) -> Decision:
+    return decide_container(p, c, policy)
+
+
+def test_batch_be() -> None:
+    decision = decide(pod("BE", "koord-batch", batch_spec(main=("500", "1k", "2Gi"))))
+    assert decision.tier == "batch"
+    assert decision.values == CgroupValues(512, 100_000, 2 * GI)
+    assert decision.error is None
+    assert decision.priority.value is PriorityClass.BATCH
+    assert decision.qos.value is QoSClass.BE
+
+
+def test_free_be_is_batch() -> None:
+    decision = decide(pod("BE", "koord-free", batch_spec(main=("500", None, None))))
+    assert (decision.tier, decision.values) == ("batch", CgroupValues(512, -1, -1))
+
+
+@pytest.mark.parametrize("qos", ["BE", "LS"])
+def test_mid(qos: str) -> None:
+    decision = decide(pod(qos, "koord-mid", mid_spec(main=("2k", "4k", "1Gi"))))
+    assert decision.tier == "mid"
+    assert decision.values == CgroupValues(2048, 400_000, GI)
+
+
+def test_mid_ignores_batch_resources() -> None:
+    # A mid pod reads mid-*; batch-* in its spec are not its tier's resources.
+    decision = decide(pod("BE", "koord-mid", batch_spec(main=("500", "1k", "2Gi"))))
+    assert (decision.tier, decision.values) == ("mid", CgroupValues(2, -1, -1))
+
+
+def test_prod_ls_is_left_alone() -> None:
+    decision = decide(pod("LS", "koord-prod", batch_spec(main=("500", "1k", "2Gi"))))
+    assert (decision.tier, decision.values, decision.error) == (None, None, None)
+    assert decision.trace[2:] == (
+        "tier batch: priority koord-prod not in [koord-batch, koord-free]",
+        "tier mid: priority koord-prod not in [koord-mid]",
+        "no tier matched: pod left alone",
+    )
+
+
+def test_batch_priority_with_ls_qos_is_left_alone() -> None:
+    decision = decide(pod("LS", "koord-batch", batch_spec(main=("500", "1k", "2Gi"))))
+    assert decision.tier is None
+    assert "tier batch: qos LS not in [BE]" in decision.trace
+
+
+def test_be_without_priority_label_and_batch_resources_is_batch() -> None:
+    decision = decide(pod("BE", None, batch_spec(main=("500", "1k", None))))
+    assert decision.tier == "batch"
+    assert decision.priority.source is Source.SPEC_RESOURCES
+    assert decision.values == CgroupValues(512, 100_000, -1)
+
+
+def test_be_without_priority_label_and_mid_resources_is_mid() -> None:
+    decision = decide(pod("BE", None, mid_spec(main=("500", "1k", None))))
+    assert decision.tier == "mid"
+    assert decision.priority.value is PriorityClass.MID
+    assert decision.values == CgroupValues(512, 100_000, -1)
+
+
+def test_be_without_priority_label_or_spec_defaults_to_batch_and_stays_untouched() -> None:
+    decision = decide(pod("BE"))
+    assert decision.tier == "batch"
+    assert decision.priority.source is Source.QOS_DEFAULT
+    assert decision.values is None
+    assert decision.trace[-1] == f"no containers in annotation {SPEC}: left untouched"
+
+
+def test_ls_without_priority_label() -> None:
+    prod = decide(pod("LS", None, json.dumps({"containers": {}})))
+    assert (prod.priority.value, prod.tier) == (PriorityClass.PROD, None)
+    # Batch resources make it koord-batch, but the batch tier takes only BE.
+    batch = decide(pod("LS", None, batch_spec(main=("1", "1", "1"))))
+    assert (batch.priority.value, batch.tier) == (PriorityClass.BATCH, None)
+    assert "tier batch: qos LS not in [BE]" in batch.trace
+    # Mid resources make it koord-mid, and mid takes LS.
+    mid = decide(pod("LS", None, mid_spec(main=("1", "1", "1"))))
+    assert (mid.priority.value, mid.tier) == (PriorityClass.MID, "mid")
+
+
+def test_invalid_priority_label_matches_no_tier() -> None:
+    decision = decide(pod("BE", "batch", batch_spec(main=("500", "1k", "2Gi"))))
+    assert (decision.tier, decision.values) == (None, None)
+    assert decision.priority.value is None
+
+
+def test_no_qos_label_matches_no_tier() -> None:
+    decision = decide(pod(None, "koord-batch", batch_spec(main=("500", "1k", "2Gi"))))
+    assert decision.tier is None
+    assert "tier batch: qos none not in [BE]" in decision.trace
+
+
+def test_namespace_limited_tier() -> None:
+    p = policy(
+        """
+tiers:
+  - name: batch
+    priorityClasses: [koord-batch]
+    qosClasses: [BE]
+    resources: {cpu: kubernetes.io/batch-cpu, memory: kubernetes.io/batch-memory}
+    namespaces: [jobs, etl]
+"""
+    )
+    annotation = batch_spec(main=("500", "1k", "2Gi"))
+    inside = decide(pod("BE", "koord-batch", annotation, namespace="etl"), policy=p)
+    assert inside.values == CgroupValues(512, 100_000, 2 * GI)
+    outside = decide(pod("BE", "koord-batch", annotation, namespace="default"), policy=p)
+    assert (outside.tier, outside.values) == (None, None)
+    assert "tier batch: namespace 'default' not in [etl, jobs]" in outside.trace
+
+
+def test_third_tier_from_config_alone() -> None:
+    p = policy(
+        """
+tiers:
+  - name: batch
+    priorityClasses: [koord-batch]
+    qosClasses: [BE]
+    resources: {cpu: kubernetes.io/batch-cpu, memory: kubernetes.io/batch-memory}
+  - name: mid
+    priorityClasses: [koord-mid]
+    qosClasses: [BE, LS]
+    resources: {cpu: kubernetes.io/mid-cpu, memory: kubernetes.io/mid-memory}
+  - name: scavenger
+    priorityClasses: [koord-free]
+    qosClasses: [BE]
+    resources: {cpu: example.com/free-cpu, memory: example.com/free-memory}
+rules:
+  cpuNormalizationRatio: 2
+"""
+    )
+    annotation = spec("example.com/free-cpu", "example.com/free-memory", main=("250", "3k", "1Gi"))
+    labelled = decide(pod("BE", "koord-free", annotation), policy=p)
+    assert labelled.tier == "scavenger"
+    assert labelled.values == CgroupValues(256, 150_000, GI)
+    inferred = decide(pod("BE", None, annotation), policy=p)
+    assert inferred.priority.value is PriorityClass.FREE
+    assert inferred.tier == "scavenger"
+    # Batch no longer takes koord-free pods.
+    assert decide(pod("BE", "koord-free", batch_spec(main=("1", "1", "1"))), policy=p).values == (
+        CgroupValues(2, -1, -1)
+    )
+
+
+def test_malformed_quantity_is_an_error_decision_naming_the_container() -> None:
+    annotation = json.dumps(
+        {"containers": {"main": {"limits": {BATCH_CPU: "1k", BATCH_MEMORY: "2 Gi"}}}}
+    )
+    decision = decide(pod("BE", "koord-batch", annotation))
+    assert decision.tier == "batch"
+    assert decision.values is None
+    assert decision.error is not None
+    assert "container 'main'" in decision.error
+    assert repr(BATCH_MEMORY) in decision.error
+    assert decision.error_kind is ErrorKind.SPEC
+    assert decide_pod(pod("BE", "koord-batch", annotation), DEFAULT).error == decision.error
+
+
+@pytest.mark.parametrize(
+    ("annotation", "message"),
+    [
+        ("{not json", "not valid JSON"),
+        ('{"containers": []}', "must be a JSON object"),
+        ('{"containers": {"main": {"limits": {"kubernetes.io/batch-cpu": true}}}}', "'main'"),
+        ('{"containers": {"main": {"requests": "1k"}}}', "'main' requests"),
+    ],
+)
+def test_malformed_annotation_is_an_error(annotation: str, message: str) -> None:
+    decision = decide(pod("BE", "koord-batch", annotation))
+    assert decision.values is None
+    assert decision.error is not None
+    assert message in decision.error
+
+
+def test_malformed_annotation_without_priority_label_falls_back_to_qos_then_errors() -> None:
+    decision = decide(pod("BE", None, "{not json"))
+    assert decision.priority.source is Source.QOS_DEFAULT
+    assert decision.tier == "batch"
+    assert decision.error is not None
+
+
+def test_malformed_annotation_on_pod_outside_every_tier_is_not_an_error() -> None:
+    decision = decide(pod("LS", "koord-prod", "{not json"))
+    assert (decision.tier, decision.values, decision.error) == (None, None, None)
+    assert decision.error_kind is None
+    assert decision.trace[-1].startswith("ignored, as no tier applies: extended-resource spec")
+
+
+def test_container_not_listed_in_spec_is_left_untouched() -> None:
+    annotation = batch_spec(main=("500", "1k", "2Gi"))
+    decision = decide(pod("BE", "koord-batch", annotation), ContainerView("c1", "sidecar"))
+    assert (decision.tier, decision.values, decision.error) == ("batch", None, None)
+    assert decision.trace[-1] == (
+        "container 'sidecar' not listed in the extended-resource spec: left untouched"
+    )
+
+
+def test_container_native_limits_are_never_loosened() -> None:
+    annotation = batch_spec(main=("500", "1k", "2Gi"))
+    native = ContainerView("c0", "main", NativeLimits(cpu_quota=20_000, memory_limit=GI))
+    decision = decide(pod("BE", "koord-batch", annotation), native)
+    assert decision.values == CgroupValues(512, 20_000, GI)
+
+
+def test_decide_pod_sums_listed_containers() -> None:
+    annotation = batch_spec(a=("500", "500", "1Gi"), b=("1k", "1k", "2Gi"))
+    decision = decide_pod(pod("BE", "koord-batch", annotation), DEFAULT)
+    assert decision.tier == "batch"
+    assert decision.values == CgroupValues(1536, 150_000, 3 * GI)
+
+
+def test_decide_pod_unlimited_when_a_listed_container_has_no_limit() -> None:
+    annotation = batch_spec(a=("500", "500", "1Gi"), b=("1k", None, None))
+    decision = decide_pod(pod("BE", "koord-batch", annotation), DEFAULT)
+    assert decision.values == CgroupValues(1536, -1, -1)
+
+
+def test_decide_pod_uses_pod_native_limits() -> None:
+    annotation = batch_spec(a=("500", "500", "1Gi"))
+    native = NativeLimits(cpu_quota=10_000, memory_limit=GI // 2)
+    decision = decide_pod(pod("BE", "koord-batch", annotation, native=native), DEFAULT)
+    assert decision.values == CgroupValues(512, 10_000, GI // 2)
+
+
+def test_decide_pod_applies_rules() -> None:
+    p = policy("rules: {cfsQuota: false}")
+    annotation = batch_spec(a=("500", "500", "1Gi"))
+    assert decide_pod(pod("BE", "koord-batch", annotation), p).values == CgroupValues(512, -1, GI)
+    ratio = policy("rules: {cpuNormalizationRatio: 1.2}")
+    assert decide_pod(pod("BE", "koord-batch", annotation), ratio).values == (
+        CgroupValues(512, 41_667, GI)
+    )
+
+
+def test_values_beyond_int64_are_an_error() -> None:
+    annotation = batch_spec(a=(None, None, "8Ei"), b=(None, None, "8Ei"))
+    decision = decide_pod(pod("BE", "koord-batch", annotation), DEFAULT)
+    assert decision.values is None
+    assert decision.error is not None
+    assert "int64" in decision.error
+    assert decision.error_kind is ErrorKind.OVERFLOW
+
+
+def test_decisions_are_repeatable() -> None:
+    p = pod("BE", "koord-batch", batch_spec(main=("500", "1k", "2Gi")))
+    assert decide(p) == decide(p)
+
+
+def test_chain_walks_tiers_in_order() -> None:
+    chain = DEFAULT.chain
+    match = chain.select(PriorityClass.MID, QoSClass.LS, "any")
+    assert match.tier is not None
+    assert match.tier.name == "mid"
+    assert match.reasons == (
+        "tier batch: priority koord-mid not in [koord-batch, koord-free]",
+        "tier mid: matched",
+    )
+    assert chain.select(PriorityClass.MID, QoSClass.LS, "other") is match
+
+
+def test_chain_without_tiers_matches_nothing() -> None:
+    match = Chain(()).select(PriorityClass.BATCH, QoSClass.BE, "ns")
+    assert (match.tier, match.reasons) == (None, ("no tier matched: pod left alone",))

@@ -1,0 +1,38 @@
+"""The policy core is pure: importing it loads no I/O, protocol or validation library."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+POLICY = Path(__file__).resolve().parents[2] / "nri_midbatch" / "policy"
+
+
+def test_policy_imports_only_stdlib_and_itself() -> None:
+    for source in POLICY.glob("*.py"):
+        tree = ast.parse(source.read_text(), str(source))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                assert top in sys.stdlib_module_names or top == "__future__", (source.name, name)
+
+
+def test_importing_policy_loads_no_heavy_modules() -> None:
+    probe = (
+        "import sys, nri_midbatch.policy; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "{'pydantic', 'yaml', 'asyncio', 'google', 'structlog'} "
+        "or m.startswith(('nri_midbatch.nri', 'nri_midbatch.rpc', 'nri_midbatch.config'))))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]"

@@ -1,0 +1,93 @@
+"""Decoding the extended-resource-spec annotation as Go's encoding/json does."""
+
+from __future__ import annotations
+
+import pytest
+
+from nri_midbatch.policy.spec import ContainerSpec, SpecError, load_spec, parse_spec
+
+CPU = "kubernetes.io/batch-cpu"
+MEMORY = "kubernetes.io/batch-memory"
+
+
+def test_canonical_annotation() -> None:
+    text = (
+        '{"containers": {"main": {"limits": {"kubernetes.io/batch-cpu": "1k", '
+        '"kubernetes.io/batch-memory": "2Gi"}, "requests": {"kubernetes.io/batch-cpu": "500"}}}}'
+    )
+    spec = parse_spec(text)
+    assert spec is not None
+    assert spec.containers == {
+        "main": ContainerSpec(requests={CPU: 500}, limits={CPU: 1000, MEMORY: 2 * 2**30})
+    }
+    assert spec.resource_names == {CPU, MEMORY}
+
+
+@pytest.mark.parametrize("text", ["null", "{}", '{"containers": null}', '{"other": 1}'])
+def test_no_containers_means_no_spec(text: str) -> None:
+    assert parse_spec(text) is None
+
+
+def test_go_json_leniency() -> None:
+    text = (
+        '{"containers": {"a": null, "b": {"requests": null, "limits": {'
+        '"kubernetes.io/batch-cpu": 1500, "kubernetes.io/batch-memory": " 1Gi\\t", "x": null}, '
+        '"unknown": [1, 2]}}, "extra": true}'
+    )
+    spec = parse_spec(text)
+    assert spec is not None
+    assert spec.containers["a"] == ContainerSpec({}, {})
+    assert spec.containers["b"] == ContainerSpec({}, {CPU: 1500, MEMORY: 2**30, "x": 0})
+
+
+def test_json_numbers_keep_their_text() -> None:
+    spec = parse_spec('{"containers": {"a": {"limits": {"x": 1.5e3, "y": 0.5, "z": -2}}}}')
+    assert spec is not None
+    assert spec.containers["a"].limits == {"x": 1500, "y": 1, "z": -2}
+
+
+@pytest.mark.parametrize(
+    ("text", "container", "resource", "message"),
+    [
+        ("{", None, None, "not valid JSON"),
+        ('{"containers": {"a": {"limits": {"x": NaN}}}}', None, None, "not valid JSON"),
+        ("[]", None, None, "the annotation must be a JSON object, not an array"),
+        ('{"containers": "a"}', None, None, "must be a JSON object, not a string"),
+        ('{"containers": {"a": 1}}', "a", None, "container 'a': the entry must be"),
+        ('{"containers": {"a": {"limits": [1]}}}', "a", None, "container 'a' limits: the"),
+        (
+            '{"containers": {"a": {"requests": {"kubernetes.io/batch-cpu": "1.2.3"}}}}',
+            "a",
+            CPU,
+            f"container 'a' requests '{CPU}': invalid quantity '1.2.3'",
+        ),
+        (
+            '{"containers": {"a": {"limits": {"kubernetes.io/batch-cpu": {"v": 1}}}}}',
+            "a",
+            CPU,
+            "must be a string or number, not an object",
+        ),
+        (
+            '{"containers": {"a": {"limits": {"kubernetes.io/batch-memory": "10E"}}}}',
+            "a",
+            MEMORY,
+            "does not fit in int64",
+        ),
+        ("[" * 100_000, None, None, "not valid JSON"),
+    ],
+)
+def test_errors_name_container_and_resource(
+    text: str, container: str | None, resource: str | None, message: str
+) -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_spec(text)
+    assert message in str(caught.value)
+    assert (caught.value.container, caught.value.resource) == (container, resource)
+
+
+def test_load_spec_caches_results_and_errors() -> None:
+    text = '{"containers": {"a": {"limits": {"kubernetes.io/batch-cpu": "1k"}}}}'
+    assert load_spec(text) is load_spec(text)
+    error = load_spec("{broken")
+    assert isinstance(error, SpecError)
+    assert load_spec("{broken") is error
