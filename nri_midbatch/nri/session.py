@@ -22,7 +22,7 @@ from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.nri import version as nri_version
 from nri_midbatch.nri.events import POD_EVENTS, Event
 from nri_midbatch.rpc.connection import MuxConnection
-from nri_midbatch.rpc.errors import RpcError
+from nri_midbatch.rpc.errors import ConnectionClosed, RpcError
 from nri_midbatch.rpc.service import CallContext, Method, Service
 from nri_midbatch.wire.status import Code
 
@@ -96,6 +96,18 @@ class Plugin(Protocol):
     ) -> None: ...
 
 
+class RecordedCall(Protocol):
+    def replied(self, response: Message) -> None: ...
+
+    def failed(self, error: BaseException) -> None: ...
+
+
+class CallRecorder(Protocol):
+    """Sees every Plugin-service call; it may only take note, never block or fail the call."""
+
+    def begin(self, method: str, request: Message) -> RecordedCall: ...
+
+
 class RegistrationError(Exception):
     """The runtime refused or never answered our RegisterPlugin."""
 
@@ -126,8 +138,10 @@ class Session:
         *,
         registration_timeout: float = DEFAULT_REGISTRATION_TIMEOUT,
         on_state: Callable[[SessionState], None] | None = None,
+        recorder: CallRecorder | None = None,
     ) -> None:
         self._plugin = plugin
+        self._recorder = recorder
         self._name = name
         self._idx = idx
         self._registration_timeout = registration_timeout
@@ -194,6 +208,8 @@ class Session:
                     )
         except RpcError as exc:
             raise RegistrationError(f"runtime refused registration: {exc.message}") from exc
+        except ConnectionClosed as exc:
+            raise RegistrationError(f"connection closed while registering: {exc}") from exc
         except TimeoutError:
             raise RegistrationError(
                 f"no Configure within {self._registration_timeout}s of registering"
@@ -239,6 +255,10 @@ class Session:
         )
 
     # -- the Plugin service --------------------------------------------------
+
+    def service(self) -> Service:
+        """The Plugin service as a connection serves it; replay calls it without a socket."""
+        return self._service()
 
     def _service(self) -> Service:
         def event(
@@ -318,6 +338,8 @@ class Session:
                 api.RemoveContainerRequest, api.RemoveContainerResponse, Event.REMOVE_CONTAINER
             ),
         }
+        if self._recorder is not None:
+            methods = {name: _recorded(self._recorder, name, m) for name, m in methods.items()}
         return Service(PLUGIN_SERVICE, methods)
 
     async def _configure(self, request: api.ConfigureRequest) -> api.ConfigureResponse:
@@ -402,7 +424,7 @@ class Session:
         try:
             kind = Event(request.event)
         except ValueError:
-            self._log.warning("unknown event in StateChange", event=request.event)
+            self._log.warning("unknown event in StateChange", event_id=request.event)
             return api.Empty()
         if kind in POD_EVENTS:
             await self._plugin.pod_event(kind, request.pod)
@@ -416,3 +438,19 @@ class Session:
         # We never subscribe to validation; should a runtime ask anyway, an
         # error here would fail the container, so approve.
         return api.ValidateContainerAdjustmentResponse(reject=False)
+
+
+def _recorded(recorder: CallRecorder, name: str, method: Method) -> Method:
+    async def run(request: Any, ctx: CallContext) -> Message:
+        # Begun in the call's own task, so the recorder can tie what the
+        # plugin publishes during the call to this call.
+        call = recorder.begin(name, request)
+        try:
+            response = await method.handler(request, ctx)
+        except BaseException as exc:
+            call.failed(exc)
+            raise
+        call.replied(response)
+        return response
+
+    return Method(method.request_type, run)

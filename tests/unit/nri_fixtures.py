@@ -1,0 +1,282 @@
+"""Shared helpers for the transport tests: a recording Plugin, object builders,
+a raw byte-level peer, and a session wired to a LoopbackRuntime."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from google.protobuf.message import Message
+
+from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.api import ttrpc_pb2
+from nri_midbatch.nri.events import Event
+from nri_midbatch.nri.loopback import LoopbackRuntime, socketpair_streams
+from nri_midbatch.nri.session import RuntimeInfo, Session
+from nri_midbatch.wire import mux
+from nri_midbatch.wire.ttrpc import Message as TtrpcMessage
+from nri_midbatch.wire.ttrpc import MessageDecoder, MessageType, OversizedMessage, encode_message
+
+T = TypeVar("T")
+
+ALL_EVENTS: frozenset[Event] = frozenset(Event)
+
+#: Upper bound for any single await in a test: a hang fails fast instead of blocking.
+STEP_TIMEOUT = 2.0
+
+
+def run(coro: Coroutine[Any, Any, T], timeout: float = 5.0) -> T:
+    """asyncio.run with an overall deadline."""
+
+    async def bounded() -> T:
+        async with asyncio.timeout(timeout):
+            return await coro
+
+    return asyncio.run(bounded())
+
+
+# ---------------------------------------------------------------------------
+# Builders
+# ---------------------------------------------------------------------------
+
+
+def pod(
+    pod_id: str = "pod0", *, name: str | None = None, namespace: str = "default"
+) -> api.PodSandbox:
+    return api.PodSandbox(
+        id=pod_id, name=name or f"{pod_id}-name", uid=f"uid-{pod_id}", namespace=namespace
+    )
+
+
+def container(
+    container_id: str = "ctr0", pod_id: str = "pod0", *, name: str | None = None
+) -> api.Container:
+    return api.Container(
+        id=container_id, pod_sandbox_id=pod_id, name=name or f"{container_id}-name"
+    )
+
+
+def update(container_id: str) -> api.ContainerUpdate:
+    return api.ContainerUpdate(container_id=container_id)
+
+
+# ---------------------------------------------------------------------------
+# A Plugin that records what the session hands it
+# ---------------------------------------------------------------------------
+
+EventHook = Callable[[Event], Awaitable[None]]
+
+
+class RecordingPlugin:
+    """Implements session.Plugin; records every call."""
+
+    def __init__(
+        self,
+        events: Iterable[Event] = ALL_EVENTS,
+        *,
+        sync_updates: Sequence[api.ContainerUpdate] = (),
+        create_response: api.CreateContainerResponse | None = None,
+        on_event: EventHook | None = None,
+    ) -> None:
+        self.events = frozenset(events)
+        self.sync_updates = list(sync_updates)
+        self.create_response = create_response or api.CreateContainerResponse()
+        self.on_event = on_event
+        self.configs: list[tuple[str, RuntimeInfo]] = []
+        self.syncs: list[tuple[list[api.PodSandbox], list[api.Container]]] = []
+        self.created: list[tuple[str, str]] = []
+        self.updated: list[tuple[str, str, api.LinuxResources]] = []
+        self.stopped: list[tuple[str, str]] = []
+        self.pod_updates: list[tuple[str, api.LinuxResources, api.LinuxResources]] = []
+        self.pod_events: list[tuple[Event, str]] = []
+        self.container_events: list[tuple[Event, str, str]] = []
+
+    async def configure(self, config: str, runtime: RuntimeInfo) -> None:
+        self.configs.append((config, runtime))
+
+    async def synchronize(
+        self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container]
+    ) -> Sequence[api.ContainerUpdate]:
+        self.syncs.append((list(pods), list(containers)))
+        return self.sync_updates
+
+    async def create_container(
+        self, pod: api.PodSandbox, container: api.Container
+    ) -> api.CreateContainerResponse:
+        self.created.append((pod.id, container.id))
+        await self._hook(Event.CREATE_CONTAINER)
+        return self.create_response
+
+    async def update_container(
+        self, pod: api.PodSandbox, container: api.Container, resources: api.LinuxResources
+    ) -> Sequence[api.ContainerUpdate]:
+        self.updated.append((pod.id, container.id, resources))
+        return [update(container.id)]
+
+    async def stop_container(
+        self, pod: api.PodSandbox, container: api.Container
+    ) -> Sequence[api.ContainerUpdate]:
+        self.stopped.append((pod.id, container.id))
+        return [update(container.id)]
+
+    async def update_pod_sandbox(
+        self, pod: api.PodSandbox, overhead: api.LinuxResources, resources: api.LinuxResources
+    ) -> None:
+        self.pod_updates.append((pod.id, overhead, resources))
+
+    async def pod_event(self, event: Event, pod: api.PodSandbox) -> None:
+        self.pod_events.append((event, pod.id))
+        await self._hook(event)
+
+    async def container_event(
+        self, event: Event, pod: api.PodSandbox, container: api.Container
+    ) -> None:
+        self.container_events.append((event, pod.id, container.id))
+        await self._hook(event)
+
+    async def _hook(self, event: Event) -> None:
+        if self.on_event is not None:
+            await self.on_event(event)
+
+
+# ---------------------------------------------------------------------------
+# A session driven by the LoopbackRuntime
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Loopback:
+    session: Session
+    runtime: LoopbackRuntime
+    task: asyncio.Task[str]
+
+
+@asynccontextmanager
+async def loopback(
+    plugin: RecordingPlugin,
+    *,
+    name: str = "midbatch",
+    idx: str = "50",
+    failed_updates: Sequence[str] = (),
+    registration_timeout: float = STEP_TIMEOUT,
+) -> AsyncIterator[Loopback]:
+    (plugin_reader, plugin_writer), (rt_reader, rt_writer) = await socketpair_streams()
+    runtime = LoopbackRuntime(rt_reader, rt_writer, failed_updates=failed_updates)
+    session = Session(plugin, name, idx, registration_timeout=registration_timeout)
+    task = asyncio.create_task(session.run(plugin_reader, plugin_writer))
+    try:
+        yield Loopback(session, runtime, task)
+    finally:
+        await runtime.close()
+        session.close()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+# ---------------------------------------------------------------------------
+# A raw peer: writes and reads mux frames byte by byte
+# ---------------------------------------------------------------------------
+
+
+class RawPeer:
+    """The far end of a socket, speaking mux + ttrpc with no rpc layer on top.
+
+    Every frame read is kept in `frames`, so tests can assert on framing.
+    """
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.frames: list[tuple[int, bytes]] = []
+        self._decoders: dict[int, MessageDecoder] = {}
+        self._messages: dict[int, deque[TtrpcMessage | OversizedMessage]] = {}
+
+    @classmethod
+    async def pair(cls) -> tuple[RawPeer, tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+        """A raw peer and the stream ends of the other side."""
+        left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        other = await asyncio.open_unix_connection(sock=left)
+        reader, writer = await asyncio.open_unix_connection(sock=right)
+        return cls(reader, writer), other
+
+    # -- writing -------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        self.writer.write(data)
+
+    def send(self, conn: int, stream_id: int, msg_type: int, data: bytes, flags: int = 0) -> None:
+        self.write(mux.frame_message(conn, encode_message(stream_id, msg_type, data, flags)))
+
+    def send_request(
+        self,
+        conn: int,
+        stream_id: int,
+        service: str,
+        method: str,
+        payload: Message | bytes = b"",
+        *,
+        timeout_nano: int = 0,
+        metadata: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        body = payload if isinstance(payload, bytes) else payload.SerializeToString()
+        request = ttrpc_pb2.Request(
+            service=service,
+            method=method,
+            payload=body,
+            timeout_nano=timeout_nano,
+            metadata=[ttrpc_pb2.KeyValue(key=k, value=v) for k, v in metadata],
+        )
+        self.send(conn, stream_id, MessageType.REQUEST, request.SerializeToString())
+
+    def send_response(
+        self, conn: int, stream_id: int, reply: Message | None = None, *, raw: bytes | None = None
+    ) -> None:
+        if raw is None:
+            raw = ttrpc_pb2.Response(
+                payload=reply.SerializeToString() if reply is not None else b""
+            ).SerializeToString()
+        self.send(conn, stream_id, MessageType.RESPONSE, raw)
+
+    # -- reading -------------------------------------------------------------
+
+    async def read_frame(self) -> tuple[int, bytes]:
+        async with asyncio.timeout(STEP_TIMEOUT):
+            header = await self.reader.readexactly(mux.HEADER.size)
+            conn, length = mux.HEADER.unpack(header)
+            payload = await self.reader.readexactly(length)
+        self.frames.append((conn, payload))
+        decoder = self._decoders.setdefault(conn, MessageDecoder())
+        self._messages.setdefault(conn, deque()).extend(decoder.feed(payload))
+        return conn, payload
+
+    async def read_message(self, conn: int) -> TtrpcMessage:
+        queue = self._messages.setdefault(conn, deque())
+        while not queue:
+            await self.read_frame()
+        event = queue.popleft()
+        assert isinstance(event, TtrpcMessage), event
+        return event
+
+    async def read_response(self, conn: int) -> tuple[TtrpcMessage, ttrpc_pb2.Response]:
+        message = await self.read_message(conn)
+        assert message.type == MessageType.RESPONSE
+        assert message.flags == 0
+        return message, ttrpc_pb2.Response.FromString(message.data)
+
+    async def read_request(self, conn: int) -> tuple[TtrpcMessage, ttrpc_pb2.Request]:
+        message = await self.read_message(conn)
+        assert message.type == MessageType.REQUEST
+        assert message.flags == 0
+        return message, ttrpc_pb2.Request.FromString(message.data)
+
+    async def read_eof(self) -> bytes:
+        """Everything left until the other side closes."""
+        async with asyncio.timeout(STEP_TIMEOUT):
+            return await self.reader.read()
+
+    def close(self) -> None:
+        self.writer.close()

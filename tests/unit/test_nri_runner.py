@@ -1,0 +1,396 @@
+"""Keeping a session connected (reference §4.1, §5.1, §5.2, checklist items 21-22)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.api import rpc_status_pb2, ttrpc_pb2
+from nri_midbatch.nri.loopback import LoopbackRuntime
+from nri_midbatch.nri.runner import Backoff, run_external, run_prelaunched
+from nri_midbatch.nri.session import Session
+
+from .nri_fixtures import RawPeer, RecordingPlugin, run
+
+FAST = Backoff(initial=0.05, maximum=0.4, jitter=0.0)
+
+
+class FakeRuntime:
+    """A runtime's NRI listener at `path`; each accepted plugin gets a LoopbackRuntime.
+
+    `behaviour` is "normal" (register, configure, synchronize, then serve),
+    "hangup" (close as soon as RegisterPlugin arrives) or "refuse" (answer
+    RegisterPlugin with an error status).
+    """
+
+    def __init__(self, path: Path, behaviour: str = "normal") -> None:
+        self.path = path
+        self.behaviour = behaviour
+        self.server: asyncio.Server | None = None
+        self.runtimes: list[LoopbackRuntime] = []
+        self.synced: asyncio.Queue[LoopbackRuntime] = asyncio.Queue()
+        self.accepted = 0
+        self.accept_times: list[float] = []
+        self.live = 0
+        self.max_live = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_unix_server(self._handle, path=str(self.path))
+
+    async def stop_listening(self) -> None:
+        """Close the listener and remove the socket, as a stopping runtime does."""
+        assert self.server is not None
+        self.server.close()
+        await self.server.wait_closed()
+        self.path.unlink()
+
+    async def drop_connections(self) -> None:
+        for runtime in self.runtimes:
+            await runtime.close()
+
+    async def restart(self) -> None:
+        await self.drop_connections()
+        await self.stop_listening()
+        await self.start()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        self.accept_times.append(asyncio.get_running_loop().time())
+        self.live += 1
+        self.max_live = max(self.max_live, self.live)
+        self.idle.clear()
+        try:
+            if self.behaviour == "normal":
+                runtime = LoopbackRuntime(reader, writer)
+                self.runtimes.append(runtime)
+                await runtime.start(registration_timeout=1.0)
+                await self.synced.put(runtime)
+                await runtime.conn.wait_closed()
+                return
+            peer = RawPeer(reader, writer)
+            message, _ = await peer.read_request(2)
+            if self.behaviour == "refuse":
+                error = ttrpc_pb2.Response(
+                    status=rpc_status_pb2.Status(code=2, message="invalid plugin name")
+                )
+                peer.send_response(2, message.stream_id, raw=error.SerializeToString())
+                await peer.read_eof()  # the plugin hangs up after a refusal
+            peer.close()
+        finally:
+            self.live -= 1
+            if self.live == 0:
+                self.idle.set()
+
+    async def close(self) -> None:
+        await self.drop_connections()
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+
+def socket_path(tmp_path: Path) -> Path:
+    path = tmp_path / "nri.sock"
+    assert len(str(path)) < 100, "AF_UNIX path too long"
+    return path
+
+
+async def next_sync(runtime: FakeRuntime, timeout: float = 1.0) -> LoopbackRuntime:
+    async with asyncio.timeout(timeout):
+        return await runtime.synced.get()
+
+
+async def stop_runner(stop: asyncio.Event, task: asyncio.Task[None]) -> None:
+    stop.set()
+    async with asyncio.timeout(1.0):
+        await task
+
+
+def test_registers_with_the_runtime(tmp_path: Path) -> None:
+    path = socket_path(tmp_path)
+    plugin = RecordingPlugin()
+
+    async def scenario() -> None:
+        fake = FakeRuntime(path)
+        await fake.start()
+        session = Session(plugin, "midbatch", "50")
+        stop = asyncio.Event()
+        task = asyncio.create_task(run_external(session, str(path), stop, FAST))
+        runtime = await next_sync(fake)
+        (registration,) = runtime.record.registrations
+        assert (registration.plugin_name, registration.plugin_idx) == ("midbatch", "50")
+        assert session.state.configured and session.state.synchronized
+        assert len(plugin.configs) == len(plugin.syncs) == 1
+        await stop_runner(stop, task)
+        async with asyncio.timeout(1.0):
+            await fake.idle.wait()  # stopping closed our connection
+        assert not session.state.registered
+        await fake.close()
+
+    run(scenario())
+
+
+def test_reregisters_quickly_when_the_runtime_restarts(tmp_path: Path) -> None:
+    path = socket_path(tmp_path)
+    plugin = RecordingPlugin()
+    reconnects: list[int] = []
+
+    async def scenario() -> None:
+        fake = FakeRuntime(path)
+        await fake.start()
+        session = Session(plugin, "midbatch", "50")
+        stop = asyncio.Event()
+        task = asyncio.create_task(
+            run_external(
+                session,
+                str(path),
+                stop,
+                Backoff(),  # default backoff: a new socket must not wait for it
+                on_reconnect=lambda: reconnects.append(1),
+            )
+        )
+        first = await next_sync(fake)
+        loop = asyncio.get_running_loop()
+        for _ in range(2):
+            started = loop.time()
+            await fake.restart()
+            again = await next_sync(fake)
+            assert loop.time() - started < 1.0
+            assert again is not first
+            assert len(again.record.registrations) == 1
+            first = again
+        # Each connection was a whole new registration: Configure and Synchronize again.
+        assert fake.accepted == 3
+        assert len(plugin.configs) == len(plugin.syncs) == 3
+        assert len(reconnects) == 2
+        assert fake.max_live == 1
+        await stop_runner(stop, task)
+        await fake.close()
+
+    run(scenario())
+
+
+def test_a_new_socket_is_tried_at_once_not_after_the_backoff(tmp_path: Path) -> None:
+    path = socket_path(tmp_path)
+
+    async def scenario() -> None:
+        fake = FakeRuntime(path)
+        await fake.start()
+        session = Session(RecordingPlugin(), "midbatch", "50")
+        stop = asyncio.Event()
+        slow = Backoff(initial=5.0, maximum=5.0, jitter=0.0)
+        task = asyncio.create_task(run_external(session, str(path), stop, slow))
+        await next_sync(fake)
+        # The runtime goes away for a moment, then listens on a new socket.
+        await fake.drop_connections()
+        await fake.stop_listening()
+        await asyncio.sleep(0.05)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await fake.start()
+        await next_sync(fake)
+        assert loop.time() - started < 0.5
+        assert fake.max_live == 1
+        await stop_runner(stop, task)
+        await fake.close()
+
+    run(scenario())
+
+
+def test_reconnects_when_dropped_on_the_same_socket(tmp_path: Path) -> None:
+    path = socket_path(tmp_path)
+
+    async def scenario() -> None:
+        fake = FakeRuntime(path)
+        await fake.start()
+        session = Session(RecordingPlugin(), "midbatch", "50")
+        stop = asyncio.Event()
+        task = asyncio.create_task(run_external(session, str(path), stop, FAST))
+        first = await next_sync(fake)
+        await fake.drop_connections()
+        second = await next_sync(fake)
+        assert second is not first
+        assert fake.accepted == 2
+        assert fake.max_live == 1
+        await stop_runner(stop, task)
+        await fake.close()
+
+    run(scenario())
+
+
+def test_connects_once_the_socket_appears(tmp_path: Path) -> None:
+    path = socket_path(tmp_path)
+
+    async def scenario() -> None:
+        session = Session(RecordingPlugin(), "midbatch", "50")
+        stop = asyncio.Event()
+        task = asyncio.create_task(run_external(session, str(path), stop, Backoff()))
+        await asyncio.sleep(0.15)
+        assert not task.done()
+        fake = FakeRuntime(path)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await fake.start()
+        await next_sync(fake)
+        assert loop.time() - started < 0.5
+        await stop_runner(stop, task)
+        await fake.close()
+
+    run(scenario())
+
+
+def test_stop_while_waiting_for_the_socket(tmp_path: Path) -> None:
+    path = socket_path(tmp_path)
+
+    async def scenario() -> None:
+        session = Session(RecordingPlugin(), "midbatch", "50")
+        stop = asyncio.Event()
+        task = asyncio.create_task(run_external(session, str(path), stop, Backoff()))
+        await asyncio.sleep(0.05)
+        await stop_runner(stop, task)
+
+    run(scenario())
+
+
+def test_stale_socket_file_without_listener_is_retried(tmp_path: Path) -> None:
+    path = socket_path(tmp_path)
+
+    async def scenario() -> None:
+        # A socket file nobody listens on: connect() is refused.
+        dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        dead.bind(str(path))
+        dead.close()
+        session = Session(RecordingPlugin(), "midbatch", "50")
+        stop = asyncio.Event()
+        task = asyncio.create_task(run_external(session, str(path), stop, FAST))
+        await asyncio.sleep(0.15)
+        assert not task.done()
+        path.unlink()
+        fake = FakeRuntime(path)
+        await fake.start()
+        await next_sync(fake)
+        await stop_runner(stop, task)
+        await fake.close()
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("behaviour", ["hangup", "refuse"])
+def test_failed_registration_is_retried_with_backoff(tmp_path: Path, behaviour: str) -> None:
+    path = socket_path(tmp_path)
+
+    async def scenario() -> None:
+        fake = FakeRuntime(path, behaviour)
+        await fake.start()
+        session = Session(RecordingPlugin(), "midbatch", "50")
+        stop = asyncio.Event()
+        backoff = Backoff(initial=0.05, maximum=0.2, jitter=0.0)
+        task = asyncio.create_task(run_external(session, str(path), stop, backoff))
+        async with asyncio.timeout(1.5):
+            while fake.accepted < 4:
+                assert not task.done(), task.exception() if task.done() else None
+                await asyncio.sleep(0.01)
+        # Retried, but backing off rather than hammering the runtime: the
+        # delay doubles up to its cap (waits are whole poll intervals).
+        times = fake.accept_times
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        assert gaps[0] >= 0.05
+        assert gaps[2] >= 0.19
+        assert fake.max_live == 1
+        # A fixed runtime is then picked up.
+        fake.behaviour = "normal"
+        await next_sync(fake)
+        await stop_runner(stop, task)
+        await fake.close()
+
+    run(scenario())
+
+
+def test_backoff_doubles_up_to_the_cap_with_bounded_jitter() -> None:
+    backoff = Backoff(initial=0.5, maximum=10.0, factor=2.0, jitter=0.1)
+    delays = [backoff.initial]
+    for _ in range(6):
+        delays.append(backoff.next(delays[-1]))
+    assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
+    samples = [backoff.jittered(1.0) for _ in range(200)]
+    assert all(0.9 <= d <= 1.1 for d in samples)
+    assert len(set(samples)) > 1
+
+
+def test_stop_while_connected_closes_the_connection(tmp_path: Path) -> None:
+    path = socket_path(tmp_path)
+
+    async def scenario() -> None:
+        fake = FakeRuntime(path)
+        await fake.start()
+        session = Session(RecordingPlugin(), "midbatch", "50")
+        stop = asyncio.Event()
+        task = asyncio.create_task(run_external(session, str(path), stop, FAST))
+        runtime = await next_sync(fake)
+        await stop_runner(stop, task)
+        async with asyncio.timeout(1.0):
+            await runtime.conn.wait_closed()
+        assert runtime.conn.close_reason == "closed by peer"
+        assert fake.accepted == 1
+        await fake.close()
+
+    run(scenario())
+
+
+# ---------------------------------------------------------------------------
+# Pre-launched
+# ---------------------------------------------------------------------------
+
+
+def test_run_prelaunched_serves_the_inherited_fd_until_it_closes() -> None:
+    plugin = RecordingPlugin()
+
+    async def scenario() -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        fd = ours.detach()
+        reader, writer = await asyncio.open_unix_connection(sock=theirs)
+        runtime = LoopbackRuntime(reader, writer)
+        session = Session(plugin, "midbatch", "10")
+        task = asyncio.create_task(run_prelaunched(session, fd))
+        configured, _ = await runtime.start(config="from conf.d", runtime_version="v1.7.0")
+        assert configured.events == 0x7FF
+        assert runtime.record.registrations[0].plugin_idx == "10"
+        assert plugin.configs[0][0] == "from conf.d"
+        reply = await runtime.call(
+            "StateChange",
+            api.StateChangeEvent(
+                event=6, pod=api.PodSandbox(id="p"), container=api.Container(id="c")
+            ),
+            api.Empty,
+        )
+        assert reply == api.Empty()
+        await runtime.close()
+        assert await task == "closed by peer"
+        for _ in range(3):
+            await asyncio.sleep(0)
+        with pytest.raises(OSError):
+            os.fstat(fd)  # the inherited socket is closed with the session
+
+    run(scenario())
+
+
+def test_run_prelaunched_returns_when_the_runtime_hangs_up_early() -> None:
+    async def scenario() -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        reader, writer = await asyncio.open_unix_connection(sock=theirs)
+        peer = RawPeer(reader, writer)
+        session = Session(RecordingPlugin(), "midbatch", "10")
+        task = asyncio.create_task(run_prelaunched(session, ours.detach()))
+        await peer.read_request(2)
+        peer.close()
+        reason = await task
+        assert "closed" in reason
+
+    run(scenario())

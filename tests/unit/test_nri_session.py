@@ -1,0 +1,641 @@
+"""Session: the NRI plugin protocol, driven by a LoopbackRuntime or a raw runtime.
+
+Reference §4.1, §4.2, §4.5, §4.6 and checklist items 12-20.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.api import ttrpc_pb2
+from nri_midbatch.nri.events import Event
+from nri_midbatch.nri.session import (
+    PLUGIN_SERVICE,
+    RUNTIME_SERVICE,
+    RegistrationError,
+    Session,
+)
+from nri_midbatch.rpc.errors import RpcError
+from nri_midbatch.wire.status import Code
+
+from .nri_fixtures import (
+    ALL_EVENTS,
+    RawPeer,
+    RecordingPlugin,
+    container,
+    loopback,
+    pod,
+    run,
+    update,
+)
+
+
+def configure(
+    runtime_name: str = "containerd",
+    runtime_version: str = "v2.3.0",
+    nri_version: str = "",
+    **kwargs: object,
+) -> api.ConfigureRequest:
+    return api.ConfigureRequest(
+        runtime_name=runtime_name,
+        runtime_version=runtime_version,
+        NRI_version=nri_version,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+# ---------------------------------------------------------------------------
+# Registration
+# ---------------------------------------------------------------------------
+
+
+def test_register_plugin_carries_name_and_idx() -> None:
+    plugin = RecordingPlugin()
+
+    async def scenario() -> None:
+        async with loopback(plugin, name="midbatch", idx="42") as lb:
+            configured, synced = await lb.runtime.start(config="some: config")
+            (registration,) = lb.runtime.record.registrations
+            assert registration.plugin_name == "midbatch"
+            assert registration.plugin_idx == "42"
+            assert registration.NRI_version == "v0.12.2"
+            assert configured.events == 0x3FFF
+            assert list(synced.update) == []
+            assert not synced.more
+            state = lb.session.state
+            assert (state.registered, state.configured, state.synchronized) == (True, True, True)
+            assert state.events == 0x3FFF
+            config, info = plugin.configs[0]
+            assert config == "some: config"
+            assert (info.name, info.version, info.nri_version) == (
+                "containerd",
+                "v2.3.0",
+                (0, 12, 0),
+            )
+            assert info.request_timeout == pytest.approx(2.0)
+            assert info.registration_timeout == pytest.approx(5.0)
+
+    run(scenario())
+
+
+def test_conn_1_is_served_before_register_plugin_is_answered() -> None:
+    """A runtime that sends Configure first and answers RegisterPlugin later."""
+    plugin = RecordingPlugin()
+
+    async def scenario() -> None:
+        peer, (reader, writer) = await RawPeer.pair()
+        session = Session(plugin, "midbatch", "10", registration_timeout=2.0)
+        task = asyncio.create_task(session.run(reader, writer))
+        message, request = await peer.read_request(2)
+        # The plugin's first message: RegisterPlugin on conn 2, stream 1.
+        assert peer.frames[0][0] == 2
+        assert message.stream_id == 1
+        assert (request.service, request.method) == (RUNTIME_SERVICE, "RegisterPlugin")
+        assert request.timeout_nano > 0
+        registration = api.RegisterPluginRequest.FromString(request.payload)
+        assert (registration.plugin_name, registration.plugin_idx) == ("midbatch", "10")
+
+        peer.send_request(
+            1,
+            1,
+            PLUGIN_SERVICE,
+            "Configure",
+            api.ConfigureRequest(runtime_name="containerd", runtime_version="v1.7.24"),
+            timeout_nano=2_000_000_000,
+        )
+        reply, response = await peer.read_response(1)
+        assert reply.stream_id == 1
+        assert not response.HasField("status")
+        assert api.ConfigureResponse.FromString(response.payload).events == 0x7FF
+        assert not session.state.registered
+
+        peer.send_response(2, 1, raw=b"")  # RegisterPlugin's Empty reply, 0 bytes
+        peer.send_request(1, 3, PLUGIN_SERVICE, "Synchronize", api.SynchronizeRequest())
+        reply, response = await peer.read_response(1)
+        assert reply.stream_id == 3
+        assert not response.HasField("status")
+        assert session.state.registered and session.state.configured
+        assert plugin.syncs == [([], [])]
+
+        peer.close()
+        reason = await task
+        assert reason == "closed by peer"
+        assert not session.state.registered
+
+    run(scenario())
+
+
+def test_registration_refused_raises_registration_error() -> None:
+    async def scenario() -> None:
+        peer, (reader, writer) = await RawPeer.pair()
+        session = Session(RecordingPlugin(), "bad name!", "1")
+        task = asyncio.create_task(session.run(reader, writer))
+        message, _ = await peer.read_request(2)
+        error = ttrpc_pb2.Response(status={"code": 2, "message": "invalid plugin index"})
+        peer.send_response(2, message.stream_id, raw=error.SerializeToString())
+        with pytest.raises(RegistrationError, match="invalid plugin index"):
+            await task
+        assert await peer.read_eof() == b""
+        peer.close()
+
+    run(scenario())
+
+
+def test_connection_closed_during_registration_is_a_registration_error() -> None:
+    async def scenario() -> None:
+        peer, (reader, writer) = await RawPeer.pair()
+        session = Session(RecordingPlugin(), "midbatch", "10")
+        task = asyncio.create_task(session.run(reader, writer))
+        await peer.read_request(2)
+        peer.close()  # the runtime goes away before answering RegisterPlugin
+        with pytest.raises(RegistrationError):
+            await task
+
+    run(scenario())
+
+
+def test_connection_closed_before_configure_is_a_registration_error() -> None:
+    async def scenario() -> None:
+        peer, (reader, writer) = await RawPeer.pair()
+        session = Session(RecordingPlugin(), "midbatch", "10")
+        task = asyncio.create_task(session.run(reader, writer))
+        message, _ = await peer.read_request(2)
+        peer.send_response(2, message.stream_id, raw=b"")
+        await asyncio.sleep(0.01)
+        peer.close()
+        with pytest.raises(RegistrationError, match="before Configure"):
+            await task
+
+    run(scenario())
+
+
+def test_no_configure_within_registration_timeout() -> None:
+    async def scenario() -> None:
+        peer, (reader, writer) = await RawPeer.pair()
+        session = Session(RecordingPlugin(), "midbatch", "10", registration_timeout=0.1)
+        task = asyncio.create_task(session.run(reader, writer))
+        message, _ = await peer.read_request(2)
+        peer.send_response(2, message.stream_id, raw=b"")
+        with pytest.raises(RegistrationError, match="no Configure"):
+            await task
+        peer.close()
+
+    run(scenario())
+
+
+# ---------------------------------------------------------------------------
+# Configure: the event mask (§3.2)
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("runtime_name", "runtime_version", "nri_version", "mask"),
+    [
+        ("containerd", "v1.7.24", "", 0x7FF),
+        ("containerd", "1.7.24~ds1", "", 0x7FF),
+        ("cri-o", "1.31.2", "", 0x7FF),
+        ("some-runtime", "v9.0.0", "", 0x7FF),
+        ("", "", "", 0x7FF),
+        ("containerd", "v2.1.4", "", 0x7FF),
+        ("containerd", "v2.2.0", "", 0x3FFF),
+        ("cri-o", "1.34.0", "", 0x3FFF),
+        ("containerd", "v2.4.0", "v0.12.0", 0x3FFF),
+        ("some-runtime", "", "v0.12.0", 0x3FFF),
+    ],
+)
+def test_configure_mask_fits_the_runtime(
+    runtime_name: str, runtime_version: str, nri_version: str, mask: int
+) -> None:
+    plugin = RecordingPlugin(ALL_EVENTS)
+
+    async def scenario() -> None:
+        async with loopback(plugin) as lb:
+            configured, _ = await lb.runtime.start(
+                runtime_name=runtime_name, runtime_version=runtime_version, nri_version=nri_version
+            )
+            assert configured.events == mask
+            assert lb.session.state.events == mask
+
+    run(scenario())
+
+
+def test_configure_mask_is_only_what_the_plugin_wants() -> None:
+    plugin = RecordingPlugin({Event.CREATE_CONTAINER, Event.START_CONTAINER})
+
+    async def scenario() -> None:
+        async with loopback(plugin) as lb:
+            configured, _ = await lb.runtime.start()
+            assert configured.events == 0x28
+            assert configured.SerializeToString() == bytes.fromhex("1028")
+
+    run(scenario())
+
+
+def test_configure_drops_new_events_on_old_runtimes() -> None:
+    wanted = {Event.CREATE_CONTAINER, Event.UPDATE_POD_SANDBOX, Event.POST_UPDATE_POD_SANDBOX}
+    plugin = RecordingPlugin(wanted)
+
+    async def scenario() -> None:
+        async with loopback(plugin) as lb:
+            configured, _ = await lb.runtime.start(runtime_version="v1.7.24")
+            assert configured.events == 0x8
+
+    run(scenario())
+
+
+def test_configure_never_answers_zero() -> None:
+    # Only events an NRI v0.6 runtime does not know: zero would mean "all".
+    plugin = RecordingPlugin({Event.UPDATE_POD_SANDBOX, Event.VALIDATE_CONTAINER_ADJUSTMENT})
+
+    async def scenario() -> None:
+        async with loopback(plugin) as lb:
+            async with asyncio.timeout(2):
+                await lb.runtime.record.registered.wait()
+            with pytest.raises(RpcError) as info:
+                await lb.runtime.call(
+                    "Configure",
+                    configure("containerd", "v1.7.24"),
+                    api.ConfigureResponse,
+                )
+            assert info.value.code != Code.OK
+            assert plugin.configs == []
+            assert not lb.session.state.configured
+
+    run(scenario())
+
+
+# ---------------------------------------------------------------------------
+# Synchronize (§4.2)
+# ---------------------------------------------------------------------------
+
+
+def test_split_synchronize_is_buffered_and_delivered_once() -> None:
+    plugin = RecordingPlugin(sync_updates=[update("c3")])
+    chunks = [
+        ([pod("p0"), pod("p1")], [container("c0", "p0")]),
+        ([pod("p2")], [container("c1", "p1"), container("c2", "p2")]),
+        ([], [container("c3", "p0")]),
+        ([pod("p3")], [container("c4", "p3")]),
+    ]
+
+    async def scenario() -> None:
+        async with loopback(plugin) as lb:
+            async with asyncio.timeout(2):
+                await lb.runtime.record.registered.wait()
+            await lb.runtime.call("Configure", configure(), api.ConfigureResponse)
+            for i, (pods, containers) in enumerate(chunks):
+                last = i == len(chunks) - 1
+                reply = await lb.runtime.call(
+                    "Synchronize",
+                    api.SynchronizeRequest(pods=pods, containers=containers, more=not last),
+                    api.SynchronizeResponse,
+                )
+                if not last:
+                    assert reply.more is True
+                    assert list(reply.update) == []
+                    assert reply.SerializeToString() == bytes.fromhex("1001")
+                    assert plugin.syncs == []
+                else:
+                    assert reply.more is False
+                    assert list(reply.update) == [update("c3")]
+            ((pods, containers),) = plugin.syncs
+            assert [p.id for p in pods] == ["p0", "p1", "p2", "p3"]
+            assert [c.id for c in containers] == ["c0", "c1", "c2", "c3", "c4"]
+            assert pods[0] == pod("p0")
+            state = lb.session.state
+            assert (state.sync_chunks, state.sync_pods, state.sync_containers) == (4, 4, 5)
+            assert state.synchronized
+
+    run(scenario())
+
+
+def test_unsplit_synchronize_after_a_split_one_starts_fresh() -> None:
+    plugin = RecordingPlugin()
+
+    async def scenario() -> None:
+        async with loopback(plugin) as lb:
+            await lb.runtime.start(pods=[pod("a")], containers=[container("x", "a")])
+            await lb.runtime.call(
+                "Synchronize", api.SynchronizeRequest(pods=[pod("b")]), api.SynchronizeResponse
+            )
+            assert [[p.id for p in pods] for pods, _ in plugin.syncs] == [["a"], ["b"]]
+
+    run(scenario())
+
+
+# ---------------------------------------------------------------------------
+# Events: dedicated v0.12 RPCs and StateChange (§4.6)
+# ---------------------------------------------------------------------------
+
+POD_RPCS = [
+    ("RunPodSandbox", api.RunPodSandboxRequest, api.RunPodSandboxResponse, Event.RUN_POD_SANDBOX),
+    (
+        "StopPodSandbox",
+        api.StopPodSandboxRequest,
+        api.StopPodSandboxResponse,
+        Event.STOP_POD_SANDBOX,
+    ),
+    (
+        "RemovePodSandbox",
+        api.RemovePodSandboxRequest,
+        api.RemovePodSandboxResponse,
+        Event.REMOVE_POD_SANDBOX,
+    ),
+    (
+        "PostUpdatePodSandbox",
+        api.PostUpdatePodSandboxRequest,
+        api.PostUpdatePodSandboxResponse,
+        Event.POST_UPDATE_POD_SANDBOX,
+    ),
+]
+CONTAINER_RPCS = [
+    (
+        "PostCreateContainer",
+        api.PostCreateContainerRequest,
+        api.PostCreateContainerResponse,
+        Event.POST_CREATE_CONTAINER,
+    ),
+    (
+        "StartContainer",
+        api.StartContainerRequest,
+        api.StartContainerResponse,
+        Event.START_CONTAINER,
+    ),
+    (
+        "PostStartContainer",
+        api.PostStartContainerRequest,
+        api.PostStartContainerResponse,
+        Event.POST_START_CONTAINER,
+    ),
+    (
+        "PostUpdateContainer",
+        api.PostUpdateContainerRequest,
+        api.PostUpdateContainerResponse,
+        Event.POST_UPDATE_CONTAINER,
+    ),
+    (
+        "RemoveContainer",
+        api.RemoveContainerRequest,
+        api.RemoveContainerResponse,
+        Event.REMOVE_CONTAINER,
+    ),
+]
+
+
+def test_every_dedicated_event_rpc_reaches_the_plugin() -> None:
+    plugin = RecordingPlugin()
+
+    async def scenario() -> None:
+        async with loopback(plugin) as lb:
+            await lb.runtime.start()
+            for method, request_type, response_type, _ in POD_RPCS:
+                reply = await lb.runtime.call(method, request_type(pod=pod("p1")), response_type)
+                assert reply == response_type()
+            for method, request_type, response_type, _ in CONTAINER_RPCS:
+                reply = await lb.runtime.call(
+                    method,
+                    request_type(pod=pod("p1"), container=container("c1", "p1")),
+                    response_type,
+                )
+                assert reply == response_type()
+            assert plugin.pod_events == [(kind, "p1") for *_, kind in POD_RPCS]
+            assert plugin.container_events == [(kind, "p1", "c1") for *_, kind in CONTAINER_RPCS]
+
+    run(scenario())
+
+
+def test_every_state_change_event_reaches_the_plugin() -> None:
+    plugin = RecordingPlugin()
+
+    async def scenario() -> None:
+        async with loopback(plugin) as lb:
+            await lb.runtime.start(runtime_version="v1.7.24")
+            for *_, kind in POD_RPCS + CONTAINER_RPCS:
+                reply = await lb.runtime.call(
+                    "StateChange",
+                    api.StateChangeEvent(
+                        event=kind, pod=pod("p2"), container=container("c2", "p2")
+                    ),
+                    api.Empty,
+                )
+                assert reply == api.Empty()
+            assert plugin.pod_events == [(kind, "p2") for *_, kind in POD_RPCS]
+            assert plugin.container_events == [(kind, "p2", "c2") for *_, kind in CONTAINER_RPCS]
+
+    run(scenario())
+
+
+def test_state_change_with_unknown_event_is_acknowledged() -> None:
+    plugin = RecordingPlugin()
+
+    async def scenario() -> None:
+        async with loopback(plugin) as lb:
+            await lb.runtime.start()
+            reply = await lb.runtime.call("StateChange", api.StateChangeEvent(event=99), api.Empty)
+            assert reply == api.Empty()
+            assert plugin.pod_events == plugin.container_events == []
+
+    run(scenario())
+
+
+def test_unimplemented_plugin_method_triggers_the_go_fallback_status() -> None:
+    async def scenario() -> None:
+        async with loopback(RecordingPlugin()) as lb:
+            await lb.runtime.start()
+            with pytest.raises(RpcError) as info:
+                await lb.runtime.call("FutureEvent", api.Empty(), api.Empty)
+            assert (info.value.code, info.value.message) == (
+                Code.UNIMPLEMENTED,
+                "method FutureEvent",
+            )
+
+    run(scenario())
+
+
+def test_lifecycle_rpcs_reach_the_plugin() -> None:
+    adjust = api.ContainerAdjustment(annotations={"a": "b"})
+    plugin = RecordingPlugin(create_response=api.CreateContainerResponse(adjust=adjust))
+
+    async def scenario() -> None:
+        async with loopback(plugin) as lb:
+            await lb.runtime.start()
+            created = await lb.runtime.call(
+                "CreateContainer",
+                api.CreateContainerRequest(pod=pod("p"), container=container("c", "p")),
+                api.CreateContainerResponse,
+            )
+            assert created.adjust == adjust
+            resources = api.LinuxResources(cpu=api.LinuxCPU(shares=api.OptionalUInt64(value=2)))
+            updated = await lb.runtime.call(
+                "UpdateContainer",
+                api.UpdateContainerRequest(
+                    pod=pod("p"), container=container("c", "p"), linux_resources=resources
+                ),
+                api.UpdateContainerResponse,
+            )
+            assert list(updated.update) == [update("c")]
+            stopped = await lb.runtime.call(
+                "StopContainer",
+                api.StopContainerRequest(pod=pod("p"), container=container("c", "p")),
+                api.StopContainerResponse,
+            )
+            assert list(stopped.update) == [update("c")]
+            await lb.runtime.call(
+                "UpdatePodSandbox",
+                api.UpdatePodSandboxRequest(pod=pod("p"), linux_resources=resources),
+                api.UpdatePodSandboxResponse,
+            )
+            assert plugin.created == [("p", "c")]
+            assert plugin.updated == [("p", "c", resources)]
+            assert plugin.stopped == [("p", "c")]
+            assert [(p, r) for p, _, r in plugin.pod_updates] == [("p", resources)]
+
+    run(scenario())
+
+
+def test_validate_container_adjustment_approves() -> None:
+    async def scenario() -> None:
+        async with loopback(RecordingPlugin()) as lb:
+            await lb.runtime.start()
+            reply = await lb.runtime.call(
+                "ValidateContainerAdjustment",
+                api.ValidateContainerAdjustmentRequest(pod=pod("p"), container=container("c")),
+                api.ValidateContainerAdjustmentResponse,
+            )
+            assert reply.reject is False
+            assert reply.reason == ""
+
+    run(scenario())
+
+
+def test_shutdown_answers_empty() -> None:
+    async def scenario() -> None:
+        async with loopback(RecordingPlugin()) as lb:
+            await lb.runtime.start()
+            assert await lb.runtime.call("Shutdown", api.Empty(), api.Empty) == api.Empty()
+            assert lb.session.state.registered  # still connected
+
+    run(scenario())
+
+
+# ---------------------------------------------------------------------------
+# UpdateContainers (§4.5)
+# ---------------------------------------------------------------------------
+
+
+def test_update_containers_awaited_in_an_event_handler_raises() -> None:
+    errors: list[BaseException] = []
+    holder: dict[str, Session] = {}
+
+    async def hook(_event: Event) -> None:
+        try:
+            await holder["session"].update_containers([update("c1")])
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    plugin = RecordingPlugin(on_event=hook)
+
+    async def scenario() -> None:
+        async with loopback(plugin) as lb:
+            holder["session"] = lb.session
+            await lb.runtime.start()
+            await lb.runtime.call(
+                "StartContainer",
+                api.StartContainerRequest(pod=pod("p"), container=container("c1", "p")),
+                api.StartContainerResponse,
+            )
+            await lb.runtime.call(
+                "CreateContainer",
+                api.CreateContainerRequest(pod=pod("p"), container=container("c1", "p")),
+                api.CreateContainerResponse,
+            )
+            assert len(errors) == 2
+            assert all("schedule_update_containers" in str(e) for e in errors)
+            assert lb.runtime.record.updates == []
+
+    run(scenario())
+
+
+def test_schedule_update_containers_from_a_handler_works() -> None:
+    tasks: list[asyncio.Task[object]] = []
+    holder: dict[str, Session] = {}
+
+    async def hook(_event: Event) -> None:
+        tasks.append(
+            holder["session"].schedule_update_containers([update("c1"), update("c2")])  # type: ignore[arg-type]
+        )
+
+    plugin = RecordingPlugin(on_event=hook)
+
+    async def scenario() -> None:
+        async with loopback(plugin, failed_updates=["c2"]) as lb:
+            holder["session"] = lb.session
+            await lb.runtime.start()
+            await lb.runtime.call(
+                "StartContainer",
+                api.StartContainerRequest(pod=pod("p"), container=container("c1", "p")),
+                api.StartContainerResponse,
+            )
+            (task,) = tasks
+            failed = await task
+            assert failed == [update("c2")]
+            assert lb.runtime.record.updates == [update("c1"), update("c2")]
+
+    run(scenario())
+
+
+def test_update_containers_outside_handlers_returns_failed() -> None:
+    async def scenario() -> None:
+        async with loopback(RecordingPlugin(), failed_updates=["bad"]) as lb:
+            await lb.runtime.start()
+            assert await lb.session.update_containers([update("good")]) == []
+            failed = await lb.session.update_containers([update("bad"), update("ok")])
+            assert failed == [update("bad")]
+            assert lb.runtime.record.updates == [update("good"), update("bad"), update("ok")]
+
+    run(scenario())
+
+
+def test_update_containers_before_configure_raises() -> None:
+    async def scenario() -> None:
+        session = Session(RecordingPlugin(), "midbatch", "10")
+        with pytest.raises(RuntimeError):
+            await session.update_containers([update("c")])
+
+    run(scenario())
+
+
+# ---------------------------------------------------------------------------
+# Ending
+# ---------------------------------------------------------------------------
+
+
+def test_run_returns_the_close_reason_and_resets_state() -> None:
+    states: list[tuple[bool, bool, bool]] = []
+    plugin = RecordingPlugin()
+
+    async def scenario() -> None:
+        async with loopback(plugin) as lb:
+            lb.session.state._listeners.append(
+                lambda s: states.append((s.registered, s.configured, s.synchronized))
+            )
+            await lb.runtime.start()
+            await lb.runtime.close()
+            assert await lb.task == "closed by peer"
+            assert states[-1] == (False, False, False)
+            assert (True, True, True) in states
+
+    run(scenario())
+
+
+def test_session_close_ends_run() -> None:
+    async def scenario() -> None:
+        async with loopback(RecordingPlugin()) as lb:
+            await lb.runtime.start()
+            lb.session.close()
+            assert await lb.task == "session closed"
+
+    run(scenario())
