@@ -1,0 +1,359 @@
+"""Why a pod gets the cgroup values it gets: classification, tier, formulas and rules.
+
+Input is a Kubernetes Pod manifest (what an operator has at hand) or an NRI PodSandbox as JSON
+(what a recording holds). A manifest is turned into the views the runtime would give the plugin:
+kubelet's QoS cgroup parent, and the CFS quota and memory limit kubelet sets from native limits,
+which the policy never loosens. A PodSandbox lists no containers, so its containers are the ones
+named in the extended-resource spec.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+from google.protobuf.json_format import ParseDict, ParseError
+
+from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.config import Config
+from nri_midbatch.plugin import pod_view
+from nri_midbatch.policy import (
+    CgroupValues,
+    ContainerView,
+    Decision,
+    NativeLimits,
+    PodView,
+    Policy,
+    compile_policy,
+    decide_container,
+    decide_pod,
+)
+from nri_midbatch.policy.calculate import CFS_BASE_PERIOD, UNLIMITED
+from nri_midbatch.policy.chain import Chain
+from nri_midbatch.policy.quantity import QuantityError, parse_quantity
+from nri_midbatch.policy.spec import ExtendedSpec, load_spec
+from nri_midbatch.record import NotedDecision, decision_json
+
+
+class PodInputError(ValueError):
+    """The file is not a Pod manifest or PodSandbox the explainer can read."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodInput:
+    pod: PodView
+    containers: tuple[ContainerView, ...]
+    #: Where the container list came from, for the reader.
+    containers_from: str
+
+
+# -- reading -----------------------------------------------------------------
+
+
+def load_pod(path: Path, policy: Policy) -> PodInput:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PodInputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        # YAML reads JSON too; a .json file gets JSON's stricter errors.
+        document = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise PodInputError(
+            f"{path}: not valid {path.suffix.lstrip('.') or 'YAML'}: {exc}"
+        ) from None
+    if not isinstance(document, dict):
+        raise PodInputError(f"{path}: expected a Pod manifest or a PodSandbox object")
+    if "spec" in document or document.get("kind") == "Pod":
+        return _from_manifest(document, path)
+    return _from_sandbox(document, path, policy)
+
+
+def _from_sandbox(document: dict[str, Any], path: Path, policy: Policy) -> PodInput:
+    try:
+        sandbox = ParseDict(document, api.PodSandbox(), ignore_unknown_fields=True)
+    except ParseError as exc:
+        raise PodInputError(f"{path}: not an NRI PodSandbox: {exc}") from None
+    pod = pod_view(sandbox)
+    annotation = pod.annotations.get(policy.spec_annotation)
+    spec = None if annotation is None else load_spec(annotation)
+    names = sorted(spec.containers) if isinstance(spec, ExtendedSpec) else []
+    containers = tuple(ContainerView(id="", name=name) for name in names)
+    return PodInput(pod, containers, "the extended-resource spec (a PodSandbox lists none)")
+
+
+def _from_manifest(document: dict[str, Any], path: Path) -> PodInput:
+    metadata = _mapping(document.get("metadata"), "metadata", path)
+    spec = _mapping(document.get("spec"), "spec", path)
+    uid = str(metadata.get("uid", ""))
+    containers: list[ContainerView] = []
+    limits: list[NativeLimits] = []
+    resources: list[tuple[dict[str, int], dict[str, int]]] = []
+    raw_containers = spec.get("containers")
+    if not isinstance(raw_containers, list):
+        raise PodInputError(f"{path}: spec.containers must be a list")
+    for index, raw in enumerate(raw_containers):
+        entry = _mapping(raw, f"spec.containers[{index}]", path)
+        where = f"spec.containers[{index}]"
+        name = entry.get("name")
+        if not isinstance(name, str) or not name:
+            raise PodInputError(f"{path}: {where}.name must be a non-empty string")
+        declared = _mapping(entry.get("resources") or {}, f"{where}.resources", path)
+        requests = _resource_list(declared.get("requests"), f"{where}.resources.requests", path)
+        limit = _resource_list(declared.get("limits"), f"{where}.resources.limits", path)
+        native = _native(limit)
+        containers.append(ContainerView(id="", name=name, native=native))
+        limits.append(native)
+        resources.append((requests, limit))
+    qos = _kubernetes_qos(resources)
+    parent = f"/kubepods/pod{uid}" if qos == "guaranteed" else f"/kubepods/{qos}/pod{uid}"
+    pod = PodView(
+        uid=uid,
+        namespace=str(metadata.get("namespace", "default")),
+        name=str(metadata.get("name", "")),
+        labels=_strings(metadata.get("labels"), "metadata.labels", path),
+        annotations=_strings(metadata.get("annotations"), "metadata.annotations", path),
+        cgroup_parent=parent,
+        native=_pod_native(limits),
+    )
+    return PodInput(pod, tuple(containers), "spec.containers")
+
+
+def _mapping(value: object, where: str, path: Path) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return value
+    raise PodInputError(f"{path}: {where} must be a mapping")
+
+
+def _strings(value: object, where: str, path: Path) -> dict[str, str]:
+    if value is None:
+        return {}
+    mapping = _mapping(value, where, path)
+    # Kubernetes only has string values; YAML may have read `5000` as a number.
+    return {str(key): str(item) for key, item in mapping.items()}
+
+
+def _resource_list(value: object, where: str, path: Path) -> dict[str, int]:
+    """cpu in milli-cores, everything else by Quantity.Value()."""
+    parsed: dict[str, int] = {}
+    for name, raw in _strings(value, where, path).items():
+        try:
+            quantity = parse_quantity(raw)
+        except QuantityError as exc:
+            raise PodInputError(f"{path}: {where}.{name}: {exc}") from None
+        parsed[name] = quantity.milli_value() if name == "cpu" else quantity.value()
+    return parsed
+
+
+def _native(limits: Mapping[str, int]) -> NativeLimits:
+    """What kubelet asks the runtime for: quota = milli-cores x period / 1000 (at least 1000)."""
+    cpu, memory = limits.get("cpu"), limits.get("memory")
+    quota = None if not cpu else max(cpu * CFS_BASE_PERIOD // 1000, 1000)
+    return NativeLimits(
+        cpu_quota=quota,
+        cpu_period=None if quota is None else CFS_BASE_PERIOD,
+        memory_limit=memory or None,
+    )
+
+
+def _pod_native(limits: Sequence[NativeLimits]) -> NativeLimits:
+    """Kubelet limits the pod cgroup only when every container has the limit."""
+    quotas = [n.cpu_quota for n in limits]
+    memories = [n.memory_limit for n in limits]
+    quota = sum(q for q in quotas if q) if limits and all(quotas) else None
+    memory = sum(m for m in memories if m) if limits and all(memories) else None
+    return NativeLimits(
+        cpu_quota=quota,
+        cpu_period=None if quota is None else CFS_BASE_PERIOD,
+        memory_limit=memory,
+    )
+
+
+def _kubernetes_qos(resources: Sequence[tuple[Mapping[str, int], Mapping[str, int]]]) -> str:
+    """Kubernetes' QoS class (GetPodQOS) from cpu and memory; requests default to limits."""
+    names = ("cpu", "memory")
+    if not any(r.get(n) or lim.get(n) for r, lim in resources for n in names):
+        return "besteffort"
+    guaranteed = all(
+        lim.get(n) and r.get(n, lim[n]) == lim[n] for r, lim in resources for n in names
+    )
+    return "guaranteed" if guaranteed else "burstable"
+
+
+# -- explaining --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    pod: PodInput
+    pod_decision: Decision
+    containers: tuple[tuple[ContainerView, Decision], ...]
+    #: One line per tier: matched, or why not.
+    tiers: tuple[str, ...]
+    pod_level: bool
+    failure_policy: str
+
+
+def explain(source: PodInput, config: Config, policy: Policy) -> Explanation:
+    pod = source.pod
+    pod_decision = decide_pod(pod, policy)
+    decided = tuple((c, decide_container(pod, c, policy)) for c in source.containers)
+    return Explanation(
+        pod=source,
+        pod_decision=pod_decision,
+        containers=decided,
+        tiers=_tier_lines(pod_decision, policy, pod.namespace),
+        pod_level=config.cgroups.pod_level,
+        failure_policy=str(config.failure_policy),
+    )
+
+
+def _tier_lines(decision: Decision, policy: Policy, namespace: str) -> tuple[str, ...]:
+    # The chain stops at the first match; each tier is walked alone too, so the reader
+    # learns why every other tier does not apply (the configuration lets only one match).
+    priority, qos = decision.priority.value, decision.qos.value
+    lines = [
+        Chain([tier]).select(priority, qos, namespace).reasons[0] for tier in policy.chain.tiers
+    ]
+    if decision.tier is None:
+        lines.append("no tier matched: the pod is left alone")
+    return tuple(lines)
+
+
+def _how(decision: Decision, policy: Policy, namespace: str) -> list[str]:
+    """The trace without the classification and tier walk, which are shown once per pod."""
+    shown = {decision.qos.detail, decision.priority.detail}
+    shown.update(
+        policy.chain.select(decision.priority.value, decision.qos.value, namespace).reasons
+    )
+    return [line for line in decision.trace if line not in shown]
+
+
+# -- rendering ---------------------------------------------------------------
+
+
+def quota_text(quota: int) -> str:
+    if quota == UNLIMITED:
+        return "unlimited"
+    cpus = f"{quota / CFS_BASE_PERIOD:.3f}".rstrip("0").rstrip(".")
+    return f"{quota} ({cpus} CPU)"
+
+
+def memory_short(memory: int) -> str:
+    """512Mi where the byte count is a whole number of Ki, Mi or Gi."""
+    if memory == UNLIMITED:
+        return "unlimited"
+    for unit, size in (("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
+        if memory >= size and memory % size == 0:
+            return f"{memory // size}{unit}"
+    return str(memory)
+
+
+def memory_text(memory: int) -> str:
+    short = memory_short(memory)
+    return short if short in ("unlimited", str(memory)) else f"{memory} ({short})"
+
+
+def values_lines(values: CgroupValues) -> list[str]:
+    return [
+        f"cpu.shares    {values.cpu_shares}",
+        f"cpu quota     {quota_text(values.cpu_quota)} per {CFS_BASE_PERIOD}us period",
+        f"memory limit  {memory_text(values.memory_limit)}",
+    ]
+
+
+def render_text(explanation: Explanation, policy: Policy) -> str:
+    source = explanation.pod
+    pod = source.pod
+    decision = explanation.pod_decision
+    out = [
+        f"Pod {pod.namespace}/{pod.name} (uid {pod.uid or '-'})",
+        f"  cgroup parent  {pod.cgroup_parent or '-'}",
+        "",
+        "Classification",
+        f"  {decision.qos.detail}",
+        f"  {decision.priority.detail}",
+        "",
+        f"Tier: {decision.tier or 'none'}",
+        *(f"  {line}" for line in explanation.tiers),
+    ]
+    where = "written to the pod cgroup at RunPodSandbox and Synchronize"
+    if not explanation.pod_level:
+        where = "not written: cgroups.podLevel is false"
+    out += ["", f"Pod level ({where})", *_native_lines(pod.native)]
+    out += _decision_lines(decision, policy, pod.namespace, explanation.failure_policy)
+    if not source.containers:
+        out += ["", f"No containers in {source.containers_from}."]
+    for container, container_decision in explanation.containers:
+        out += [
+            "",
+            f"Container {container.name} (adjusted at CreateContainer and UpdateContainer)",
+            *_native_lines(container.native),
+        ]
+        out += _decision_lines(
+            container_decision, policy, pod.namespace, explanation.failure_policy
+        )
+    if source.containers and source.containers_from != "spec.containers":
+        out += ["", f"Containers from {source.containers_from}."]
+    return "\n".join(out) + "\n"
+
+
+def _native_lines(native: NativeLimits) -> list[str]:
+    if not (native.cpu_quota or native.memory_limit):
+        return []
+    quota = "none" if not native.cpu_quota else str(native.cpu_quota)
+    memory = "none" if not native.memory_limit else memory_text(native.memory_limit)
+    return [f"  native limits cpu quota {quota}, memory {memory} (never loosened)"]
+
+
+def _decision_lines(
+    decision: Decision, policy: Policy, namespace: str, failure_policy: str
+) -> list[str]:
+    lines: list[str] = []
+    if decision.error is not None:
+        outcome = (
+            "the runtime is told to refuse it" if failure_policy == "Fail" else "left untouched"
+        )
+        lines.append(f"  error: {decision.error}")
+        lines.append(f"  failurePolicy {failure_policy}: {outcome}")
+    elif decision.values is None:
+        lines.append("  left untouched: values stay as kubelet and the runtime set them")
+    else:
+        lines += [f"  {line}" for line in values_lines(decision.values)]
+    how = _how(decision, policy, namespace)
+    if how:
+        lines.append("  how:")
+        lines += [f"    - {line}" for line in how]
+    return lines
+
+
+def render_json(explanation: Explanation) -> str:
+    pod = explanation.pod.pod
+    document = {
+        "pod": decision_json(NotedDecision(pod, None, explanation.pod_decision)),
+        "containers": [
+            decision_json(NotedDecision(pod, container, decision))
+            for container, decision in explanation.containers
+        ],
+        "tiers": list(explanation.tiers),
+        "pod_level": explanation.pod_level,
+        "failure_policy": explanation.failure_policy,
+    }
+    return json.dumps(document, indent=2) + "\n"
+
+
+def explain_command(pod_file: Path, config: Config, *, fmt: str, out: TextIO, err: TextIO) -> int:
+    """`nri-midbatch explain`: 0 when explained, 1 when the pod file cannot be read."""
+    policy = compile_policy(config)
+    try:
+        source = load_pod(pod_file, policy)
+    except PodInputError as exc:
+        err.write(f"nri-midbatch: {exc}\n")
+        return 1
+    explanation = explain(source, config, policy)
+    out.write(render_json(explanation) if fmt == "json" else render_text(explanation, policy))
+    return 0

@@ -1,0 +1,328 @@
+"""Recording every NRI call the plugin serves as JSON lines, without slowing any of them.
+
+The session hands each call to a recorder (`begin`, then `replied` or `failed`). The plugin
+publishes each decision it takes to `note_decision`, which files it under the call being served:
+every call runs in a task of its own, so a context variable set at `begin` is that call's alone,
+and the plugin never learns about recorders or files.
+
+Event handlers only enqueue (`put_nowait`). One writer task converts records to JSON and writes
+them in a thread. When the queue is full the record is dropped and counted, never the event; the
+file rotates at a size cap so a long recording cannot fill the disk.
+
+One line per call:
+    {"v": 1, "ts": RFC 3339 UTC, "method": "...", "request": {...}, "response": {...} | null,
+     "error": {"code": int, "message": str} | null, "decisions": [{...}, ...]}
+with request and response as protobuf JSON (`MessageToDict`, proto field names).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any, BinaryIO, Protocol
+
+import structlog
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
+
+from nri_midbatch.policy import CgroupValues, ContainerView, Decision, PodView
+from nri_midbatch.rpc.errors import RpcError
+from nri_midbatch.wire.status import Code
+
+log = structlog.get_logger(__name__)
+
+RECORD_VERSION = 1
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+DEFAULT_BACKUPS = 3
+DEFAULT_QUEUE_SIZE = 1024
+#: Records converted and written per hop to the writer thread.
+_BATCH = 256
+
+
+@dataclass(frozen=True, slots=True)
+class NotedDecision:
+    pod: PodView
+    container: ContainerView | None  # None: the pod-level decision
+    decision: Decision
+
+
+@dataclass(slots=True)
+class CallRecord:
+    """One call as the session served it; protobuf messages stay unconverted until written."""
+
+    method: str
+    request: Message
+    started: float  # time.time()
+    decisions: list[NotedDecision]
+    response: Message | None = None
+    error: tuple[int, str] | None = None
+
+
+_decisions: ContextVar[list[NotedDecision] | None] = ContextVar(
+    "nri_midbatch_call_decisions", default=None
+)
+
+
+def note_decision(pod: PodView, container: ContainerView | None, decision: Decision) -> None:
+    """The plugin's decision listener: file the decision under the call being served."""
+    decisions = _decisions.get()
+    if decisions is not None:
+        decisions.append(NotedDecision(pod, container, decision))
+
+
+class Call:
+    """A call in flight; `replied` or `failed` completes it and hands the record on."""
+
+    __slots__ = ("_done", "record")
+
+    def __init__(self, method: str, request: Message, done: Callable[[CallRecord], None]) -> None:
+        decisions: list[NotedDecision] = []
+        _decisions.set(decisions)
+        self.record = CallRecord(method, request, time.time(), decisions)
+        self._done = done
+
+    def replied(self, response: Message) -> None:
+        self.record.response = response
+        self._done(self.record)
+
+    def failed(self, error: BaseException) -> None:
+        self.record.error = error_status(error)
+        self._done(self.record)
+
+
+def error_status(error: BaseException) -> tuple[int, str]:
+    """The status the connection replies with for a handler's exception (MuxConnection._serve)."""
+    if isinstance(error, RpcError):
+        return int(error.code), error.message
+    if isinstance(error, TimeoutError):
+        return int(Code.DEADLINE_EXCEEDED), "context deadline exceeded"
+    if isinstance(error, asyncio.CancelledError):
+        return int(Code.CANCELLED), "cancelled before replying"
+    return int(Code.UNKNOWN), f"{type(error).__name__}: {error}"
+
+
+# -- JSON --------------------------------------------------------------------
+
+
+def message_json(message: Message) -> dict[str, Any]:
+    return MessageToDict(message, preserving_proto_field_name=True)
+
+
+def values_json(values: CgroupValues | None) -> dict[str, int] | None:
+    if values is None:
+        return None
+    return {
+        "cpu_shares": values.cpu_shares,
+        "cpu_quota": values.cpu_quota,
+        "memory_limit": values.memory_limit,
+    }
+
+
+def decision_json(noted: NotedDecision) -> dict[str, Any]:
+    pod, container, decision = noted.pod, noted.container, noted.decision
+    return {
+        "level": "pod" if container is None else "container",
+        "namespace": pod.namespace,
+        "pod": pod.name,
+        "pod_uid": pod.uid,
+        "container": None if container is None else container.name,
+        "container_id": None if container is None else container.id,
+        "cgroup_parent": pod.cgroup_parent,
+        "qos": decision.qos.value,
+        "priority": decision.priority.value,
+        "tier": decision.tier,
+        "values": values_json(decision.values),
+        "error": decision.error,
+        "trace": list(decision.trace),
+    }
+
+
+def rfc3339(timestamp: float) -> str:
+    moment = datetime.fromtimestamp(timestamp, UTC)
+    return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def record_json(record: CallRecord) -> dict[str, Any]:
+    error = record.error
+    return {
+        "v": RECORD_VERSION,
+        "ts": rfc3339(record.started),
+        "method": record.method,
+        "request": message_json(record.request),
+        "response": None if record.response is None else message_json(record.response),
+        "error": None if error is None else {"code": error[0], "message": error[1]},
+        "decisions": [decision_json(noted) for noted in record.decisions],
+    }
+
+
+def json_line(document: dict[str, Any]) -> bytes:
+    return (json.dumps(document, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+
+
+# -- the file ----------------------------------------------------------------
+
+
+class LineSink(Protocol):
+    """Where the writer thread puts encoded lines; only ever called from that thread."""
+
+    def write(self, lines: Sequence[bytes]) -> int:
+        """Write the lines; returns how many were refused."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class RotatingFile:
+    """FILE, rotated to FILE.1 .. FILE.K before a line would take it past `max_bytes`.
+
+    A line longer than the cap on its own is refused: writing it would break the cap.
+    With no backups, rotation starts FILE afresh.
+    """
+
+    def __init__(self, path: Path, max_bytes: int = DEFAULT_MAX_BYTES, backups: int = 0) -> None:
+        if max_bytes <= 0:
+            raise ValueError(f"record size cap must be positive, not {max_bytes}")
+        if backups < 0:
+            raise ValueError(f"record backups must be 0 or more, not {backups}")
+        self.path = path
+        self.max_bytes = max_bytes
+        self.backups = backups
+        # Opened here, at start-up, so an unwritable path fails the command at once.
+        self._file: BinaryIO = open(path, "ab")  # noqa: SIM115 - closed by close()
+        self._size = self._file.tell()
+
+    def write(self, lines: Sequence[bytes]) -> int:
+        refused = 0
+        for line in lines:
+            if len(line) > self.max_bytes:
+                refused += 1
+                continue
+            if self._size + len(line) > self.max_bytes:
+                self._rotate()
+            self._file.write(line)
+            self._size += len(line)
+        self._file.flush()
+        return refused
+
+    def _rotate(self) -> None:
+        self._file.close()
+        for index in range(self.backups - 1, 0, -1):
+            older = self._backup(index)
+            if older.exists():
+                os.replace(older, self._backup(index + 1))
+        if self.backups:
+            os.replace(self.path, self._backup(1))
+        self._file = open(self.path, "wb")  # noqa: SIM115 - closed by close()
+        self._size = 0
+
+    def _backup(self, index: int) -> Path:
+        return self.path.with_name(f"{self.path.name}.{index}")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+# -- the recorder ------------------------------------------------------------
+
+
+class Recorder:
+    """A session's CallRecorder writing to a LineSink; use as `async with recorder:`."""
+
+    def __init__(
+        self,
+        sink: LineSink,
+        *,
+        queue_size: int = DEFAULT_QUEUE_SIZE,
+        flush_timeout: float = 10.0,
+    ) -> None:
+        self._sink = sink
+        self._queue: asyncio.Queue[CallRecord] = asyncio.Queue(maxsize=queue_size)
+        self._flush_timeout = flush_timeout
+        self._writer: asyncio.Task[None] | None = None
+        self.written = 0
+        #: Records lost: queue full, refused by the file, or a failed write.
+        self.dropped = 0
+        self._burst = 0  # drops since the queue last had room
+
+    def begin(self, method: str, request: Message) -> Call:
+        return Call(method, request, self._enqueue)
+
+    def _enqueue(self, record: CallRecord) -> None:
+        try:
+            self._queue.put_nowait(record)
+        except asyncio.QueueFull:
+            self.dropped += 1
+            if not self._burst:
+                log.warning(
+                    "recording queue full: dropping records, never events",
+                    queue_size=self._queue.maxsize,
+                )
+            self._burst += 1
+            return
+        if self._burst:
+            log.warning("recording resumed", dropped=self._burst, dropped_total=self.dropped)
+            self._burst = 0
+
+    async def __aenter__(self) -> Recorder:
+        self._writer = asyncio.create_task(self._write_loop())
+        return self
+
+    async def __aexit__(
+        self,
+        _type: type[BaseException] | None,
+        _value: BaseException | None,
+        _traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Write what is queued (for at most flush_timeout), then close the file."""
+        flushed = True
+        try:
+            async with asyncio.timeout(self._flush_timeout):
+                await self._queue.join()
+        except TimeoutError:
+            flushed = False
+            self.dropped += self._queue.qsize()
+            log.error("recording not flushed in time", lost=self._queue.qsize())
+        if self._writer is not None:
+            self._writer.cancel()
+            await asyncio.gather(self._writer, return_exceptions=True)
+        # A write still stuck in the thread owns the file; the process exit closes it.
+        if flushed:
+            await asyncio.to_thread(self._sink.close)
+        log.info("recording closed", written=self.written, dropped=self.dropped)
+
+    async def _write_loop(self) -> None:
+        queue = self._queue
+        while True:
+            batch = [await queue.get()]
+            while len(batch) < _BATCH and not queue.empty():
+                batch.append(queue.get_nowait())
+            try:
+                lost = await asyncio.to_thread(self._write, batch)
+            finally:
+                for _ in batch:
+                    queue.task_done()
+            # Counted here, on the event loop, where _enqueue counts too.
+            self.dropped += lost
+            self.written += len(batch) - lost
+
+    def _write(self, batch: Sequence[CallRecord]) -> int:
+        """Runs in the writer thread (JSON conversion is the costly part); returns records lost."""
+        try:
+            refused = self._sink.write([json_line(record_json(record)) for record in batch])
+        except Exception as exc:  # a failing disk costs records, never the plugin
+            log.error("recording write failed", error=str(exc), lost=len(batch))
+            return len(batch)
+        if refused:
+            log.warning("record larger than the size cap dropped", count=refused)
+        return refused

@@ -1,0 +1,129 @@
+"""explain: the example pods, an NRI PodSandbox, a bad annotation, JSON output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from nri_midbatch.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+PODS = ROOT / "examples" / "pods"
+RECORDING = ROOT / "tests" / "replay" / "containerd-1.7.24.jsonl"
+
+
+def explain(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    assert main(["explain", *args]) == 0
+    return capsys.readouterr().out
+
+
+def section(text: str, title: str) -> str:
+    """The lines from `title` up to the next blank line."""
+    start = text.index(title)
+    end = text.find("\n\n", start)
+    return text[start : None if end < 0 else end]
+
+
+def test_batch_be(capsys: pytest.CaptureFixture[str]) -> None:
+    out = explain(capsys, "--pod", str(PODS / "batch-be.yaml"))
+    assert "qos BE from label koordinator.sh/qosClass" in out
+    assert "priority koord-batch from label koordinator.sh/priority-class" in out
+    tier = section(out, "Tier: batch")
+    assert "tier batch: matched" in tier
+    assert "tier mid: priority koord-batch not in [koord-mid]" in tier
+    container = section(out, "Container main")
+    assert "cpu.shares    512" in container
+    assert "cpu quota     100000 (1 CPU) per 100000us period" in container
+    assert "memory limit  536870912 (512Mi)" in container
+    assert "cpu.shares 512 from request kubernetes.io/batch-cpu=500" in container
+    assert "cpu quota 100000 from limit kubernetes.io/batch-cpu=1000" in container
+    pod = section(out, "Pod level")
+    assert "pod cpu.shares 512 from kubernetes.io/batch-cpu requests summing to 500" in pod
+
+
+def test_mid_be(capsys: pytest.CaptureFixture[str]) -> None:
+    out = explain(capsys, "--pod", str(PODS / "mid-be.yaml"))
+    assert "priority koord-mid from label koordinator.sh/priority-class" in out
+    tier = section(out, "Tier: mid")
+    assert "tier batch: priority koord-mid not in [koord-batch, koord-free]" in tier
+    assert "tier mid: matched" in tier
+    container = section(out, "Container main")
+    assert "cpu.shares    256" in container
+    assert "cpu quota     50000 (0.5 CPU)" in container
+
+
+def test_mid_ls_keeps_the_tighter_native_memory_limit(capsys: pytest.CaptureFixture[str]) -> None:
+    out = explain(capsys, "--pod", str(PODS / "mid-ls.yaml"))
+    assert "qos LS from label koordinator.sh/qosClass" in out
+    assert "cgroup parent  /kubepods/burstable/pod" in out
+    container = section(out, "Container main")
+    assert "native limits cpu quota 200000, memory 1073741824 (1Gi)" in container
+    assert "memory limit  1073741824 (1Gi)" in container
+    assert (
+        "memory limit 1073741824: native 1073741824 is tighter than computed 2147483648; "
+        "never loosen" in container
+    )
+
+
+def test_prod_ls_matches_no_tier(capsys: pytest.CaptureFixture[str]) -> None:
+    out = explain(capsys, "--pod", str(PODS / "prod-ls.yaml"))
+    tier = section(out, "Tier: none")
+    assert "tier batch: priority koord-prod not in [koord-batch, koord-free]" in tier
+    assert "tier mid: priority koord-prod not in [koord-mid]" in tier
+    assert "left untouched" in section(out, "Container main")
+
+
+def test_configuration_shows_in_the_formulas(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "ratio.yaml"
+    config.write_text("rules:\n  cpuNormalizationRatio: 1.2\n")
+    out = explain(capsys, "--pod", str(PODS / "mid-be.yaml"), "--config", str(config))
+    container = section(out, "Container main")
+    assert "cpu quota     41667" in container
+    assert "cpu quota 41667 = ceil(50000 / cpuNormalizationRatio 1.2)" in container
+
+
+def test_a_bad_annotation_is_explained(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    manifest = (PODS / "batch-be.yaml").read_text()
+    start = manifest.index('{"containers"')
+    end = manifest.index("\n", start)
+    pod = tmp_path / "bad.yaml"
+    pod.write_text(manifest[:start] + '{"containers": {"main": 5}}' + manifest[end:])
+    out = explain(capsys, "--pod", str(pod))
+    container = section(out, "Container main")
+    assert "error: extended-resource spec: container 'main'" in container
+    assert "failurePolicy Ignore: left untouched" in container
+
+
+def test_an_nri_pod_sandbox_from_a_recording(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls = [json.loads(line) for line in RECORDING.read_text().splitlines()]
+    sandbox = next(
+        call["request"]["pod"]
+        for call in calls
+        if call["method"] == "StateChange" and call["request"]["pod"]["name"] == "mid-be"
+    )
+    pod = tmp_path / "sandbox.json"
+    pod.write_text(json.dumps(sandbox))
+    out = explain(capsys, "--pod", str(pod), "--format", "json")
+    explained = json.loads(out)
+    assert explained["pod"]["tier"] == "mid"
+    assert explained["pod"]["cgroup_parent"].startswith("/kubepods/besteffort/pod")
+    (container,) = explained["containers"]
+    assert container["container"] == "main"
+    assert container["values"] == {"cpu_shares": 256, "cpu_quota": 50000, "memory_limit": 1 << 28}
+    text = explain(capsys, "--pod", str(pod))
+    assert "Containers from the extended-resource spec (a PodSandbox lists none)." in text
+
+
+def test_an_unreadable_pod_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pod = tmp_path / "pod.yaml"
+    pod.write_text("- just\n- a list\n")
+    assert main(["explain", "--pod", str(pod)]) == 1
+    assert "expected a Pod manifest or a PodSandbox object" in capsys.readouterr().err
+    assert main(["explain", "--pod", str(tmp_path / "missing.yaml")]) == 1
+    assert "cannot read" in capsys.readouterr().err

@@ -1,0 +1,267 @@
+"""Recording: one JSON line per call through the real transport, drops instead of delays,
+rotation under a size cap."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+from google.protobuf.json_format import ParseDict
+from structlog.testing import capture_logs
+
+from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.cli import main
+from nri_midbatch.config import Config, load_config_text
+from nri_midbatch.nri.loopback import LoopbackRuntime, socketpair_streams
+from nri_midbatch.nri.session import Session
+from nri_midbatch.plugin import MidBatchPlugin
+from nri_midbatch.record import Recorder, RotatingFile, note_decision
+from nri_midbatch.rpc.errors import RpcError
+from nri_midbatch.wire.status import Code
+from tests.unit.nri_fixtures import run
+
+SPEC = (
+    '{"containers":{"main":{"requests":{"kubernetes.io/batch-cpu":"500",'
+    '"kubernetes.io/batch-memory":"256Mi"},"limits":{"kubernetes.io/batch-cpu":"1k",'
+    '"kubernetes.io/batch-memory":"512Mi"}}}}'
+)
+
+
+@pytest.fixture(autouse=True)
+def _logging_reset() -> Iterator[None]:
+    # The command line points structlog at the stderr pytest captures for one test; once that
+    # stream is closed, a later test's log call would fail the handler it runs in.
+    yield
+    structlog.reset_defaults()
+
+
+def batch_pod(name: str = "batch", annotation: str = SPEC) -> api.PodSandbox:
+    return api.PodSandbox(
+        id=f"sandbox-{name}",
+        name=name,
+        uid=f"uid-{name}",
+        namespace="jobs",
+        labels={"koordinator.sh/qosClass": "BE", "koordinator.sh/priority-class": "koord-batch"},
+        annotations={"node.koordinator.sh/extended-resource-spec": annotation},
+        linux=api.LinuxPodSandbox(cgroup_parent=f"/kubepods/besteffort/pod{name}"),
+    )
+
+
+def main_container(pod: api.PodSandbox) -> api.Container:
+    return api.Container(id=f"ctr-{pod.name}", pod_sandbox_id=pod.id, name="main")
+
+
+@asynccontextmanager
+async def recorded_plugin(
+    recorder: Recorder, config: Config | None = None
+) -> AsyncIterator[LoopbackRuntime]:
+    """A MidBatchPlugin session recording to `recorder`, driven by a LoopbackRuntime."""
+    plugin = MidBatchPlugin(config or Config(), dry_run=True, on_decision=note_decision)
+    session = Session(plugin, "midbatch", "10", recorder=recorder)
+    (plugin_reader, plugin_writer), (runtime_reader, runtime_writer) = await socketpair_streams()
+    serving = asyncio.create_task(session.run(plugin_reader, plugin_writer))
+    runtime = LoopbackRuntime(runtime_reader, runtime_writer)
+    async with recorder:
+        try:
+            yield runtime
+        finally:
+            await runtime.close()
+            await asyncio.gather(serving, return_exceptions=True)
+
+
+def read_lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_every_call_is_one_line_with_request_reply_and_decisions(tmp_path: Path) -> None:
+    path = tmp_path / "calls.jsonl"
+    pod = batch_pod()
+    container = main_container(pod)
+    create = api.CreateContainerRequest(pod=pod, container=container)
+
+    async def scenario() -> api.CreateContainerResponse:
+        async with recorded_plugin(Recorder(RotatingFile(path))) as runtime:
+            await runtime.start(runtime_version="v1.7.24")
+            await runtime.call(
+                "StateChange",
+                api.StateChangeEvent(event=api.RUN_POD_SANDBOX, pod=pod),
+                api.Empty,
+            )
+            return await runtime.call("CreateContainer", create, api.CreateContainerResponse)
+
+    reply = run(scenario())
+    lines = read_lines(path)
+    assert [line["method"] for line in lines] == [
+        "Configure",
+        "Synchronize",
+        "StateChange",
+        "CreateContainer",
+    ]
+    for line in lines:
+        assert line["v"] == 1
+        assert line["ts"].endswith("Z")
+        datetime.fromisoformat(line["ts"])
+        assert line["error"] is None
+    created = lines[3]
+    assert ParseDict(created["request"], api.CreateContainerRequest()) == create
+    assert ParseDict(created["response"], api.CreateContainerResponse()) == reply
+    assert created["request"]["container"]["pod_sandbox_id"] == "sandbox-batch"  # proto names
+    (decision,) = created["decisions"]
+    assert decision["level"] == "container"
+    assert (decision["namespace"], decision["pod"], decision["container"]) == (
+        "jobs",
+        "batch",
+        "main",
+    )
+    assert decision["tier"] == "batch"
+    assert decision["values"] == {
+        "cpu_shares": 512,
+        "cpu_quota": 100000,
+        "memory_limit": 512 * 1024 * 1024,
+    }
+    assert decision["error"] is None
+    assert "cpu.shares 512 from request kubernetes.io/batch-cpu=500" in decision["trace"]
+    # RunPodSandbox, through StateChange: the pod-level decision is filed with it.
+    (pod_decision,) = lines[2]["decisions"]
+    assert pod_decision["level"] == "pod"
+    assert pod_decision["container"] is None
+    assert pod_decision["values"]["cpu_shares"] == 512
+
+
+def test_a_failed_call_is_recorded_with_its_status(tmp_path: Path) -> None:
+    path = tmp_path / "calls.jsonl"
+    pod = batch_pod(
+        annotation='{"containers":{"main":{"requests":{"kubernetes.io/batch-cpu":"x"}}}}'
+    )
+    config = load_config_text("failurePolicy: Fail\n", "test")
+
+    async def scenario() -> RpcError:
+        async with recorded_plugin(Recorder(RotatingFile(path)), config) as runtime:
+            await runtime.start()
+            with pytest.raises(RpcError) as failed:
+                await runtime.call(
+                    "CreateContainer",
+                    api.CreateContainerRequest(pod=pod, container=main_container(pod)),
+                    api.CreateContainerResponse,
+                )
+            return failed.value
+
+    error = run(scenario())
+    created = read_lines(path)[-1]
+    assert created["method"] == "CreateContainer"
+    assert created["response"] is None
+    assert created["error"] == {"code": int(Code.INVALID_ARGUMENT), "message": error.message}
+    assert created["decisions"][0]["error"].startswith("extended-resource spec:")
+
+
+class BlockedSink:
+    """A sink whose writes wait until released: a disk that has stopped answering."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.lines: list[bytes] = []
+
+    def write(self, lines: Sequence[bytes]) -> int:
+        self.entered.set()
+        self.release.wait(timeout=10)
+        self.lines.extend(lines)
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_full_queue_drops_records_never_events() -> None:
+    sink = BlockedSink()
+    recorder = Recorder(sink, queue_size=1)
+    pod = batch_pod()
+    create = api.CreateContainerRequest(pod=pod, container=main_container(pod))
+    calls = 12
+
+    async def scenario() -> tuple[list[api.CreateContainerResponse], float, list[dict[str, Any]]]:
+        async with recorded_plugin(recorder) as runtime:
+            await runtime.start()  # two calls: the writer takes the first and blocks
+            await asyncio.to_thread(sink.entered.wait, 2)
+            replies = []
+            with capture_logs() as logs:
+                started = time.monotonic()
+                for _ in range(calls):
+                    replies.append(
+                        await runtime.call("CreateContainer", create, api.CreateContainerResponse)
+                    )
+                elapsed = time.monotonic() - started
+                dropped_while_blocked = recorder.dropped
+                sink.release.set()
+                await asyncio.sleep(0.1)  # the writer drains; the queue has room again
+                await runtime.call("CreateContainer", create, api.CreateContainerResponse)
+            assert dropped_while_blocked > 0
+            return replies, elapsed, logs
+
+    replies, elapsed, logs = run(scenario())
+    # Every event was answered, with the plugin's adjustment, while the writer was stuck.
+    assert len(replies) == calls
+    assert all(reply.adjust.linux.resources.cpu.shares.value == 512 for reply in replies)
+    assert elapsed < 1.0
+    assert recorder.dropped >= calls - 1
+    assert recorder.written + recorder.dropped == 2 + calls + 1
+    assert len(sink.lines) == recorder.written
+    # One warning for the whole burst, and one when recording resumes.
+    events = [log["event"] for log in logs]
+    assert events.count("recording queue full: dropping records, never events") == 1
+    assert events.count("recording resumed") == 1
+
+
+def test_rotation_keeps_k_backups_under_the_cap(tmp_path: Path) -> None:
+    path = tmp_path / "calls.jsonl"
+    sink = RotatingFile(path, max_bytes=100, backups=2)
+    lines = [f"{n:039d}\n".encode() for n in range(20)]  # 40 bytes each: two per file
+    for line in lines:
+        assert sink.write([line]) == 0
+    sink.close()
+    files = [path, path.with_name("calls.jsonl.1"), path.with_name("calls.jsonl.2")]
+    assert not path.with_name("calls.jsonl.3").exists()
+    for file in files:
+        assert 0 < file.stat().st_size <= 100
+    # Oldest to newest, the files hold the last lines in order.
+    kept = b"".join(file.read_bytes() for file in reversed(files))
+    assert kept == b"".join(lines[-6:])
+
+
+def test_rotation_refuses_a_line_over_the_cap_and_appends_to_an_existing_file(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "calls.jsonl"
+    path.write_bytes(b"x" * 60 + b"\n")
+    sink = RotatingFile(path, max_bytes=100, backups=0)
+    assert sink.write([b"y" * 101 + b"\n", b"z" * 30 + b"\n"]) == 1
+    assert path.read_bytes() == b"x" * 60 + b"\n" + b"z" * 30 + b"\n"
+    # Without backups, rotation starts the file afresh.
+    assert sink.write([b"w" * 50 + b"\n"]) == 0
+    sink.close()
+    assert path.read_bytes() == b"w" * 50 + b"\n"
+    assert list(tmp_path.iterdir()) == [path]
+
+
+def test_run_refuses_an_unwritable_recording(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = main(["run", "--record", str(tmp_path / "missing" / "calls.jsonl")])
+    assert status == 2
+    assert "missing/calls.jsonl" in capsys.readouterr().err
+
+
+def test_run_rejects_a_zero_size_cap(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "--record", "x", "--record-max-bytes", "0"])
+    assert exited.value.code == 2
+    assert "--record-max-bytes" in capsys.readouterr().err
