@@ -1,20 +1,38 @@
-"""The running process: configuration, plugin and session, kept connected."""
+"""The running process: configuration, plugin, session, metrics and health.
+
+Besides keeping the session connected, the process watches its configuration
+file: a valid change applies at once and is followed by a pass that brings
+running workloads to the new values; an invalid one is logged with the field
+at fault, counted, and the previous configuration stays in force.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterable
 
 import structlog
 
 from nri_midbatch.config import Config, ConfigError, load_config_file
 from nri_midbatch.nri.runner import run_external, run_prelaunched
-from nri_midbatch.nri.session import Session
-from nri_midbatch.plugin import MidBatchPlugin
+from nri_midbatch.nri.session import CallRecorder, Session, SessionState
+from nri_midbatch.nri.version import Version
+from nri_midbatch.obs.health import HealthServer
+from nri_midbatch.obs.logging import set_level
+from nri_midbatch.obs.metrics import CounterFamily, CountersCollector, Metrics
+from nri_midbatch.plugin import MidBatchPlugin, container_update
+from nri_midbatch.reconcile import Plan
 from nri_midbatch.record import Recorder, note_decision
+from nri_midbatch.reload import FileWatch
 
 __all__ = ["App", "ConfigError", "load_startup_config"]
 
 log = structlog.get_logger(__name__)
+
+RELOAD_INTERVAL = 1.0
+#: Runtimes before this never synchronize pre-launched plugins.
+PRELAUNCHED_SYNC_FROM: Version = (0, 7, 0)
 
 
 def load_startup_config(path: str | None) -> Config:
@@ -30,13 +48,34 @@ class App:
         idx: str,
         config_path: str | None,
         recorder: Recorder | None = None,
+        metrics_address: str | None = None,
+        log_level: str = "info",
+        reload_interval: float = RELOAD_INTERVAL,
     ) -> None:
+        self.metrics = Metrics()
+        self.recorder = recorder
         self.plugin = MidBatchPlugin(
             config, on_decision=None if recorder is None else note_decision
         )
-        self.session = Session(self.plugin, name, idx, recorder=recorder)
+        observers: list[CallRecorder] = [self.metrics.observer()]
+        if recorder is not None:
+            observers.append(recorder)
+        self.session = Session(self.plugin, name, idx, recorders=observers, on_state=self._on_state)
+        self.metrics.add_collector(CountersCollector(self._counter_families))
+        self.health = (
+            HealthServer(metrics_address, self.metrics, self.readiness) if metrics_address else None
+        )
+        self.reloads: dict[str, int] = {}
         self.config_path = config_path
+        self._watch = FileWatch(config_path) if config_path else None
+        self._reload_interval = reload_interval
+        self._log_level = log_level
+        self._debug = False
+        self._prelaunched = False
+        self._syncs_seen = 0
         self._stop = asyncio.Event()
+
+    # -- running -------------------------------------------------------------
 
     def stop(self) -> None:
         log.info("stopping")
@@ -45,11 +84,166 @@ class App:
 
     async def run_external(self, socket_path: str) -> int:
         log.info("starting", mode="external", socket=socket_path)
-        await run_external(self.session, socket_path, self._stop)
+        async with self._services():
+            await run_external(
+                self.session, socket_path, self._stop, on_reconnect=self.metrics.reconnects.inc
+            )
         return 0
 
     async def run_prelaunched(self, fd: int) -> int:
         log.info("starting", mode="pre-launched", fd=fd)
-        reason = await run_prelaunched(self.session, fd)
+        self._prelaunched = True
+        async with self._services():
+            reason = await run_prelaunched(self.session, fd)
         log.info("runtime connection ended", reason=reason)
         return 0
+
+    @contextlib.asynccontextmanager
+    async def _services(self) -> AsyncIterator[None]:
+        tasks: list[asyncio.Task[None]] = []
+        if self.health is not None:
+            self.health.start()
+            tasks.append(asyncio.create_task(self.health.heartbeat()))
+            log.info("serving metrics and health", port=self.health.port)
+        if self._watch is not None:
+            tasks.append(asyncio.create_task(self._watch_config()))
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if self.health is not None:
+                self.health.stop()
+
+    # -- health --------------------------------------------------------------
+
+    def readiness(self) -> tuple[bool, str]:
+        state = self.session.state
+        if not state.configured or state.runtime is None:
+            return False, "not registered with a runtime"
+        if state.synchronized:
+            return True, "ok"
+        if self._prelaunched and state.runtime.nri_version < PRELAUNCHED_SYNC_FROM:
+            return True, "ok"
+        return False, "registered, waiting for Synchronize"
+
+    def _on_state(self, state: SessionState) -> None:
+        self.metrics.registered.set(1 if state.configured else 0)
+        self.metrics.synchronized.set(1 if state.synchronized else 0)
+        if state.syncs > self._syncs_seen:
+            self._syncs_seen = state.syncs
+            self.metrics.sync_duration.observe(state.last_sync_seconds)
+            self.metrics.sync_objects.labels("pods").set(state.sync_pods)
+            self.metrics.sync_objects.labels("containers").set(state.sync_containers)
+
+    def _counter_families(self) -> Iterable[CounterFamily]:
+        counters = self.plugin.counters
+        yield (
+            "nri_midbatch_decisions",
+            "Decisions made, by tier (none: the pod is in no tier)",
+            ("tier",),
+            {(tier,): n for tier, n in counters.decisions.items()},
+        )
+        yield (
+            "nri_midbatch_invalid_inputs",
+            "Pods or containers left alone (or refused) because of bad input, by reason",
+            ("reason",),
+            {(reason,): n for reason, n in counters.invalid.items()},
+        )
+        yield (
+            "nri_midbatch_adjusted_fields",
+            "Container cgroup fields set through NRI, by method and field",
+            ("method", "field"),
+            {tuple(key): n for key, n in counters.adjusted.items()},
+        )
+        yield (
+            "nri_midbatch_pod_cgroup_writes",
+            "Pod-level cgroup updates, by result",
+            ("result",),
+            {("ok",): counters.pod_writes_ok, ("failed",): counters.pod_writes_failed},
+        )
+        reloads: dict[tuple[str, ...], int] = {(r,): n for r, n in self.reloads.items()}
+        reloads[("rejected_from_runtime",)] = counters.config_rejected
+        yield (
+            "nri_midbatch_config_reloads",
+            "Configuration reloads, by result",
+            ("result",),
+            reloads,
+        )
+        if self.recorder is not None:
+            yield (
+                "nri_midbatch_records_dropped",
+                "Recording lines dropped because the recording queue was full",
+                (),
+                {(): self.recorder.dropped},
+            )
+
+    # -- reload --------------------------------------------------------------
+
+    def toggle_debug(self) -> None:
+        self._debug = not self._debug
+        level = "debug" if self._debug else self._log_level
+        set_level(level)
+        log.warning("log level changed", level=level)
+
+    async def _watch_config(self) -> None:
+        assert self._watch is not None
+        while True:
+            await asyncio.sleep(self._reload_interval)
+            if self._watch.changed():
+                await self.reload("file changed")
+
+    async def reload(self, reason: str) -> None:
+        if self.config_path is None:
+            log.warning("reload asked, but no configuration file was given", reason=reason)
+            return
+        try:
+            config = load_config_file(self.config_path)
+        except ConfigError as exc:
+            self._count_reload("invalid")
+            log.error(
+                "configuration rejected, the previous one stays in force",
+                reason=reason,
+                error=str(exc),
+            )
+            return
+        if config == self.plugin.config:
+            self._count_reload("unchanged")
+            return
+        plan = self.plugin.reconfigure(config)
+        self._count_reload("applied")
+        log.info(
+            "configuration reloaded",
+            reason=reason,
+            containers_to_update=len(plan.containers),
+            pods_to_update=len(plan.pods),
+        )
+        if plan:
+            await self._follow(plan)
+
+    def _count_reload(self, result: str) -> None:
+        self.reloads[result] = self.reloads.get(result, 0) + 1
+
+    async def _follow(self, plan: Plan) -> None:
+        """Bring running workloads to a new configuration's values."""
+        runtime = self.plugin.runtime
+        if plan.containers and runtime is not None and runtime.update_containers_safe:
+            pods_only = Plan((), plan.pods)
+            await asyncio.to_thread(self.plugin.write_plan, pods_only)
+            updates = [container_update(c.container.id, c.values) for c in plan.containers]
+            try:
+                failed = await self.session.update_containers(updates)
+            except Exception as exc:  # a lost connection must not lose the pass
+                log.warning("UpdateContainers failed, writing cgroup files", error=str(exc))
+            else:
+                if failed:
+                    log.warning(
+                        "runtime could not update containers",
+                        containers=[u.container_id for u in failed],
+                    )
+                await asyncio.to_thread(self.plugin.write_plan, pods_only)
+                return
+        failures = await asyncio.to_thread(self.plugin.write_plan, plan)
+        if failures:
+            log.warning("some cgroups did not take the new configuration", failures=failures)

@@ -21,8 +21,21 @@ DEFAULT_NAME = "midbatch"
 #: After koordlet (00), before the nri-plugins resource policies (90).
 DEFAULT_IDX = "10"
 
+DEFAULT_METRICS_ADDRESS = "127.0.0.1:9464"
+
 _NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
 _IDX = re.compile(r"^[0-9]{2}$")
+
+
+def _metrics_address(value: str) -> str:
+    from nri_midbatch.obs.health import parse_address
+
+    if value:
+        try:
+            parse_address(value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
 
 
 def _plugin_name(value: str) -> str:
@@ -55,6 +68,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--log-level", choices=LEVELS, default="info")
     run.add_argument("--log-format", choices=("json", "console"), default="json")
     run.add_argument("--log-file", metavar="FILE", help="log here instead of stderr")
+    run.add_argument(
+        "--metrics-address",
+        default=DEFAULT_METRICS_ADDRESS,
+        type=_metrics_address,
+        metavar="HOST:PORT",
+        help="serve /metrics, /healthz and /readyz here; empty to disable",
+    )
     run.add_argument(
         "--record", metavar="FILE", help="append every NRI request and reply to FILE (JSON lines)"
     )
@@ -181,12 +201,30 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             print(f"nri-midbatch: {args.record}: {exc.strerror or exc}", file=sys.stderr)
             return 2
         recorder = Recorder(sink)
-    app = App(config, name=name, idx=idx, config_path=args.config, recorder=recorder)
+    try:
+        app = App(
+            config,
+            name=name,
+            idx=idx,
+            config_path=args.config,
+            recorder=recorder,
+            metrics_address=args.metrics_address or None,
+            log_level=args.log_level,
+        )
+    except OSError as exc:
+        print(
+            f"nri-midbatch: cannot serve metrics on {args.metrics_address}: "
+            f"{exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return 2
 
     async def serve() -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, app.stop)
+        loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(app.reload("SIGHUP")))
+        loop.add_signal_handler(signal.SIGUSR1, app.toggle_debug)
         # The recorder flushes on the way out, whatever ended the run.
         async with recorder or contextlib.nullcontext():
             if prelaunched_fd is not None:

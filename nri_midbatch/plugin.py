@@ -16,7 +16,7 @@ from pathlib import Path
 import structlog
 
 from nri_midbatch.api import nri_pb2 as api
-from nri_midbatch.cgroups.fs import apply_pod_values
+from nri_midbatch.cgroups.fs import apply_container_values, apply_pod_values
 from nri_midbatch.cgroups.paths import CgroupDriver, CgroupPathError
 from nri_midbatch.cgroups.report import WriteReport
 from nri_midbatch.cgroups.values import PodCgroupValues
@@ -34,6 +34,7 @@ from nri_midbatch.policy import (
     decide_container,
     decide_pod,
 )
+from nri_midbatch.reconcile import Known, Plan, plan
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.wire.status import Code
 
@@ -51,6 +52,9 @@ class Counters:
 
     decisions: dict[str, int] = field(default_factory=dict)
     invalid: dict[str, int] = field(default_factory=dict)
+    #: (method, field) -> container values set through NRI
+    adjusted: dict[tuple[str, str], int] = field(default_factory=dict)
+    pod_writes_ok: int = 0
     pod_writes_failed: int = 0
     config_rejected: int = 0
 
@@ -60,6 +64,15 @@ class Counters:
 
     def count_invalid(self, reason: str) -> None:
         self.invalid[reason] = self.invalid.get(reason, 0) + 1
+
+    def count_adjusted(self, method: str) -> None:
+        # Every adjustment or update we send sets all three fields.
+        for name in _ADJUSTED_FIELDS:
+            key = (method, name)
+            self.adjusted[key] = self.adjusted.get(key, 0) + 1
+
+
+_ADJUSTED_FIELDS = ("cpu_shares", "cpu_quota", "memory_limit")
 
 
 # -- NRI -> views ----------------------------------------------------------
@@ -125,7 +138,16 @@ def current_values(resources: api.LinuxResources) -> CgroupValues:
 
 
 class MidBatchPlugin:
-    events = frozenset({Event.RUN_POD_SANDBOX, Event.CREATE_CONTAINER, Event.UPDATE_CONTAINER})
+    events = frozenset(
+        {
+            Event.RUN_POD_SANDBOX,
+            Event.CREATE_CONTAINER,
+            Event.UPDATE_CONTAINER,
+            # Only to forget what is gone, so a reload reaches live workloads only.
+            Event.REMOVE_CONTAINER,
+            Event.REMOVE_POD_SANDBOX,
+        }
+    )
 
     def __init__(
         self,
@@ -136,6 +158,7 @@ class MidBatchPlugin:
     ) -> None:
         """dry_run: decide pod-level values but write no cgroup file (replay, audits)."""
         self.counters = Counters()
+        self.known = Known()
         self.runtime: RuntimeInfo | None = None
         self._dry_run = dry_run
         self._on_decision = on_decision
@@ -147,6 +170,64 @@ class MidBatchPlugin:
         self._fail = config.failure_policy == "Fail"
         self._cgroup_root = Path(config.cgroups.root)
         self._cgroup_driver = CgroupDriver(config.cgroups.driver)
+
+    def reconfigure(self, config: Config) -> Plan:
+        """Switch to `config`; returns what running workloads need to follow it."""
+        old = self.policy
+        self._apply_config(config)
+        return plan(self.known, old, self.policy)
+
+    def write_plan(self, plan: Plan) -> int:
+        """Bring running workloads to `plan` through their cgroup files; returns failures.
+
+        For runtimes whose UpdateContainers is unsafe. Blocking file I/O: run
+        it in a thread. On cgroup v1 a pod's quota may not be below a child's,
+        so pods go first, then containers, then pods that failed once more
+        (lowering a quota only works after the children are lowered).
+        """
+        retry = [
+            change
+            for change in plan.pods
+            if not self._write_values(change.pod, None, change.values, final=False)
+        ]
+        failures = sum(
+            not self._write_values(change.pod, change.container, change.values)
+            for change in plan.containers
+        )
+        failures += sum(not self._write_values(change.pod, None, change.values) for change in retry)
+        return failures
+
+    def _write_values(
+        self,
+        pod: PodView,
+        container: ContainerView | None,
+        values: CgroupValues,
+        *,
+        final: bool = True,
+    ) -> bool:
+        where = {"namespace": pod.namespace, "pod": pod.name}
+        if container is not None:
+            where["container"] = container.name
+        target = PodCgroupValues(values.cpu_shares, values.cpu_quota, values.memory_limit)
+        try:
+            if container is None:
+                report = apply_pod_values(
+                    self._cgroup_root, self._cgroup_driver, pod.cgroup_parent, target
+                )
+            else:
+                report = apply_container_values(
+                    self._cgroup_root, self._cgroup_driver, pod.cgroup_parent, container.id, target
+                )
+        except CgroupPathError as exc:
+            reason = str(exc)
+        else:
+            if report.ok:
+                log.info("cgroup set for new configuration", **where, **_values_log(values))
+                return True
+            reason = _describe_failures(report)
+        if final:
+            log.warning("cgroup not set for new configuration", reason=reason, **where)
+        return False
 
     # -- session hooks -------------------------------------------------------
 
@@ -171,31 +252,41 @@ class MidBatchPlugin:
     async def synchronize(
         self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container]
     ) -> Sequence[api.ContainerUpdate]:
-        views = {pod.id: pod_view(pod) for pod in pods}
+        pod_views = {pod.id: pod_view(pod) for pod in pods}
+        self.known = Known()
+        for pod_id, view in pod_views.items():
+            self.known.add_pod(pod_id, view)
         updates: list[api.ContainerUpdate] = []
         for container in containers:
-            pod = views.get(container.pod_sandbox_id)
+            pod = pod_views.get(container.pod_sandbox_id)
             if pod is None or container.state not in _RUNNING_STATES:
                 continue
-            decision = self._decide_container(pod, container_view(container), "Synchronize")
+            ctr_view = container_view(container)
+            self.known.containers[container.id] = (container.pod_sandbox_id, ctr_view)
+            decision = self._decide_container(pod, ctr_view, "Synchronize", refuse=False)
             if decision.values is None:
                 continue
             if decision.values != current_values(container.linux.resources):
                 updates.append(container_update(container.id, decision.values))
+                self.counters.count_adjusted("Synchronize")
         if self.config.cgroups.pod_level:
-            for pod in views.values():
-                self._write_pod(pod, "Synchronize", raise_on_failure=False)
+            for view in pod_views.values():
+                self._write_pod(view, "Synchronize", refuse=False)
         log.info("synchronized", pods=len(pods), containers=len(containers), updates=len(updates))
         return updates
 
     async def create_container(
         self, pod: api.PodSandbox, container: api.Container
     ) -> api.CreateContainerResponse:
-        decision = self._decide_container(
-            pod_view(pod), container_view(container), "CreateContainer"
-        )
+        view = pod_view(pod)
+        if pod.id not in self.known.pods:
+            self.known.add_pod(pod.id, view)
+        ctr_view = container_view(container)
+        self.known.containers[container.id] = (pod.id, ctr_view)
+        decision = self._decide_container(view, ctr_view, "CreateContainer", refuse=self._fail)
         if decision.values is None:
             return api.CreateContainerResponse()
+        self.counters.count_adjusted("CreateContainer")
         return api.CreateContainerResponse(
             adjust=api.ContainerAdjustment(
                 linux=api.LinuxContainerAdjustment(resources=linux_resources(decision.values))
@@ -208,11 +299,15 @@ class MidBatchPlugin:
         # Decide from the resources being requested, not the container's
         # current ones, and name the container: an update without its id is
         # silently dropped by the runtime (koordlet's NRI bug).
+        ctr_view = container_view(container, resources)
+        if container.id in self.known.containers:
+            self.known.containers[container.id] = (pod.id, ctr_view)
         decision = self._decide_container(
-            pod_view(pod), container_view(container, resources), "UpdateContainer"
+            pod_view(pod), ctr_view, "UpdateContainer", refuse=self._fail
         )
         if decision.values is None:
             return []
+        self.counters.count_adjusted("UpdateContainer")
         return [container_update(container.id, decision.values)]
 
     async def stop_container(
@@ -226,24 +321,38 @@ class MidBatchPlugin:
         return None
 
     async def pod_event(self, event: Event, pod: api.PodSandbox) -> None:
-        if event == Event.RUN_POD_SANDBOX and self.config.cgroups.pod_level:
-            self._write_pod(pod_view(pod), "RunPodSandbox", raise_on_failure=self._fail)
+        if event == Event.REMOVE_POD_SANDBOX:
+            self.known.remove_pod(pod.id)
+        elif event == Event.RUN_POD_SANDBOX:
+            view = pod_view(pod)
+            self.known.add_pod(pod.id, view)
+            if self.config.cgroups.pod_level:
+                self._write_pod(view, "RunPodSandbox", refuse=self._fail)
 
     async def container_event(
         self, event: Event, pod: api.PodSandbox, container: api.Container
     ) -> None:
-        return None
+        if event == Event.REMOVE_CONTAINER:
+            self.known.containers.pop(container.id, None)
 
     # -- decisions -----------------------------------------------------------
 
-    def _decide_container(self, pod: PodView, container: ContainerView, method: str) -> Decision:
+    def _decide_container(
+        self, pod: PodView, container: ContainerView, method: str, *, refuse: bool
+    ) -> Decision:
+        """Decide, log and count; `refuse` makes bad input an error reply.
+
+        Only an operation the runtime can refuse on its own (creating or
+        updating one container, running one pod) may be refused: an error from
+        Synchronize would cost every pod on the node its plugin.
+        """
         decision = decide_container(pod, container, self.policy)
         self.counters.count_decision(decision)
         if self._on_decision is not None:
             self._on_decision(pod, container, decision)
         where = {"namespace": pod.namespace, "pod": pod.name, "container": container.name}
         if decision.error is not None:
-            self._invalid(decision, method, where)
+            self._invalid(decision, method, where, refuse)
         elif decision.values is not None:
             log.info(
                 "decision",
@@ -254,28 +363,28 @@ class MidBatchPlugin:
             )
         return decision
 
-    def _invalid(self, decision: Decision, method: str, where: Mapping[str, str]) -> None:
+    def _invalid(
+        self, decision: Decision, method: str, where: Mapping[str, str], refuse: bool
+    ) -> None:
         self.counters.count_invalid(decision.error_kind or "invalid")
         log.warning(
-            "invalid input, container left untouched"
-            if not self._fail
-            else "invalid input, refusing the container",
+            "invalid input, refusing it" if refuse else "invalid input, left untouched",
             method=method,
             reason=decision.error,
             failure_policy=self.config.failure_policy,
             **where,
         )
-        if self._fail:
+        if refuse:
             raise RpcError(Code.INVALID_ARGUMENT, f"nri-midbatch: {decision.error}")
 
-    def _write_pod(self, pod: PodView, method: str, *, raise_on_failure: bool) -> None:
+    def _write_pod(self, pod: PodView, method: str, *, refuse: bool) -> None:
         decision = decide_pod(pod, self.policy)
         self.counters.count_decision(decision)
         if self._on_decision is not None:
             self._on_decision(pod, None, decision)
         where = {"namespace": pod.namespace, "pod": pod.name}
         if decision.error is not None:
-            self._invalid(decision, method, where)
+            self._invalid(decision, method, where, refuse)
             return
         if decision.values is None:
             return
@@ -297,21 +406,22 @@ class MidBatchPlugin:
                 PodCgroupValues(values.cpu_shares, values.cpu_quota, values.memory_limit),
             )
         except CgroupPathError as exc:
-            self._pod_write_failed(method, where, str(exc), raise_on_failure)
+            self._pod_write_failed(method, where, str(exc), refuse)
             return
         if not report.ok:
-            self._pod_write_failed(method, where, _describe_failures(report), raise_on_failure)
+            self._pod_write_failed(method, where, _describe_failures(report), refuse)
             return
+        self.counters.pod_writes_ok += 1
         log.info(
             "pod cgroup set", method=method, tier=decision.tier, **where, **_values_log(values)
         )
 
     def _pod_write_failed(
-        self, method: str, where: Mapping[str, str], reason: str, raise_on_failure: bool
+        self, method: str, where: Mapping[str, str], reason: str, refuse: bool
     ) -> None:
         self.counters.pod_writes_failed += 1
         log.warning("pod cgroup not set", method=method, reason=reason, **where)
-        if raise_on_failure:
+        if refuse:
             raise RpcError(Code.INTERNAL, f"nri-midbatch: pod cgroup not set: {reason}")
 
 

@@ -225,7 +225,7 @@ async def _replay(
 ) -> list[Outcome]:
     collector = _Collector()
     plugin = MidBatchPlugin(config, dry_run=True, on_decision=note_decision)
-    session = Session(plugin, "midbatch", "10", recorder=collector)
+    session = Session(plugin, "midbatch", "10", recorders=(collector,))
     calls = [(entry.method, _request(entry, runtime_config)) for entry in entries]
     if not entries or entries[0].method != "Configure":
         calls.insert(0, ("Configure", SYNTHETIC_CONFIGURE))

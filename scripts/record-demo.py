@@ -106,6 +106,8 @@ def record(workdir: Path, bin_dir: Path) -> Path:
                 str(recording),
                 "--log-file",
                 str(plugin_log),
+                "--metrics-address",
+                "",
             ],
             cwd=ROOT,
         )

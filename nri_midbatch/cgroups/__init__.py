@@ -1,4 +1,6 @@
-"""Pod-level cgroup files, written directly because NRI cannot adjust a pod sandbox.
+"""cgroup files written directly: pods, because NRI cannot adjust a pod sandbox,
+and containers, when a new configuration must reach them on a runtime whose
+UpdateContainers is unsafe.
 
 `paths`, `values` and `files` are pure; `fs` holds all of the file I/O.
 """
@@ -6,6 +8,7 @@
 from nri_midbatch.cgroups.files import CgroupVersion
 from nri_midbatch.cgroups.fs import (
     DEFAULT_CGROUP_ROOT,
+    apply_container_values,
     apply_pod_values,
     container_dir,
     detect_version,
@@ -33,6 +36,7 @@ __all__ = [
     "PodCgroupReading",
     "PodCgroupValues",
     "WriteReport",
+    "apply_container_values",
     "apply_pod_values",
     "container_dir",
     "cpu_shares_to_weight",

@@ -76,9 +76,31 @@ def apply_pod_values(
     its outcome (written with old and new text, unchanged, or failed with the
     errno) goes into the report.
     """
+    return _apply(root, pod_relpath(driver, cgroup_parent), cgroup_parent, values)
+
+
+def apply_container_values(
+    root: Path,
+    driver: CgroupDriver,
+    cgroup_parent: str,
+    container_id: str,
+    values: PodCgroupValues,
+) -> WriteReport:
+    """The same three files in a container's cgroup, for runtimes we cannot ask to update.
+
+    Used when a new configuration must reach running containers and the
+    runtime's UpdateContainers is unsafe; confined and reported like pods.
+    """
+    relpath = container_relpath(driver, cgroup_parent, container_id)
+    return _apply(root, relpath, cgroup_parent, values)
+
+
+def _apply(
+    root: Path, relpath: PurePosixPath, cgroup_parent: str, values: PodCgroupValues
+) -> WriteReport:
     version = detect_version(root)
     settings = pod_settings(version, values)
-    paths = _pod_file_paths(root, version, driver, cgroup_parent, [s.file for s in settings])
+    paths = _file_paths(root, version, relpath, cgroup_parent, [s.file for s in settings])
     written: list[FileWrite] = []
     unchanged: list[FileUnchanged] = []
     failed: list[FileFailure] = []
@@ -108,7 +130,7 @@ def read_pod_values(root: Path, driver: CgroupDriver, cgroup_parent: str) -> Pod
     """
     version = detect_version(root)
     files = pod_files(version)
-    paths = _pod_file_paths(root, version, driver, cgroup_parent, files)
+    paths = _file_paths(root, version, pod_relpath(driver, cgroup_parent), cgroup_parent, files)
     cpu, quota, memory = (
         parse_value(file, _read(path)) for file, path in zip(files, paths, strict=True)
     )
@@ -121,16 +143,15 @@ def read_pod_values(root: Path, driver: CgroupDriver, cgroup_parent: str) -> Pod
     )
 
 
-def _pod_file_paths(
+def _file_paths(
     root: Path,
     version: CgroupVersion,
-    driver: CgroupDriver,
+    relpath: PurePosixPath,
     cgroup_parent: str,
     files: Sequence[CgroupFile],
 ) -> list[Path]:
     # Every path is resolved before any file is opened, so a refusal leaves
     # the tree exactly as it was.
-    relpath = pod_relpath(driver, cgroup_parent)
     paths = []
     for file in files:
         directory = _confined_dir(root, version, file.controller, relpath, cgroup_parent)

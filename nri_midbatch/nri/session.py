@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -122,6 +123,9 @@ class SessionState:
     sync_chunks: int = 0
     sync_pods: int = 0
     sync_containers: int = 0
+    #: Completed Synchronizes, and how long the last took from first chunk to reply.
+    syncs: int = 0
+    last_sync_seconds: float = 0.0
     _listeners: list[Callable[[SessionState], None]] = field(default_factory=list, repr=False)
 
     def changed(self) -> None:
@@ -138,10 +142,10 @@ class Session:
         *,
         registration_timeout: float = DEFAULT_REGISTRATION_TIMEOUT,
         on_state: Callable[[SessionState], None] | None = None,
-        recorder: CallRecorder | None = None,
+        recorders: Sequence[CallRecorder] = (),
     ) -> None:
         self._plugin = plugin
-        self._recorder = recorder
+        self._recorders = tuple(recorders)
         self._name = name
         self._idx = idx
         self._registration_timeout = registration_timeout
@@ -151,6 +155,7 @@ class Session:
         self._conn: MuxConnection | None = None
         self._sync_pods: list[api.PodSandbox] = []
         self._sync_containers: list[api.Container] = []
+        self._sync_started: float | None = None
         self._configured = asyncio.Event()
         self._log = log.bind(plugin=f"{idx}-{name}")
 
@@ -164,6 +169,7 @@ class Session:
         self._conn = conn
         self._configured.clear()
         self._sync_pods, self._sync_containers = [], []
+        self._sync_started = None
         # Serve connection 1 before registering: Configure may arrive before
         # the reply to RegisterPlugin.
         reader_task = asyncio.create_task(conn.run())
@@ -338,8 +344,8 @@ class Session:
                 api.RemoveContainerRequest, api.RemoveContainerResponse, Event.REMOVE_CONTAINER
             ),
         }
-        if self._recorder is not None:
-            methods = {name: _recorded(self._recorder, name, m) for name, m in methods.items()}
+        for recorder in self._recorders:
+            methods = {name: _recorded(recorder, name, m) for name, m in methods.items()}
         return Service(PLUGIN_SERVICE, methods)
 
     async def _configure(self, request: api.ConfigureRequest) -> api.ConfigureResponse:
@@ -376,6 +382,8 @@ class Session:
         return api.ConfigureResponse(events=events)
 
     async def _synchronize(self, request: api.SynchronizeRequest) -> api.SynchronizeResponse:
+        if self._sync_started is None:
+            self._sync_started = time.perf_counter()
         self._sync_pods.extend(request.pods)
         self._sync_containers.extend(request.containers)
         self.state.sync_chunks += 1
@@ -387,6 +395,9 @@ class Session:
         self._sync_pods, self._sync_containers = [], []
         self.state.sync_pods, self.state.sync_containers = len(pods), len(containers)
         updates = await self._plugin.synchronize(pods, containers)
+        self.state.syncs += 1
+        self.state.last_sync_seconds = time.perf_counter() - self._sync_started
+        self._sync_started = None
         self.state.synchronized = True
         self.state.changed()
         return api.SynchronizeResponse(update=updates)

@@ -67,6 +67,9 @@ class PluginProcess:
             str(self.log_path),
             "--log-level",
             "debug",
+            # An ephemeral port, logged as "serving metrics and health".
+            "--metrics-address",
+            "127.0.0.1:0",
         ]
         if config is not None:
             config_path = workdir / "config.yaml"
@@ -100,7 +103,10 @@ def prelaunched_wrapper(plugin_dir: Path, name: str, log_path: Path) -> Path:
     wrapper only adds a log file so the test can read what happened.
     """
     path = plugin_dir / name
-    path.write_text(f"#!/bin/sh\nexec {EXECUTABLE} run --log-file {log_path} --log-level debug\n")
+    path.write_text(
+        f"#!/bin/sh\nexec {EXECUTABLE} run --log-file {log_path} --log-level debug"
+        " --metrics-address 127.0.0.1:0\n"
+    )
     os.chmod(path, 0o755)
     return path
 

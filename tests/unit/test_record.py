@@ -66,7 +66,7 @@ async def recorded_plugin(
 ) -> AsyncIterator[LoopbackRuntime]:
     """A MidBatchPlugin session recording to `recorder`, driven by a LoopbackRuntime."""
     plugin = MidBatchPlugin(config or Config(), dry_run=True, on_decision=note_decision)
-    session = Session(plugin, "midbatch", "10", recorder=recorder)
+    session = Session(plugin, "midbatch", "10", recorders=(recorder,))
     (plugin_reader, plugin_writer), (runtime_reader, runtime_writer) = await socketpair_streams()
     serving = asyncio.create_task(session.run(plugin_reader, plugin_writer))
     runtime = LoopbackRuntime(runtime_reader, runtime_writer)

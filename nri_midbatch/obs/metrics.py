@@ -1,0 +1,128 @@
+"""Prometheus metrics of one plugin process, on a registry of its own.
+
+Hot-path code does not touch prometheus objects: the plugin keeps plain
+counters, and `PluginCollector` turns them into metric families when scraped.
+Per-call latency and results come from a session call observer, which costs
+one clock read and one histogram observation per call.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+
+from google.protobuf.message import Message
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from nri_midbatch import __version__
+
+#: Fine steps where handlers normally finish, then steps up to the runtime's
+#: default 2 s request timeout, so a scrape shows how close calls come to it.
+EVENT_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1, 0.25, 0.5, 1.0, 1.5, 2.0,
+)  # fmt: skip
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.events = Counter(
+            "nri_midbatch_events", "NRI requests handled", ["method", "result"], registry=r
+        )
+        self.event_duration = Histogram(
+            "nri_midbatch_event_duration_seconds",
+            "Time to answer an NRI request (the runtime drops plugins at its request timeout)",
+            ["method"],
+            buckets=EVENT_BUCKETS,
+            registry=r,
+        )
+        self.registered = Gauge(
+            "nri_midbatch_registered", "1 while registered and configured by a runtime", registry=r
+        )
+        self.synchronized = Gauge(
+            "nri_midbatch_synchronized", "1 once Synchronize has completed", registry=r
+        )
+        self.reconnects = Counter(
+            "nri_midbatch_reconnects", "Connection attempts after the first", registry=r
+        )
+        self.sync_objects = Gauge(
+            "nri_midbatch_synchronize_objects",
+            "Pods and containers in the last Synchronize",
+            ["kind"],
+            registry=r,
+        )
+        self.sync_duration = Histogram(
+            "nri_midbatch_synchronize_duration_seconds",
+            "Time from a Synchronize's first chunk to the reply to its last",
+            buckets=EVENT_BUCKETS,
+            registry=r,
+        )
+        self.config_reloads = Counter(
+            "nri_midbatch_config_reloads", "Configuration reloads", ["result"], registry=r
+        )
+        build = Gauge(
+            "nri_midbatch_build_info",
+            "Build information",
+            ["version", "python"],
+            registry=r,
+        )
+        build.labels(__version__, platform.python_version()).set(1)
+
+    def observer(self) -> CallObserver:
+        return CallObserver(self)
+
+    def add_collector(self, collector: Collector) -> None:
+        self.registry.register(collector)
+
+
+class _ObservedCall:
+    __slots__ = ("_method", "_metrics", "_start")
+
+    def __init__(self, metrics: Metrics, method: str) -> None:
+        self._metrics = metrics
+        self._method = method
+        self._start = time.perf_counter()
+
+    def replied(self, response: Message) -> None:
+        self._done("ok")
+
+    def failed(self, error: BaseException) -> None:
+        self._done("error")
+
+    def _done(self, result: str) -> None:
+        elapsed = time.perf_counter() - self._start
+        self._metrics.events.labels(self._method, result).inc()
+        self._metrics.event_duration.labels(self._method).observe(elapsed)
+
+
+class CallObserver:
+    """A session call recorder that counts and times every Plugin-service call."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def begin(self, method: str, request: Message) -> _ObservedCall:
+        return _ObservedCall(self._metrics, method)
+
+
+#: (name, help, label names, {label values: count})
+CounterFamily = tuple[str, str, tuple[str, ...], Mapping[tuple[str, ...], int]]
+
+
+class CountersCollector(Collector):
+    """Exposes plain dict counters as labelled counter families at scrape time."""
+
+    def __init__(self, families: Callable[[], Iterable[CounterFamily]]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        for name, documentation, labels, values in self._families():
+            family = CounterMetricFamily(name, documentation, labels=list(labels))
+            for key, value in values.items():
+                family.add_metric(list(key), value)
+            yield family

@@ -1,0 +1,93 @@
+"""What a configuration change means for containers that already run.
+
+The plugin remembers the pods and containers it has seen (`Known`); a new
+policy is compared with the old one for each of them, and only values that
+differ are planned. Applying the plan is the caller's business: through the
+runtime's UpdateContainers where that is safe, else through the cgroup files.
+Pure: no I/O here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nri_midbatch.policy import (
+    CgroupValues,
+    ContainerView,
+    PodView,
+    Policy,
+    decide_container,
+    decide_pod,
+)
+
+
+@dataclass
+class Known:
+    """The live pods and containers, as the runtime last told us of them."""
+
+    pods: dict[str, PodView] = field(default_factory=dict)
+    #: container id -> (pod sandbox id, container)
+    containers: dict[str, tuple[str, ContainerView]] = field(default_factory=dict)
+
+    def add_pod(self, pod_id: str, pod: PodView) -> None:
+        # Views of NRI messages share the messages' maps; keep copies so a
+        # remembered pod does not pin the whole request in memory.
+        self.pods[pod_id] = PodView(
+            uid=pod.uid,
+            namespace=pod.namespace,
+            name=pod.name,
+            labels=dict(pod.labels),
+            annotations=dict(pod.annotations),
+            cgroup_parent=pod.cgroup_parent,
+            native=pod.native,
+        )
+
+    def remove_pod(self, pod_id: str) -> None:
+        self.pods.pop(pod_id, None)
+        for container_id in [c for c, (p, _) in self.containers.items() if p == pod_id]:
+            del self.containers[container_id]
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerChange:
+    pod: PodView
+    container: ContainerView
+    values: CgroupValues
+
+
+@dataclass(frozen=True, slots=True)
+class PodChange:
+    pod: PodView
+    values: CgroupValues
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    containers: tuple[ContainerChange, ...]
+    pods: tuple[PodChange, ...]
+
+    def __bool__(self) -> bool:
+        return bool(self.containers or self.pods)
+
+
+def plan(known: Known, old: Policy, new: Policy) -> Plan:
+    """Values that `new` gives differently from `old`, for every known workload.
+
+    A workload that leaves every tier under `new` is not planned: we do not
+    know the values kubelet gave it, so it keeps its last ones until it is
+    recreated (documented in the configuration guide).
+    """
+    containers = []
+    for pod_id, container in known.containers.values():
+        pod = known.pods.get(pod_id)
+        if pod is None:
+            continue
+        after = decide_container(pod, container, new).values
+        if after is not None and after != decide_container(pod, container, old).values:
+            containers.append(ContainerChange(pod, container, after))
+    pods = []
+    for pod in known.pods.values():
+        after = decide_pod(pod, new).values
+        if after is not None and after != decide_pod(pod, old).values:
+            pods.append(PodChange(pod, after))
+    return Plan(tuple(containers), tuple(pods))
