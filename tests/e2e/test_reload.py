@@ -1,0 +1,82 @@
+"""A configuration change reaches running containers on a real containerd."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.e2e.containerd import Containerd
+from tests.e2e.plugin_process import PluginProcess
+from tests.e2e.test_tiers import BE_NATIVE, MIB, Values, labels, read_values, run, spec
+
+SPEC = "node.koordinator.sh/extended-resource-spec"
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+def scrape(port: int, name: str, **labels: str) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return 0.0
+
+
+def test_config_change_reaches_running_containers(containerd: Containerd, tmp_path: Path) -> None:
+    plugin = PluginProcess(tmp_path / "plugin", containerd.nri_socket, config="")
+    config = tmp_path / "plugin" / "config.yaml"
+    try:
+        plugin.wait_for("synchronized")
+        _, serving = plugin.wait_for("serving metrics and health")
+        port = int(serving["port"])
+        pod = run(
+            containerd, "batch", "besteffort", labels("BE", "koord-batch"),
+            {SPEC: spec("batch", "500", "1k", "512Mi")}, BE_NATIVE,
+        )  # fmt: skip
+        assert read_values(containerd, pod.parent, pod.container_id) == Values(
+            512, 100000, 512 * MIB
+        )
+
+        # containerd 1.7 (NRI v0.6.1) cannot take UpdateContainers safely: the
+        # plugin writes the running container's and pod's cgroup files itself.
+        config.write_text("rules:\n  cpuNormalizationRatio: 2.0\n")
+        assert wait_until(
+            lambda: read_values(containerd, pod.parent, pod.container_id).quota == 50000
+        ), read_values(containerd, pod.parent, pod.container_id)
+        assert read_values(containerd, pod.parent, pod.container_id) == Values(
+            512, 50000, 512 * MIB
+        )
+        assert read_values(containerd, pod.parent, None) == Values(512, 50000, 512 * MIB)
+        assert scrape(port, "nri_midbatch_config_reloads_total", result="applied") == 1
+
+        # An invalid file is refused; the values and the configuration stay.
+        config.write_text("rules:\n  cpuNormalisationRatio: 4.0\n")
+        assert wait_until(
+            lambda: scrape(port, "nri_midbatch_config_reloads_total", result="invalid") == 1
+        )
+        _, rejected = plugin.wait_for("configuration rejected, the previous one stays in force")
+        assert "rules.cpuNormalisationRatio" in rejected["error"]
+        assert read_values(containerd, pod.parent, pod.container_id) == Values(
+            512, 50000, 512 * MIB
+        )
+
+        # New containers follow the configuration in force.
+        later = run(
+            containerd, "batch-later", "besteffort", labels("BE", "koord-batch"),
+            {SPEC: spec("batch", "500", "1k", "512Mi")}, BE_NATIVE,
+        )  # fmt: skip
+        assert read_values(containerd, later.parent, later.container_id).quota == 50000
+    finally:
+        assert plugin.stop() == 0
