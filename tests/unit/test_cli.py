@@ -1,0 +1,344 @@
+"""The `nri-midbatch` command line: arguments, NRI's environment, check-config, pre-launch.
+
+NRI protocol §4.1 (name and index rules), §5.1 / §8 (a pre-launched plugin gets no arguments,
+exactly NRI_PLUGIN_NAME, NRI_PLUGIN_IDX and NRI_PLUGIN_SOCKET, and stdio on /dev/null).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import structlog
+import yaml
+
+import nri_midbatch.app
+import nri_midbatch.cli
+from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.cli import main
+from nri_midbatch.config import Config, load_config_file, load_config_text
+from nri_midbatch.nri.loopback import LoopbackRuntime
+from nri_midbatch.obs.logging import FALLBACK_LOG_FILE, JOURNAL_SOCKET
+
+from .nri_fixtures import run
+
+NRI_ENV = ("NRI_PLUGIN_NAME", "NRI_PLUGIN_IDX", "NRI_PLUGIN_SOCKET")
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No NRI variables unless a test sets them; structlog restored after `run`."""
+    for name in NRI_ENV:
+        monkeypatch.delenv(name, raising=False)
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
+
+
+def exit_code(argv: Sequence[str]) -> int:
+    """main's status, whether it returns it or raises SystemExit (argparse)."""
+    try:
+        return main(list(argv))
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
+
+
+class FakeApp:
+    """Stands in for nri_midbatch.app.App: records how `run` set it up, serves nothing."""
+
+    instances: ClassVar[list[FakeApp]] = []
+
+    def __init__(
+        self, config: Config, *, name: str, idx: str, config_path: str | None, **_: Any
+    ) -> None:
+        self.config = config
+        self.name = name
+        self.idx = idx
+        self.config_path = config_path
+        self.served: tuple[str, object] | None = None
+        FakeApp.instances.append(self)
+
+    def stop(self) -> None:
+        pass
+
+    def toggle_debug(self) -> None:
+        pass
+
+    async def reload(self, reason: str) -> None:
+        pass
+
+    async def run_prelaunched(self, fd: int) -> int:
+        self.served = ("pre-launched", fd)
+        return 0
+
+    async def run_external(self, socket_path: str) -> int:
+        self.served = ("external", socket_path)
+        return 0
+
+
+@pytest.fixture
+def fake_app(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str | None, bool]]:
+    """Replace App, and the log sink (a pre-launched plugin would open /var/log/...).
+
+    Returns the open_sink calls: (log_file, prelaunched).
+    """
+    FakeApp.instances = []
+    monkeypatch.setattr(nri_midbatch.app, "App", FakeApp)
+    sinks: list[tuple[str | None, bool]] = []
+
+    def open_sink(log_file: str | None, prelaunched: bool) -> io.StringIO:
+        sinks.append((log_file, prelaunched))
+        return io.StringIO()
+
+    monkeypatch.setattr(nri_midbatch.cli, "open_sink", open_sink)
+    return sinks
+
+
+# ---------------------------------------------------------------------------
+# run: name and index
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "problem"),
+    [
+        (["run", "--idx", "1"], "plugin index '1' must be exactly two digits"),
+        (["run", "--idx", "123"], "plugin index '123' must be exactly two digits"),
+        (["run", "--name", "a b"], "plugin name 'a b' must be letters, digits"),
+        (["run", "--name", ""], "plugin name '' must be letters, digits"),
+    ],
+)
+def test_run_rejects_bad_name_or_index(
+    capsys: pytest.CaptureFixture[str], fake_app: list[Any], argv: list[str], problem: str
+) -> None:
+    assert exit_code(argv) == 2
+    err = capsys.readouterr().err
+    assert problem in err
+    assert f"argument {argv[1]}" in err
+    assert FakeApp.instances == []
+
+
+def test_prelaunched_name_from_nri_v0_3_environment_drops_the_index(
+    monkeypatch: pytest.MonkeyPatch, fake_app: list[Any], tmp_path: Path
+) -> None:
+    # NRI v0.3 runtimes pass the plugin's file name, "10-midbatch", as the name.
+    monkeypatch.setenv("NRI_PLUGIN_NAME", "10-midbatch")
+    monkeypatch.setenv("NRI_PLUGIN_IDX", "10")
+    monkeypatch.setenv("NRI_PLUGIN_SOCKET", "3")
+    assert exit_code(["run", "--log-file", str(tmp_path / "log")]) == 0
+    (app,) = FakeApp.instances
+    assert (app.name, app.idx) == ("midbatch", "10")
+    assert app.served == ("pre-launched", 3)
+
+
+def test_external_mode_keeps_an_nn_prefixed_name(
+    monkeypatch: pytest.MonkeyPatch, fake_app: list[Any]
+) -> None:
+    # Without NRI_PLUGIN_SOCKET we are not pre-launched: the name is taken as given.
+    monkeypatch.setenv("NRI_PLUGIN_NAME", "10-midbatch")
+    monkeypatch.setenv("NRI_PLUGIN_IDX", "10")
+    assert exit_code(["run", "--socket-path", "/nonexistent/nri.sock"]) == 0
+    (app,) = FakeApp.instances
+    assert (app.name, app.idx) == ("10-midbatch", "10")
+    assert app.served == ("external", "/nonexistent/nri.sock")
+
+
+@pytest.mark.parametrize("prelaunched", [True, False], ids=["pre-launched", "external"])
+def test_bad_nri_plugin_idx_exits_2(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    fake_app: list[Any],
+    prelaunched: bool,
+) -> None:
+    monkeypatch.setenv("NRI_PLUGIN_IDX", "x")
+    if prelaunched:
+        monkeypatch.setenv("NRI_PLUGIN_SOCKET", "3")
+    assert exit_code(["run"]) == 2
+    assert "plugin index 'x' must be exactly two digits" in capsys.readouterr().err
+    assert FakeApp.instances == []
+
+
+def test_empty_argv_with_nri_plugin_socket_means_run_prelaunched(
+    monkeypatch: pytest.MonkeyPatch, fake_app: list[tuple[str | None, bool]]
+) -> None:
+    monkeypatch.setenv("NRI_PLUGIN_NAME", "midbatch")
+    monkeypatch.setenv("NRI_PLUGIN_IDX", "10")
+    monkeypatch.setenv("NRI_PLUGIN_SOCKET", "3")
+    assert exit_code([]) == 0
+    (app,) = FakeApp.instances
+    assert (app.name, app.idx, app.served) == ("midbatch", "10", ("pre-launched", 3))
+    assert app.config == Config()
+    # stdio is /dev/null for a pre-launched plugin: logging goes elsewhere.
+    assert fake_app == [(None, True)]
+
+
+def test_empty_argv_without_nri_plugin_socket_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], fake_app: list[Any]
+) -> None:
+    assert exit_code([]) == 2
+    assert "COMMAND" in capsys.readouterr().err
+    assert FakeApp.instances == []
+
+
+def test_run_with_missing_config_file_exits_2(
+    capsys: pytest.CaptureFixture[str], fake_app: list[Any], tmp_path: Path
+) -> None:
+    missing = tmp_path / "missing.yaml"
+    assert exit_code(["run", "--config", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert f"{missing}: cannot read: No such file or directory" in err
+    assert FakeApp.instances == []
+
+
+# ---------------------------------------------------------------------------
+# check-config
+# ---------------------------------------------------------------------------
+
+
+def test_check_config_prints_effective_yaml_that_round_trips(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "failurePolicy: Fail\n"
+        "rules:\n  cpuNormalizationRatio: 1.2\n"
+        "cgroups:\n  podLevel: false\n  driver: systemd\n"
+    )
+    assert exit_code(["check-config", str(path)]) == 0
+    out = capsys.readouterr().out
+    document = yaml.safe_load(out)
+    # Every setting, defaults included.
+    assert document["failurePolicy"] == "Fail"
+    assert document["rules"] == {"cfsQuota": True, "cpuNormalizationRatio": 1.2}
+    assert document["cgroups"] == {"root": "/sys/fs/cgroup", "driver": "systemd", "podLevel": False}
+    assert [tier["name"] for tier in document["tiers"]] == ["batch", "mid"]
+    assert document["classification"]["qosLabel"] == "koordinator.sh/qosClass"
+    # Round trip: the output is a valid config meaning the same, and is a fixed point.
+    assert load_config_text(out, "output") == load_config_file(path)
+    again = tmp_path / "again.yaml"
+    again.write_text(out)
+    assert exit_code(["check-config", str(again)]) == 0
+    assert capsys.readouterr().out == out
+
+
+def test_check_config_names_the_path_of_an_unknown_key(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("rules:\n  cpuNormalisationRatio: 1.2\n")
+    assert exit_code(["check-config", str(path)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert f"{path}: rules.cpuNormalisationRatio: unknown key" in captured.err
+
+
+def test_check_config_of_a_missing_file_exits_1(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    missing = tmp_path / "missing.yaml"
+    assert exit_code(["check-config", str(missing)]) == 1
+    assert f"{missing}: cannot read" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------
+# Pre-launched, end to end: a real process on an inherited socket
+# ---------------------------------------------------------------------------
+
+
+def _plugin_command() -> list[str]:
+    script = Path(sys.executable).parent / "nri-midbatch"
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", "nri_midbatch.cli"]
+
+
+@pytest.fixture
+def fallback_log() -> Iterator[None]:
+    """With no journal, a pre-launched plugin logs to FALLBACK_LOG_FILE; clean up after."""
+    if not os.path.exists(JOURNAL_SOCKET) and not os.access(
+        os.path.dirname(FALLBACK_LOG_FILE), os.W_OK
+    ):
+        pytest.skip(f"no journal and {FALLBACK_LOG_FILE} not writable: the plugin cannot log")
+    existed = os.path.exists(FALLBACK_LOG_FILE)
+    yield
+    if not existed and os.path.exists(FALLBACK_LOG_FILE):
+        os.unlink(FALLBACK_LOG_FILE)
+
+
+def test_prelaunched_process_registers_configures_and_exits_on_close(fallback_log: None) -> None:
+    plugin_end, runtime_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    fd = plugin_end.fileno()
+    process = subprocess.Popen(
+        _plugin_command(),
+        env={"NRI_PLUGIN_NAME": "midbatch", "NRI_PLUGIN_IDX": "10", "NRI_PLUGIN_SOCKET": str(fd)},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        pass_fds=[fd],
+    )
+    plugin_end.close()
+    pod = api.PodSandbox(
+        id="p",
+        uid="uid-p",
+        labels={"koordinator.sh/qosClass": "BE", "koordinator.sh/priority-class": "koord-batch"},
+        annotations={
+            "node.koordinator.sh/extended-resource-spec": json.dumps(
+                {
+                    "containers": {
+                        "app": {
+                            "requests": {"kubernetes.io/batch-cpu": "500"},
+                            "limits": {
+                                "kubernetes.io/batch-cpu": "1k",
+                                "kubernetes.io/batch-memory": "512Mi",
+                            },
+                        }
+                    }
+                }
+            )
+        },
+    )
+    container = api.Container(id="c", pod_sandbox_id="p", name="app")
+
+    async def scenario() -> None:
+        reader, writer = await asyncio.open_unix_connection(sock=runtime_end)
+        runtime = LoopbackRuntime(reader, writer)
+        try:
+            configured, synced = await runtime.start(
+                runtime_name="containerd", runtime_version="v1.7.24", registration_timeout=4.0
+            )
+            (registration,) = runtime.record.registrations
+            assert (registration.plugin_name, registration.plugin_idx) == ("midbatch", "10")
+            assert configured.events & 0x89 == 0x89
+            assert configured.events & ~0x7FF == 0
+            assert list(synced.update) == []
+            reply = await runtime.call(
+                "CreateContainer",
+                api.CreateContainerRequest(pod=pod, container=container),
+                api.CreateContainerResponse,
+            )
+            res = reply.adjust.linux.resources
+            assert (res.cpu.shares.value, res.cpu.quota.value, res.memory.limit.value) == (
+                512,
+                100_000,
+                536_870_912,
+            )
+        finally:
+            await runtime.close()
+
+    try:
+        run(scenario(), timeout=8.0)
+        # The runtime closed the socket: a pre-launched plugin is done.
+        assert process.wait(timeout=3.0) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

@@ -1,0 +1,764 @@
+"""MidBatchPlugin driven by a real Session over a socket pair, as a runtime drives it.
+
+Koordinator semantics §4 (values and where they go) and §8 (koordlet's NRI gaps we fix);
+NRI protocol §4.3-§4.5 (error statuses, merge rules, updates keyed by container id).
+Pod-level values land in a fake cgroup v1 tree under tmp_path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.config import Config, load_config_text
+from nri_midbatch.nri.loopback import LoopbackRuntime, socketpair_streams
+from nri_midbatch.nri.session import Session
+from nri_midbatch.plugin import MidBatchPlugin
+from nri_midbatch.rpc.errors import RpcError
+from nri_midbatch.wire.status import Code
+
+from .nri_fixtures import STEP_TIMEOUT, run
+
+QOS = "koordinator.sh/qosClass"
+PRIORITY = "koordinator.sh/priority-class"
+SPEC = "node.koordinator.sh/extended-resource-spec"
+BATCH_CPU, BATCH_MEMORY = "kubernetes.io/batch-cpu", "kubernetes.io/batch-memory"
+MID_CPU, MID_MEMORY = "kubernetes.io/mid-cpu", "kubernetes.io/mid-memory"
+
+MI = 1024 * 1024
+GI = 1024 * MI
+#: What cgroup v1 reads back for an unlimited memory.limit_in_bytes (4 KiB pages).
+V1_UNLIMITED_MEMORY = "9223372036854771712"
+#: Kubelet's besteffort pod cgroup: minimal shares, no quota, no memory limit.
+BESTEFFORT_DEFAULTS = ("2", "-1", V1_UNLIMITED_MEMORY)
+#: A burstable pod with 1 CPU request and limit, 1 GiB memory limit.
+BURSTABLE_DEFAULTS = ("1024", "100000", str(GI))
+
+# NRI event bits, 1 << (event - 1).
+RUN_POD_SANDBOX_BIT, CREATE_CONTAINER_BIT, UPDATE_CONTAINER_BIT = 0x1, 0x8, 0x80
+REMOVE_POD_SANDBOX_BIT, REMOVE_CONTAINER_BIT = 0x4, 0x400
+#: The events that set values.
+ACTING_EVENTS = RUN_POD_SANDBOX_BIT | CREATE_CONTAINER_BIT | UPDATE_CONTAINER_BIT
+#: Removal events, subscribed only to forget pods and containers that are gone
+#: (plugin.py's `known`, for config reloads); they set no value.
+BOOKKEEPING_EVENTS = REMOVE_POD_SANDBOX_BIT | REMOVE_CONTAINER_BIT
+EXPECTED_EVENTS = ACTING_EVENTS | BOOKKEEPING_EVENTS
+
+
+# ---------------------------------------------------------------------------
+# Fake cgroup v1 tree
+# ---------------------------------------------------------------------------
+
+POD_FILES = (
+    ("cpu", "cpu.shares"),
+    ("cpu", "cpu.cfs_quota_us"),
+    ("memory", "memory.limit_in_bytes"),
+)
+
+
+class CgroupTree:
+    """tmp_path/{cpu,memory}/<pod dir>/<file>, as kubelet leaves a v1 pod cgroup."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        for controller in ("cpu", "memory"):
+            (root / controller).mkdir(parents=True)
+
+    def add_pod(self, cgroup_parent: str, defaults: tuple[str, str, str]) -> None:
+        for (controller, name), value in zip(POD_FILES, defaults, strict=True):
+            directory = self.root / controller / cgroup_parent.strip("/")
+            directory.mkdir(parents=True, exist_ok=True)
+            (directory / name).write_text(value + "\n")
+
+    def pod(self, cgroup_parent: str) -> tuple[str, str, str]:
+        """(cpu.shares, cpu.cfs_quota_us, memory.limit_in_bytes), stripped."""
+        values = tuple(
+            (self.root / controller / cgroup_parent.strip("/") / name).read_text().strip()
+            for controller, name in POD_FILES
+        )
+        return values  # type: ignore[return-value]
+
+    def snapshot(self) -> dict[str, str]:
+        """Every file anywhere under the root, with its content."""
+        return {
+            str(path.relative_to(self.root)): path.read_text()
+            for path in sorted(self.root.rglob("*"))
+            if path.is_file()
+        }
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> CgroupTree:
+    return CgroupTree(tmp_path / "cgroup")
+
+
+def make_config(tree: CgroupTree, **overrides: Any) -> Config:
+    document: dict[str, Any] = {"cgroups": {"root": str(tree.root)}}
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(document.get(key), dict):
+            document[key] = {**document[key], **value}
+        else:
+            document[key] = value
+    return load_config_text(json.dumps(document), "test")
+
+
+# ---------------------------------------------------------------------------
+# NRI message builders
+# ---------------------------------------------------------------------------
+
+
+def spec(containers: Mapping[str, Mapping[str, Mapping[str, str]]]) -> str:
+    return json.dumps({"containers": containers})
+
+
+def resources(
+    *,
+    shares: int | None = None,
+    quota: int | None = None,
+    period: int | None = None,
+    memory: int | None = None,
+) -> api.LinuxResources:
+    result = api.LinuxResources()
+    if shares is not None:
+        result.cpu.shares.value = shares
+    if quota is not None:
+        result.cpu.quota.value = quota
+    if period is not None:
+        result.cpu.period.value = period
+    if memory is not None:
+        result.memory.limit.value = memory
+    return result
+
+
+def make_pod(
+    pod_id: str,
+    *,
+    qos: str | None,
+    priority: str | None,
+    annotation: str | None,
+    cgroup_parent: str | None = None,
+    namespace: str = "default",
+) -> api.PodSandbox:
+    labels = {}
+    if qos is not None:
+        labels[QOS] = qos
+    if priority is not None:
+        labels[PRIORITY] = priority
+    annotations = {} if annotation is None else {SPEC: annotation}
+    uid = f"uid-{pod_id}"
+    if cgroup_parent is None:
+        qos_dir = {"BE": "besteffort", "LS": "burstable"}.get(qos or "", "besteffort")
+        cgroup_parent = f"/kubepods/{qos_dir}/pod{uid}"
+    return api.PodSandbox(
+        id=pod_id,
+        name=f"{pod_id}-name",
+        uid=uid,
+        namespace=namespace,
+        labels=labels,
+        annotations=annotations,
+        linux=api.LinuxPodSandbox(cgroup_parent=cgroup_parent),
+    )
+
+
+def make_container(
+    container_id: str,
+    pod: api.PodSandbox | str,
+    name: str,
+    *,
+    state: int = api.CONTAINER_RUNNING,
+    current: api.LinuxResources | None = None,
+) -> api.Container:
+    pod_id = pod if isinstance(pod, str) else pod.id
+    return api.Container(
+        id=container_id,
+        pod_sandbox_id=pod_id,
+        name=name,
+        state=state,  # type: ignore[arg-type]
+        linux=api.LinuxContainer(resources=current or api.LinuxResources()),
+    )
+
+
+# Batch BE: request 500m, limit 1 core ("1k" milli), memory limit 512Mi.
+BATCH_APP = {
+    "requests": {BATCH_CPU: "500"},
+    "limits": {BATCH_CPU: "1k", BATCH_MEMORY: "512Mi"},
+}
+BATCH_VALUES = (512, 100_000, 512 * MI)
+
+
+def batch_pod(pod_id: str = "batch", **kwargs: Any) -> api.PodSandbox:
+    kwargs.setdefault("annotation", spec({"app": BATCH_APP}))
+    return make_pod(pod_id, qos="BE", priority="koord-batch", **kwargs)
+
+
+def values_of(res: api.LinuxResources) -> tuple[int, int, int]:
+    return res.cpu.shares.value, res.cpu.quota.value, res.memory.limit.value
+
+
+def assert_only_cgroup_values(res: api.LinuxResources) -> None:
+    """shares, quota and memory limit set; nothing else (no period, cpuset, swap, ...)."""
+    assert {f.name for f, _ in res.ListFields()} == {"cpu", "memory"}
+    assert {f.name for f, _ in res.cpu.ListFields()} == {"shares", "quota"}
+    assert {f.name for f, _ in res.memory.ListFields()} == {"limit"}
+
+
+# ---------------------------------------------------------------------------
+# A plugin connected to a LoopbackRuntime over a socket pair
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Connected:
+    runtime: LoopbackRuntime
+    session: Session
+    plugin: MidBatchPlugin
+    configured: api.ConfigureResponse
+
+    async def create(self, pod: api.PodSandbox, ctr: api.Container) -> api.CreateContainerResponse:
+        return await self.runtime.call(
+            "CreateContainer",
+            api.CreateContainerRequest(pod=pod, container=ctr),
+            api.CreateContainerResponse,
+        )
+
+    async def update(
+        self, pod: api.PodSandbox, ctr: api.Container, res: api.LinuxResources
+    ) -> api.UpdateContainerResponse:
+        return await self.runtime.call(
+            "UpdateContainer",
+            api.UpdateContainerRequest(pod=pod, container=ctr, linux_resources=res),
+            api.UpdateContainerResponse,
+        )
+
+    async def sync(
+        self, pods: list[api.PodSandbox], ctrs: list[api.Container], more: bool = False
+    ) -> api.SynchronizeResponse:
+        return await self.runtime.call(
+            "Synchronize",
+            api.SynchronizeRequest(pods=pods, containers=ctrs, more=more),
+            api.SynchronizeResponse,
+        )
+
+    async def run_pod_sandbox(self, pod: api.PodSandbox) -> api.RunPodSandboxResponse:
+        return await self.runtime.call(
+            "RunPodSandbox", api.RunPodSandboxRequest(pod=pod), api.RunPodSandboxResponse
+        )
+
+    async def state_change_run(self, pod: api.PodSandbox) -> api.Empty:
+        return await self.runtime.call(
+            "StateChange",
+            api.StateChangeEvent(event=api.RUN_POD_SANDBOX, pod=pod),
+            api.Empty,
+        )
+
+
+@asynccontextmanager
+async def connected(
+    config: Config,
+    *,
+    runtime_name: str = "containerd",
+    runtime_version: str = "v2.3.0",
+    nri_version: str = "",
+    config_text: str = "",
+) -> AsyncIterator[Connected]:
+    """Register, Configure; the caller sends Synchronize and events."""
+    plugin = MidBatchPlugin(config)
+    (plugin_reader, plugin_writer), (rt_reader, rt_writer) = await socketpair_streams()
+    runtime = LoopbackRuntime(rt_reader, rt_writer)
+    session = Session(plugin, "midbatch", "10", registration_timeout=STEP_TIMEOUT)
+    task = asyncio.create_task(session.run(plugin_reader, plugin_writer))
+    try:
+        async with asyncio.timeout(STEP_TIMEOUT):
+            await runtime.record.registered.wait()
+        (registration,) = runtime.record.registrations
+        assert (registration.plugin_name, registration.plugin_idx) == ("midbatch", "10")
+        configured = await runtime.call(
+            "Configure",
+            api.ConfigureRequest(
+                config=config_text,
+                runtime_name=runtime_name,
+                runtime_version=runtime_version,
+                NRI_version=nri_version,
+                registration_timeout=5000,
+                request_timeout=2000,
+            ),
+            api.ConfigureResponse,
+        )
+        yield Connected(runtime, session, plugin, configured)
+    finally:
+        await runtime.close()
+        session.close()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+# ---------------------------------------------------------------------------
+# CreateContainer
+# ---------------------------------------------------------------------------
+
+
+def test_create_batch_be_adjusts_exactly_shares_quota_memory(tree: CgroupTree) -> None:
+    pod = batch_pod()
+    ctr = make_container("c-app", pod, "app", state=api.CONTAINER_CREATED)
+
+    async def scenario() -> None:
+        async with connected(make_config(tree)) as c:
+            reply = await c.create(pod, ctr)
+            assert values_of(reply.adjust.linux.resources) == BATCH_VALUES
+            # Nothing else: no annotations, env, mounts, hooks, devices, cgroups path, ...
+            assert [f.name for f, _ in reply.ListFields()] == ["adjust"]
+            assert [f.name for f, _ in reply.adjust.ListFields()] == ["linux"]
+            assert [f.name for f, _ in reply.adjust.linux.ListFields()] == ["resources"]
+            assert_only_cgroup_values(reply.adjust.linux.resources)
+            # Never ask to update the container being created (NRI §4.4).
+            assert list(reply.update) == []
+            assert list(reply.evict) == []
+            assert c.plugin.counters.decisions == {"batch": 1}
+
+    run(scenario())
+
+
+def test_create_mid_be_computes_from_mid_resources_and_keeps_looser_native(
+    tree: CgroupTree,
+) -> None:
+    pod = make_pod(
+        "mid-be",
+        qos="BE",
+        priority="koord-mid",
+        annotation=spec(
+            {"worker": {"requests": {MID_CPU: "250"}, "limits": {MID_CPU: "2k", MID_MEMORY: "1Gi"}}}
+        ),
+    )
+    # Native limits looser than the computed ones: the computed ones win.
+    ctr = make_container(
+        "c-worker", pod, "worker", current=resources(quota=400_000, period=100_000, memory=4 * GI)
+    )
+
+    async def scenario() -> None:
+        async with connected(make_config(tree)) as c:
+            reply = await c.create(pod, ctr)
+            assert values_of(reply.adjust.linux.resources) == (256, 200_000, GI)
+            assert_only_cgroup_values(reply.adjust.linux.resources)
+            assert list(reply.update) == []
+            assert c.plugin.counters.decisions == {"mid": 1}
+
+    run(scenario())
+
+
+def test_create_mid_ls_never_loosens_native_limits(tree: CgroupTree) -> None:
+    pod = make_pod(
+        "mid-ls",
+        qos="LS",
+        priority="koord-mid",
+        annotation=spec(
+            {"web": {"requests": {MID_CPU: "1k"}, "limits": {MID_CPU: "2k", MID_MEMORY: "1Gi"}}}
+        ),
+    )
+    # Kubelet put the burstable container at 0.5 CPU and 256Mi: tighter than 200000 and 1Gi.
+    native = resources(shares=512, quota=50_000, period=100_000, memory=256 * MI)
+    ctr = make_container("c-web", pod, "web", current=native)
+
+    async def scenario() -> None:
+        async with connected(make_config(tree)) as c:
+            reply = await c.create(pod, ctr)
+            assert values_of(reply.adjust.linux.resources) == (1024, 50_000, 256 * MI)
+            assert list(reply.update) == []
+
+    run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("labels", "why"),
+    [
+        ({"qos": "LS", "priority": "koord-prod"}, "prod LS"),
+        ({"qos": None, "priority": None}, "no labels"),
+    ],
+)
+def test_create_untouched_pods_get_an_empty_response(
+    tree: CgroupTree, labels: dict[str, str | None], why: str
+) -> None:
+    # Even with batch resources in the annotation, these pods are not a tier's.
+    pod = make_pod("p", annotation=spec({"app": BATCH_APP}), **labels)
+    ctr = make_container("c", pod, "app", current=resources(quota=100_000, memory=GI))
+
+    async def scenario() -> None:
+        async with connected(make_config(tree)) as c:
+            reply = await c.create(pod, ctr)
+            assert reply.SerializeToString() == b"", why
+            assert c.plugin.counters.invalid == {}
+            assert c.plugin.counters.decisions == {"none": 1}
+
+    run(scenario())
+
+
+# ---------------------------------------------------------------------------
+# UpdateContainer
+# ---------------------------------------------------------------------------
+
+
+def test_update_container_names_the_container_and_decides_from_the_request(
+    tree: CgroupTree,
+) -> None:
+    pod = batch_pod()
+    # The container's current limits are tight (30000, 128Mi); the update request raises
+    # them (300000, 2Gi). Deciding from the current ones would give (30000, 128Mi).
+    ctr = make_container("c-app", pod, "app", current=resources(quota=30_000, memory=128 * MI))
+    requested = resources(shares=2, quota=300_000, period=100_000, memory=2 * GI)
+
+    async def scenario() -> None:
+        async with connected(make_config(tree)) as c:
+            reply = await c.update(pod, ctr, requested)
+            (update,) = reply.update
+            assert update.container_id == "c-app"
+            assert values_of(update.linux.resources) == BATCH_VALUES
+            assert_only_cgroup_values(update.linux.resources)
+            assert not update.ignore_failure
+            assert list(reply.evict) == []
+
+            # And the other way round: a request tighter than the tier's values is kept.
+            tight = resources(quota=20_000, memory=64 * MI)
+            loose_now = make_container("c-app", pod, "app", current=resources())
+            (update,) = (await c.update(pod, loose_now, tight)).update
+            assert update.container_id == "c-app"
+            assert values_of(update.linux.resources) == (512, 20_000, 64 * MI)
+
+    run(scenario())
+
+
+def test_update_container_of_untouched_pod_returns_no_update(tree: CgroupTree) -> None:
+    pod = make_pod("prod", qos="LS", priority="koord-prod", annotation=None)
+    ctr = make_container("c", pod, "app")
+
+    async def scenario() -> None:
+        async with connected(make_config(tree)) as c:
+            reply = await c.update(pod, ctr, resources(quota=100_000))
+            assert reply.SerializeToString() == b""
+
+    run(scenario())
+
+
+# ---------------------------------------------------------------------------
+# Synchronize
+# ---------------------------------------------------------------------------
+
+SIDECAR = {"requests": {BATCH_CPU: "250"}, "limits": {BATCH_CPU: "500", BATCH_MEMORY: "256Mi"}}
+MID_WORKER = {"requests": {MID_CPU: "1k"}, "limits": {MID_CPU: "2k", MID_MEMORY: "1Gi"}}
+
+
+@dataclass
+class SyncNode:
+    pods: list[api.PodSandbox]
+    containers: list[api.Container]
+    batch: api.PodSandbox
+    prod: api.PodSandbox
+    mid: api.PodSandbox
+
+
+def sync_node(tree: CgroupTree) -> SyncNode:
+    """3 pods, 5 containers: one at tier values, one off, one stopped, one prod, one orphan."""
+    batch = batch_pod("batch", annotation=spec({"app": BATCH_APP, "sidecar": SIDECAR}))
+    prod = make_pod("prod", qos="LS", priority="koord-prod", annotation=None)
+    mid = make_pod("mid", qos="BE", priority="koord-mid", annotation=spec({"worker": MID_WORKER}))
+    tree.add_pod(batch.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
+    tree.add_pod(prod.linux.cgroup_parent, BURSTABLE_DEFAULTS)
+    tree.add_pod(mid.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
+    at_tier = resources(shares=512, quota=100_000, memory=512 * MI)
+    kubelet_be = resources(shares=2)
+    containers = [
+        make_container("c-app", batch, "app", current=at_tier),
+        make_container("c-sidecar", batch, "sidecar", current=kubelet_be),
+        make_container("c-worker", mid, "worker", state=api.CONTAINER_STOPPED, current=kubelet_be),
+        make_container("c-prod", prod, "app", current=resources(shares=1024, quota=100_000)),
+        make_container("c-orphan", "gone", "app", current=kubelet_be),
+    ]
+    return SyncNode([batch, prod, mid], containers, batch, prod, mid)
+
+
+def test_synchronize_updates_only_the_container_off_its_tier_values(tree: CgroupTree) -> None:
+    node = sync_node(tree)
+
+    async def scenario() -> None:
+        async with connected(make_config(tree)) as c:
+            reply = await c.sync(node.pods, node.containers)
+            assert not reply.more
+            (update,) = reply.update
+            assert update.container_id == "c-sidecar"
+            assert values_of(update.linux.resources) == (256, 50_000, 256 * MI)
+            assert_only_cgroup_values(update.linux.resources)
+
+    run(scenario())
+    # Pod level: the tier pods get the sums over their listed containers ...
+    assert tree.pod(node.batch.linux.cgroup_parent) == ("768", "150000", str(768 * MI))
+    assert tree.pod(node.mid.linux.cgroup_parent) == ("1024", "200000", str(GI))
+    # ... and the prod pod keeps what kubelet set.
+    assert tree.pod(node.prod.linux.cgroup_parent) == BURSTABLE_DEFAULTS
+
+
+def test_split_synchronize_gives_the_same_updates_as_one_chunk(tmp_path: Path) -> None:
+    def updates(chunks: list[tuple[list[api.PodSandbox], list[api.Container]]], root: Path) -> Any:
+        tree = CgroupTree(root)
+        node = sync_node(tree)
+        by_id = {p.id: p for p in node.pods} | {c.id: c for c in node.containers}
+
+        async def scenario() -> list[bytes]:
+            async with connected(make_config(tree)) as c:
+                for pods, ctrs in chunks[:-1]:
+                    partial = await c.sync(
+                        [by_id[p.id] for p in pods], [by_id[x.id] for x in ctrs], more=True
+                    )
+                    # Partial chunks: more=true and nothing else (NRI §4.2).
+                    assert partial.more
+                    assert list(partial.update) == []
+                    # Nothing decided before the last chunk, not even pod files.
+                    assert tree.pod(node.batch.linux.cgroup_parent) == BESTEFFORT_DEFAULTS
+                pods, ctrs = chunks[-1]
+                last = await c.sync([by_id[p.id] for p in pods], [by_id[x.id] for x in ctrs])
+                assert not last.more
+                return [u.SerializeToString() for u in last.update]
+
+        return run(scenario()), tree.snapshot()
+
+    node = sync_node(CgroupTree(tmp_path / "layout"))
+    pods, ctrs = node.pods, node.containers
+    whole = updates([(pods, ctrs)], tmp_path / "whole")
+    # The sidecar and its pod in different chunks.
+    split = updates(
+        [([pods[1]], [ctrs[1], ctrs[4]]), ([pods[2]], [ctrs[0], ctrs[2]]), ([pods[0]], [ctrs[3]])],
+        tmp_path / "split",
+    )
+    assert len(whole[0]) == 1
+    assert split == whole
+
+
+# ---------------------------------------------------------------------------
+# RunPodSandbox: pod-level files
+# ---------------------------------------------------------------------------
+
+
+def test_run_pod_sandbox_dedicated_rpc_writes_pod_files(tree: CgroupTree) -> None:
+    pod = batch_pod()
+    tree.add_pod(pod.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
+
+    async def scenario() -> None:
+        async with connected(make_config(tree), nri_version="v0.12.0") as c:
+            reply = await c.run_pod_sandbox(pod)
+            assert reply.SerializeToString() == b""
+            assert c.plugin.counters.pod_writes_failed == 0
+
+    run(scenario())
+    assert tree.pod(pod.linux.cgroup_parent) == ("512", "100000", "536870912")
+
+
+def test_run_pod_sandbox_via_state_change_writes_pod_files(tree: CgroupTree) -> None:
+    pod = batch_pod()
+    tree.add_pod(pod.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
+
+    async def scenario() -> None:
+        async with connected(
+            make_config(tree), runtime_name="containerd", runtime_version="v1.7.24"
+        ) as c:
+            await c.state_change_run(pod)
+
+    run(scenario())
+    assert tree.pod(pod.linux.cgroup_parent) == ("512", "100000", "536870912")
+
+
+def test_run_pod_sandbox_with_pod_level_off_writes_nothing(tree: CgroupTree) -> None:
+    pod = batch_pod()
+    tree.add_pod(pod.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
+    before = tree.snapshot()
+
+    async def scenario() -> None:
+        config = make_config(tree, cgroups={"podLevel": False})
+        async with connected(config, nri_version="v0.12.0") as c:
+            await c.run_pod_sandbox(pod)
+            await c.state_change_run(pod)
+            # Synchronize does not write pod files either.
+            await c.sync([pod], [])
+
+    run(scenario())
+    assert tree.snapshot() == before
+
+
+def test_run_pod_sandbox_refuses_a_cgroup_parent_leaving_the_tree(tree: CgroupTree) -> None:
+    pod = batch_pod(cgroup_parent="/kubepods/../../etc")
+    # What the parent would reach if it were joined naively: <root>/cpu/../etc.
+    tree.add_pod("/kubepods/bystander", BESTEFFORT_DEFAULTS)
+    (tree.root / "etc").mkdir()
+    for _, name in POD_FILES:
+        (tree.root / "etc" / name).write_text("sentinel\n")
+    outside = tree.root.parent / "etc"
+    before = tree.snapshot()
+
+    async def scenario() -> None:
+        async with connected(make_config(tree), nri_version="v0.12.0") as c:
+            reply = await c.run_pod_sandbox(pod)  # Ignore: no error status
+            assert reply.SerializeToString() == b""
+            await c.state_change_run(pod)
+            assert c.plugin.counters.pod_writes_failed == 2
+            # Still connected and working.
+            ok = await c.create(batch_pod(), make_container("c", "batch", "app"))
+            assert values_of(ok.adjust.linux.resources) == BATCH_VALUES
+
+    run(scenario())
+    assert tree.snapshot() == before
+    assert not outside.exists()
+
+
+# ---------------------------------------------------------------------------
+# Failure policy
+# ---------------------------------------------------------------------------
+
+MALFORMED = [
+    pytest.param("{not json", id="bad-json"),
+    pytest.param(spec({"app": {"limits": {BATCH_CPU: "1.2.3"}}}), id="bad-quantity"),
+]
+
+
+@pytest.mark.parametrize("annotation", MALFORMED)
+def test_ignore_leaves_malformed_pods_alone_and_counts_them(
+    tree: CgroupTree, annotation: str
+) -> None:
+    pod = batch_pod(annotation=annotation)
+    tree.add_pod(pod.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
+    ctr = make_container("c-app", pod, "app")
+
+    async def scenario() -> None:
+        async with connected(make_config(tree, failurePolicy="Ignore"), nri_version="v0.12.0") as c:
+            reply = await c.create(pod, ctr)
+            assert reply.SerializeToString() == b""
+            assert c.plugin.counters.invalid == {"spec": 1}
+            update = await c.update(pod, ctr, resources(quota=100_000))
+            assert update.SerializeToString() == b""
+            assert c.plugin.counters.invalid == {"spec": 2}
+            await c.run_pod_sandbox(pod)
+            assert c.plugin.counters.invalid == {"spec": 3}
+
+    run(scenario())
+    assert tree.pod(pod.linux.cgroup_parent) == BESTEFFORT_DEFAULTS
+
+
+@pytest.mark.parametrize("annotation", MALFORMED)
+def test_fail_refuses_malformed_pods_and_stays_connected(tree: CgroupTree, annotation: str) -> None:
+    bad = batch_pod("bad", annotation=annotation)
+    good = batch_pod("good")
+    tree.add_pod(bad.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
+    tree.add_pod(good.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
+
+    async def scenario() -> None:
+        async with connected(make_config(tree, failurePolicy="Fail"), nri_version="v0.12.0") as c:
+            with pytest.raises(RpcError) as create_error:
+                await c.create(bad, make_container("c-bad", bad, "app"))
+            assert create_error.value.code != Code.OK
+            assert "extended-resource spec" in create_error.value.message
+            # The connection survives the error reply (NRI §4.3): the next call works.
+            ok = await c.create(good, make_container("c-good", good, "app"))
+            assert values_of(ok.adjust.linux.resources) == BATCH_VALUES
+
+            with pytest.raises(RpcError) as run_error:
+                await c.run_pod_sandbox(bad)
+            assert run_error.value.code != Code.OK
+            assert "extended-resource spec" in run_error.value.message
+            await c.run_pod_sandbox(good)
+            assert c.plugin.counters.invalid == {"spec": 2}
+
+    run(scenario())
+    assert tree.pod(bad.linux.cgroup_parent) == BESTEFFORT_DEFAULTS
+    assert tree.pod(good.linux.cgroup_parent) == ("512", "100000", "536870912")
+
+
+def test_fail_refuses_run_pod_sandbox_whose_cgroup_parent_is_refused(tree: CgroupTree) -> None:
+    bad = batch_pod("bad", cgroup_parent="/kubepods/../../etc")
+    before = tree.snapshot()
+
+    async def scenario() -> None:
+        async with connected(make_config(tree, failurePolicy="Fail"), nri_version="v0.12.0") as c:
+            with pytest.raises(RpcError) as error:
+                await c.run_pod_sandbox(bad)
+            assert error.value.code != Code.OK
+            assert c.plugin.counters.pod_writes_failed == 1
+            await c.sync([], [])  # still connected
+
+    run(scenario())
+    assert tree.snapshot() == before
+
+
+def test_fail_policy_does_not_fail_synchronize_for_one_malformed_pod(tree: CgroupTree) -> None:
+    bad = batch_pod("bad", annotation="{not json")
+    good = batch_pod("good")
+    tree.add_pod(good.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
+    tree.add_pod(bad.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
+    ctrs = [make_container("c-bad", bad, "app"), make_container("c-good", good, "app")]
+
+    async def scenario() -> None:
+        async with connected(make_config(tree, failurePolicy="Fail")) as c:
+            # Synchronize is no container's creation: refusing it would only get the plugin
+            # closed by the runtime (NRI §4.2), so the bad pod is left alone and counted.
+            reply = await c.sync([bad, good], ctrs)
+            assert [u.container_id for u in reply.update] == ["c-good"]
+            assert c.plugin.counters.invalid == {"spec": 2}  # container + pod level
+
+    run(scenario())
+    assert tree.pod(good.linux.cgroup_parent) == ("512", "100000", "536870912")
+    assert tree.pod(bad.linux.cgroup_parent) == BESTEFFORT_DEFAULTS
+
+
+# ---------------------------------------------------------------------------
+# Configure
+# ---------------------------------------------------------------------------
+
+
+def test_configure_with_a_drop_in_config_replaces_the_config(tree: CgroupTree) -> None:
+    pod = batch_pod(annotation=spec({"app": {"limits": {BATCH_CPU: "500"}}}))
+    ctr = make_container("c-app", pod, "app")
+    drop_in = f"rules: {{cpuNormalizationRatio: 1.2}}\ncgroups: {{root: {tree.root}}}\n"
+
+    async def scenario() -> None:
+        async with connected(make_config(tree), config_text=drop_in) as c:
+            assert c.configured.events == EXPECTED_EVENTS
+            assert c.plugin.config.rules.cpu_normalization_ratio == 1.2
+            assert c.plugin.counters.config_rejected == 0
+            reply = await c.create(pod, ctr)
+            # ceil(50000 / 1.2); shares 2 (no request), memory unlimited (no limit).
+            assert values_of(reply.adjust.linux.resources) == (2, 41_667, -1)
+
+    run(scenario())
+
+
+def test_configure_with_an_invalid_config_keeps_the_previous_one(tree: CgroupTree) -> None:
+    pod = batch_pod(annotation=spec({"app": {"limits": {BATCH_CPU: "500"}}}))
+    ctr = make_container("c-app", pod, "app")
+    startup = make_config(tree, rules={"cpuNormalizationRatio": 2.0})
+
+    async def scenario() -> None:
+        async with connected(startup, config_text="rules: {cpuNormalisationRatio: 1.2}\n") as c:
+            # Configure still succeeds, with our events.
+            assert c.configured.events == EXPECTED_EVENTS
+            assert c.plugin.counters.config_rejected == 1
+            assert c.plugin.config is startup
+            reply = await c.create(pod, ctr)
+            assert values_of(reply.adjust.linux.resources) == (2, 25_000, -1)
+
+    run(scenario())
+
+
+def test_configure_event_mask_for_containerd_1_7(tree: CgroupTree) -> None:
+    async def scenario() -> None:
+        async with connected(
+            make_config(tree), runtime_name="containerd", runtime_version="v1.7.24"
+        ) as c:
+            # Nothing else: no START/STOP/POST_* events on the runtime's serial NRI path,
+            # and no bit a v0.6.1 runtime (valid mask 0x7FF) would reject.
+            assert c.configured.events == EXPECTED_EVENTS
+            assert c.configured.events & ACTING_EVENTS == 0x1 | 0x8 | 0x80
+            assert c.configured.events & ~0x7FF == 0
+            assert c.session.state.events == EXPECTED_EVENTS
+
+    run(scenario())
