@@ -12,6 +12,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import structlog
+
 from nri_midbatch import __version__
 from nri_midbatch.obs.logging import LEVELS, configure_logging, open_sink
 from nri_midbatch.record import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, Recorder, RotatingFile
@@ -183,10 +185,15 @@ def _identity(
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from nri_midbatch.app import App, ConfigError, load_startup_config
 
-    prelaunched_fd = os.environ.get("NRI_PLUGIN_SOCKET")
+    socket_env = os.environ.get("NRI_PLUGIN_SOCKET")
+    prelaunched_fd = None
+    if socket_env is not None:
+        if not socket_env.isdigit():
+            parser.error(f"NRI_PLUGIN_SOCKET {socket_env!r} must be a file descriptor number")
+        prelaunched_fd = int(socket_env)
     name, idx = _identity(parser, args, prelaunched_fd is not None)
     configure_logging(
-        args.log_level, args.log_format, open_sink(args.log_file, bool(prelaunched_fd))
+        args.log_level, args.log_format, open_sink(args.log_file, prelaunched_fd is not None)
     )
     try:
         config = load_startup_config(args.config)
@@ -201,23 +208,29 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             print(f"nri-midbatch: {args.record}: {exc.strerror or exc}", file=sys.stderr)
             return 2
         recorder = Recorder(sink)
-    try:
-        app = App(
+
+    def make_app(metrics_address: str | None) -> App:
+        return App(
             config,
             name=name,
             idx=idx,
             config_path=args.config,
             recorder=recorder,
-            metrics_address=args.metrics_address or None,
+            metrics_address=metrics_address,
             log_level=args.log_level,
         )
+
+    try:
+        app = make_app(args.metrics_address or None)
     except OSError as exc:
-        print(
-            f"nri-midbatch: cannot serve metrics on {args.metrics_address}: "
-            f"{exc.strerror or exc}",
-            file=sys.stderr,
-        )
-        return 2
+        problem = f"cannot serve metrics on {args.metrics_address}: {exc.strerror or exc}"
+        if prelaunched_fd is None:
+            print(f"nri-midbatch: {problem}", file=sys.stderr)
+            return 2
+        # A pre-launched plugin that does not register can stop the runtime
+        # from starting at all (containerd 1.7): serve the node, not metrics.
+        structlog.get_logger(__name__).error(problem + "; running without metrics")
+        app = make_app(None)
 
     async def serve() -> int:
         loop = asyncio.get_running_loop()
@@ -228,7 +241,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         # The recorder flushes on the way out, whatever ended the run.
         async with recorder or contextlib.nullcontext():
             if prelaunched_fd is not None:
-                return await app.run_prelaunched(int(prelaunched_fd))
+                return await app.run_prelaunched(prelaunched_fd)
             return await app.run_external(args.socket_path)
 
     return asyncio.run(serve())

@@ -9,6 +9,7 @@ applied: the policy reports bad input as a value; only here does it turn into
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,6 +107,49 @@ def container_view(
 ) -> ContainerView:
     current = resources if resources is not None else container.linux.resources
     return ContainerView(id=container.id, name=container.name, native=native_limits(current))
+
+
+#: On containers we adjust: the limits kubelet gave them, before ours. A
+#: running container's resources already hold our values, which must not be
+#: mistaken for kubelet's when a restarted plugin synchronizes.
+NATIVE_LIMITS_ANNOTATION = "nri-midbatch.io/native-limits"
+_NATIVE_KEYS = (
+    ("cpuQuota", "cpu_quota"),
+    ("cpuPeriod", "cpu_period"),
+    ("memoryLimit", "memory_limit"),
+)
+
+
+def encode_native_limits(native: NativeLimits) -> str:
+    present = {key: getattr(native, attr) for key, attr in _NATIVE_KEYS}
+    return json.dumps({k: v for k, v in present.items() if v is not None}, separators=(",", ":"))
+
+
+def decode_native_limits(text: str) -> NativeLimits | None:
+    """The remembered limits, or None if the text is not what we write."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not set(data) <= {key for key, _ in _NATIVE_KEYS}:
+        return None
+    values: dict[str, int | None] = {}
+    for key, attr in _NATIVE_KEYS:
+        value = data.get(key)
+        if value is not None and (type(value) is not int or value <= 0):
+            return None
+        values[attr] = value
+    return NativeLimits(**values)
+
+
+def synchronized_view(container: api.Container) -> ContainerView:
+    """A running container as kubelet set it up, as far as we can tell."""
+    text = container.annotations.get(NATIVE_LIMITS_ANNOTATION)
+    native = None if text is None else decode_native_limits(text)
+    if native is None:
+        # Never adjusted by us (created while no plugin ran): what it has is kubelet's.
+        return container_view(container)
+    return ContainerView(id=container.id, name=container.name, native=native)
 
 
 # -- decisions -> NRI --------------------------------------------------------
@@ -261,7 +305,7 @@ class MidBatchPlugin:
             pod = pod_views.get(container.pod_sandbox_id)
             if pod is None or container.state not in _RUNNING_STATES:
                 continue
-            ctr_view = container_view(container)
+            ctr_view = synchronized_view(container)
             self.known.containers[container.id] = (container.pod_sandbox_id, ctr_view)
             decision = self._decide_container(pod, ctr_view, "Synchronize", refuse=False)
             if decision.values is None:
@@ -289,7 +333,8 @@ class MidBatchPlugin:
         self.counters.count_adjusted("CreateContainer")
         return api.CreateContainerResponse(
             adjust=api.ContainerAdjustment(
-                linux=api.LinuxContainerAdjustment(resources=linux_resources(decision.values))
+                annotations={NATIVE_LIMITS_ANNOTATION: encode_native_limits(ctr_view.native)},
+                linux=api.LinuxContainerAdjustment(resources=linux_resources(decision.values)),
             )
         )
 

@@ -80,3 +80,31 @@ def test_config_change_reaches_running_containers(containerd: Containerd, tmp_pa
         assert read_values(containerd, later.parent, later.container_id).quota == 50000
     finally:
         assert plugin.stop() == 0
+
+
+def test_restarted_plugin_loosens_values_it_set_under_a_stricter_config(
+    containerd: Containerd, tmp_path: Path
+) -> None:
+    strict = PluginProcess(
+        tmp_path / "strict", containerd.nri_socket, config="rules:\n  cpuNormalizationRatio: 2.0\n"
+    )
+    try:
+        strict.wait_for("synchronized")
+        pod = run(
+            containerd, "batch", "besteffort", labels("BE", "koord-batch"),
+            {SPEC: spec("batch", "500", "1k", "512Mi")}, BE_NATIVE,
+        )  # fmt: skip
+        assert read_values(containerd, pod.parent, pod.container_id).quota == 50000
+    finally:
+        assert strict.stop() == 0
+    # The container carries the limits kubelet gave it (none), so the new
+    # plugin does not mistake the 50000 we set for a kubelet limit to keep.
+    default = PluginProcess(tmp_path / "default", containerd.nri_socket, config="")
+    try:
+        default.wait_for("synchronized")
+        assert wait_until(
+            lambda: read_values(containerd, pod.parent, pod.container_id).quota == 100000
+        ), read_values(containerd, pod.parent, pod.container_id)
+        assert read_values(containerd, pod.parent, None) == Values(512, 100000, 512 * MIB)
+    finally:
+        assert default.stop() == 0

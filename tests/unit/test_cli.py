@@ -274,7 +274,29 @@ def fallback_log() -> Iterator[None]:
         os.unlink(FALLBACK_LOG_FILE)
 
 
-def test_prelaunched_process_registers_configures_and_exits_on_close(fallback_log: None) -> None:
+@pytest.fixture(params=["metrics port free", "metrics port taken"])
+def metrics_port(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A pre-launched plugin binds 127.0.0.1:9464 by default; taken, it must still serve."""
+    if request.param == "metrics port free":
+        yield
+        return
+    blocker = socket.socket()
+    try:
+        blocker.bind(("127.0.0.1", 9464))
+    except OSError:
+        blocker.close()
+        yield  # already taken by someone else: the same situation
+        return
+    blocker.listen()
+    try:
+        yield
+    finally:
+        blocker.close()
+
+
+def test_prelaunched_process_registers_configures_and_exits_on_close(
+    fallback_log: None, metrics_port: None
+) -> None:
     plugin_end, runtime_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     fd = plugin_end.fileno()
     process = subprocess.Popen(

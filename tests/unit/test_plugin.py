@@ -21,7 +21,7 @@ from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.config import Config, load_config_text
 from nri_midbatch.nri.loopback import LoopbackRuntime, socketpair_streams
 from nri_midbatch.nri.session import Session
-from nri_midbatch.plugin import MidBatchPlugin
+from nri_midbatch.plugin import NATIVE_LIMITS_ANNOTATION, MidBatchPlugin
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.wire.status import Code
 
@@ -312,9 +312,11 @@ def test_create_batch_be_adjusts_exactly_shares_quota_memory(tree: CgroupTree) -
         async with connected(make_config(tree)) as c:
             reply = await c.create(pod, ctr)
             assert values_of(reply.adjust.linux.resources) == BATCH_VALUES
-            # Nothing else: no annotations, env, mounts, hooks, devices, cgroups path, ...
+            # Nothing else but the remembered native limits (none for a BE
+            # container): no env, mounts, hooks, devices, cgroups path, ...
             assert [f.name for f, _ in reply.ListFields()] == ["adjust"]
-            assert [f.name for f, _ in reply.adjust.ListFields()] == ["linux"]
+            assert [f.name for f, _ in reply.adjust.ListFields()] == ["annotations", "linux"]
+            assert dict(reply.adjust.annotations) == {NATIVE_LIMITS_ANNOTATION: "{}"}
             assert [f.name for f, _ in reply.adjust.linux.ListFields()] == ["resources"]
             assert_only_cgroup_values(reply.adjust.linux.resources)
             # Never ask to update the container being created (NRI §4.4).
@@ -499,6 +501,72 @@ def test_synchronize_updates_only_the_container_off_its_tier_values(tree: Cgroup
     assert tree.pod(node.mid.linux.cgroup_parent) == ("1024", "200000", str(GI))
     # ... and the prod pod keeps what kubelet set.
     assert tree.pod(node.prod.linux.cgroup_parent) == BURSTABLE_DEFAULTS
+
+
+def test_synchronize_loosens_values_we_set_under_a_stricter_config(tree: CgroupTree) -> None:
+    """A restarted plugin tells our own earlier values from kubelet's by the annotation."""
+    pod = batch_pod()
+    tree.add_pod(pod.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
+    # Created under cpuNormalizationRatio 2: our quota 50000 is on the container,
+    # and kubelet gave it no limits at all ("{}").
+    ours = make_container(
+        "c-app", pod, "app", current=resources(quota=50_000, period=100_000, memory=512 * MI)
+    )
+    ours.annotations[NATIVE_LIMITS_ANNOTATION] = "{}"
+    # The same, created before any plugin ran: its limits are kubelet's own.
+    theirs = make_container(
+        "c-old", pod, "app", current=resources(quota=50_000, period=100_000, memory=512 * MI)
+    )
+
+    async def scenario() -> None:
+        async with connected(make_config(tree)) as c:
+            reply = await c.sync([pod], [ours, theirs])
+            by_id = {u.container_id: values_of(u.linux.resources) for u in reply.update}
+            assert by_id == {
+                "c-app": BATCH_VALUES,
+                "c-old": (512, 50_000, 512 * MI),
+            }
+
+    run(scenario())
+
+
+def test_synchronize_keeps_remembered_kubelet_limits(tree: CgroupTree) -> None:
+    pod = batch_pod()
+    tree.add_pod(pod.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
+    ctr = make_container(
+        "c-app", pod, "app", current=resources(quota=50_000, period=100_000, memory=512 * MI)
+    )
+    ctr.annotations[NATIVE_LIMITS_ANNOTATION] = '{"cpuQuota":20000,"cpuPeriod":100000}'
+
+    async def scenario() -> None:
+        async with connected(make_config(tree)) as c:
+            reply = await c.sync([pod], [ctr])
+            (update,) = reply.update
+            assert values_of(update.linux.resources) == (512, 20_000, 512 * MI)
+
+    run(scenario())
+
+
+@pytest.mark.parametrize(
+    "garbage", ["not json", "[]", '{"cpuQuota": -5}', '{"cpuQuota": "1"}', '{"bogus": 1}']
+)
+def test_a_garbled_native_annotation_falls_back_to_current_resources(
+    tree: CgroupTree, garbage: str
+) -> None:
+    pod = batch_pod()
+    tree.add_pod(pod.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
+    ctr = make_container(
+        "c-app", pod, "app", current=resources(quota=50_000, period=100_000, memory=512 * MI)
+    )
+    ctr.annotations[NATIVE_LIMITS_ANNOTATION] = garbage
+
+    async def scenario() -> None:
+        async with connected(make_config(tree)) as c:
+            reply = await c.sync([pod], [ctr])
+            (update,) = reply.update
+            assert values_of(update.linux.resources) == (512, 50_000, 512 * MI)
+
+    run(scenario())
 
 
 def test_split_synchronize_gives_the_same_updates_as_one_chunk(tmp_path: Path) -> None:
