@@ -237,12 +237,14 @@ class App:
             except Exception as exc:  # a lost connection must not lose the pass
                 log.warning("UpdateContainers failed, writing cgroup files", error=str(exc))
             else:
-                if failed:
+                refused = {u.container_id for u in failed}
+                if refused:
                     log.warning(
-                        "runtime could not update containers",
-                        containers=[u.container_id for u in failed],
+                        "runtime could not update containers, writing their cgroup files",
+                        containers=sorted(refused),
                     )
-                await asyncio.to_thread(self.plugin.write_plan, pods_only)
+                rest = tuple(c for c in plan.containers if c.container.id in refused)
+                await asyncio.to_thread(self.plugin.write_plan, Plan(rest, plan.pods))
                 return
         failures = await asyncio.to_thread(self.plugin.write_plan, plan)
         if failures:

@@ -219,7 +219,11 @@ class MidBatchPlugin:
         """Switch to `config`; returns what running workloads need to follow it."""
         old = self.policy
         self._apply_config(config)
-        return plan(self.known, old, self.policy)
+        result = plan(self.known, old, self.policy)
+        if not config.cgroups.pod_level:
+            # Pod cgroups stay kubelet's, as at RunPodSandbox and Synchronize.
+            result = Plan(result.containers, ())
+        return result
 
     def write_plan(self, plan: Plan) -> int:
         """Bring running workloads to `plan` through their cgroup files; returns failures.

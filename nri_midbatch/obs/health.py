@@ -8,12 +8,13 @@ answer. The loop proves it is alive by updating a heartbeat.
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import generate_latest
 
 from nri_midbatch.obs.metrics import Metrics
 
@@ -21,6 +22,9 @@ HEARTBEAT_INTERVAL = 1.0
 #: A loop that has not run for this long is wedged: the runtime would already
 #: have dropped us after its 2 s request timeout.
 DEFAULT_STALL_AFTER = 10.0
+#: What `generate_latest` writes. Not prometheus_client's CONTENT_TYPE_LATEST,
+#: which names text format 1.0.0 since 0.22 while the body stays 0.0.4.
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 Readiness = Callable[[], tuple[bool, str]]
 
@@ -32,6 +36,14 @@ def parse_address(address: str) -> tuple[str, int]:
         raise ValueError(f"metrics address {address!r} must be HOST:PORT")
     host = host.strip("[]") or "0.0.0.0"
     return host, int(port)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
 
 
 class HealthServer:
@@ -46,9 +58,12 @@ class HealthServer:
         self._metrics = metrics
         self._readiness = readiness
         self._stall_after = stall_after
+        # Beat well within stall_after, or an idle loop would look stalled.
+        self._interval = min(HEARTBEAT_INTERVAL, stall_after / 4)
         self._beat = time.monotonic()
-        self._server = ThreadingHTTPServer(parse_address(address), self._handler())
-        self._server.daemon_threads = True
+        host, port = parse_address(address)
+        server_type = _Server6 if ":" in host else _Server
+        self._server = server_type((host, port), self._handler())
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="nri-midbatch-http", daemon=True
         )
@@ -67,7 +82,7 @@ class HealthServer:
     async def heartbeat(self) -> None:
         while True:
             self._beat = time.monotonic()
-            await asyncio.sleep(HEARTBEAT_INTERVAL)
+            await asyncio.sleep(self._interval)
 
     def _health(self) -> tuple[int, str]:
         stalled = time.monotonic() - self._beat
@@ -86,7 +101,7 @@ class HealthServer:
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
-                    self._send(200, generate_latest(server._metrics.registry), CONTENT_TYPE_LATEST)
+                    self._send(200, generate_latest(server._metrics.registry), METRICS_CONTENT_TYPE)
                 elif path == "/healthz":
                     status, text = server._health()
                     self._send(status, text.encode(), "text/plain; charset=utf-8")

@@ -62,9 +62,7 @@ class Metrics:
             buckets=EVENT_BUCKETS,
             registry=r,
         )
-        self.config_reloads = Counter(
-            "nri_midbatch_config_reloads", "Configuration reloads", ["result"], registry=r
-        )
+        # Configuration reloads are counted by the App's CountersCollector.
         build = Gauge(
             "nri_midbatch_build_info",
             "Build information",

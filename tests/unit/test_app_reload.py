@@ -1,0 +1,398 @@
+"""Configuration reload in a running App: the file is watched, and running workloads follow.
+
+Operability §6: watched and hot-reloaded, schema-validated, last-known-good kept on error.
+Where the runtime's UpdateContainers is unsafe (NRI < v0.12.2, e.g. containerd 1.7.24 with
+NRI v0.6.1) running containers are brought to the new values through their cgroup files;
+from v0.12.2 through UpdateContainers. Pod cgroups are always files (NRI cannot update them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from structlog.testing import capture_logs
+
+from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.app import App
+from nri_midbatch.config import load_config_file
+from nri_midbatch.nri.loopback import LoopbackRuntime, socketpair_streams
+
+from .nri_fixtures import STEP_TIMEOUT, run
+
+QOS = "koordinator.sh/qosClass"
+PRIORITY = "koordinator.sh/priority-class"
+SPEC = "node.koordinator.sh/extended-resource-spec"
+MI = 1024 * 1024
+V1_UNLIMITED_MEMORY = "9223372036854771712"
+
+APP = {
+    "requests": {"kubernetes.io/batch-cpu": "500"},
+    "limits": {"kubernetes.io/batch-cpu": "1k", "kubernetes.io/batch-memory": "512Mi"},
+}
+#: What CreateContainer gives an "app" container, and so what its cgroup holds afterwards.
+APP_VALUES = ("512", "100000", str(512 * MI))
+HALVED_VALUES = ("512", "50000", str(512 * MI))
+#: Kubelet's besteffort pod cgroup.
+BESTEFFORT = ("2", "-1", V1_UNLIMITED_MEMORY)
+FILES = (("cpu", "cpu.shares"), ("cpu", "cpu.cfs_quota_us"), ("memory", "memory.limit_in_bytes"))
+
+POLL = 0.01
+
+
+# ---------------------------------------------------------------------------
+# A fake cgroup v1 tree with pod and container directories
+# ---------------------------------------------------------------------------
+
+
+class Tree:
+    """root/{cpu,memory}/kubepods/besteffort/pod<uid>[/<container id>]/<file>."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        for controller in ("cpu", "memory"):
+            (root / controller).mkdir(parents=True)
+
+    def _dir(self, controller: str, cgroup_parent: str, container_id: str | None) -> Path:
+        directory = self.root / controller / cgroup_parent.strip("/")
+        return directory if container_id is None else directory / container_id
+
+    def add(
+        self, cgroup_parent: str, values: tuple[str, str, str], container_id: str | None = None
+    ) -> None:
+        for (controller, name), value in zip(FILES, values, strict=True):
+            directory = self._dir(controller, cgroup_parent, container_id)
+            directory.mkdir(parents=True, exist_ok=True)
+            (directory / name).write_text(value + "\n")
+
+    def read(self, cgroup_parent: str, container_id: str | None = None) -> tuple[str, ...]:
+        return tuple(
+            (self._dir(controller, cgroup_parent, container_id) / name).read_text().strip()
+            for controller, name in FILES
+        )
+
+    def snapshot(self) -> dict[str, str]:
+        return {
+            str(path.relative_to(self.root)): path.read_text()
+            for path in sorted(self.root.rglob("*"))
+            if path.is_file()
+        }
+
+
+def batch_pod(pod_id: str = "batch") -> api.PodSandbox:
+    uid = f"uid-{pod_id}"
+    return api.PodSandbox(
+        id=pod_id,
+        name=f"{pod_id}-name",
+        uid=uid,
+        namespace="default",
+        labels={QOS: "BE", PRIORITY: "koord-batch"},
+        annotations={SPEC: json.dumps({"containers": {"app": APP}})},
+        linux=api.LinuxPodSandbox(cgroup_parent=f"/kubepods/besteffort/pod{uid}"),
+    )
+
+
+def container(container_id: str, pod: api.PodSandbox, name: str) -> api.Container:
+    return api.Container(
+        id=container_id, pod_sandbox_id=pod.id, name=name, state=api.CONTAINER_CREATED
+    )
+
+
+def write_config(path: Path, document: dict[str, Any] | str) -> None:
+    """Replace the file as a ConfigMap update does: a new inode behind the same path."""
+    text = document if isinstance(document, str) else json.dumps(document)
+    staging = path.with_name(path.name + ".new")
+    staging.write_text(text)
+    os.replace(staging, path)
+
+
+# ---------------------------------------------------------------------------
+# An App driven by a LoopbackRuntime
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Node:
+    app: App
+    runtime: LoopbackRuntime
+    tree: Tree
+    config_path: Path
+    base: dict[str, Any]
+
+    async def call(self, method: str, request: Any, response_type: type[Any]) -> Any:
+        return await self.runtime.call(method, request, response_type)
+
+    async def create(self, pod: api.PodSandbox, ctr: api.Container) -> None:
+        reply = await self.call(
+            "CreateContainer",
+            api.CreateContainerRequest(pod=pod, container=ctr),
+            api.CreateContainerResponse,
+        )
+        assert reply.adjust.linux.resources.cpu.quota.value == 100_000
+
+    async def state_change(
+        self, event: int, pod: api.PodSandbox, ctr: api.Container | None = None
+    ) -> None:
+        """How a runtime before NRI v0.10 delivers pod and container lifecycle events."""
+        await self.call(
+            "StateChange", api.StateChangeEvent(event=event, pod=pod, container=ctr), api.Empty
+        )
+
+    def rewrite(self, **changes: Any) -> None:
+        write_config(self.config_path, {**self.base, **changes})
+
+
+@asynccontextmanager
+async def running_node(
+    tmp_path: Path,
+    *,
+    nri_version: str = "",
+    runtime_version: str = "v1.7.24",
+    watch: bool = True,
+    **config: Any,
+) -> AsyncIterator[Node]:
+    tree = Tree(tmp_path / "cgroup")
+    cgroups = {"root": str(tree.root), **config.pop("cgroups", {})}
+    base = {"cgroups": cgroups, **config}
+    config_path = tmp_path / "config.yaml"
+    write_config(config_path, base)
+    app = App(
+        load_config_file(config_path),
+        name="midbatch",
+        idx="10",
+        config_path=str(config_path),
+        reload_interval=0.05,
+    )
+    (plugin_reader, plugin_writer), (rt_reader, rt_writer) = await socketpair_streams()
+    runtime = LoopbackRuntime(rt_reader, rt_writer)
+    task = asyncio.create_task(app.session.run(plugin_reader, plugin_writer))
+    services = app._services() if watch else _nothing()
+    try:
+        async with services:
+            await runtime.start(
+                runtime_name="containerd", runtime_version=runtime_version, nri_version=nri_version
+            )
+            yield Node(app, runtime, tree, config_path, base)
+    finally:
+        await runtime.close()
+        app.session.close()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+@asynccontextmanager
+async def _nothing() -> AsyncIterator[None]:
+    yield
+
+
+async def until(condition: Callable[[], bool], what: str, timeout: float = STEP_TIMEOUT) -> None:
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(POLL)
+    assert condition(), what
+
+
+def reloads_metric(app: App) -> dict[str, float]:
+    text = generate_latest(app.metrics.registry).decode()
+    (family,) = [
+        f for f in text_string_to_metric_families(text) if f.name == "nri_midbatch_config_reloads"
+    ]
+    return {s.labels["result"]: s.value for s in family.samples if s.name.endswith("_total")}
+
+
+# ---------------------------------------------------------------------------
+# NRI v0.6.1 (containerd 1.7.24): UpdateContainers is unsafe, cgroup files are written
+# ---------------------------------------------------------------------------
+
+
+def test_file_change_brings_containers_and_pods_to_the_new_values(tmp_path: Path) -> None:
+    pod = batch_pod()
+    parent = pod.linux.cgroup_parent
+    # An earlier instance of the same container, removed (restarted) before the reload.
+    gone = container("c-gone", pod, "app")
+    live = container("c-app", pod, "app")
+
+    async def scenario() -> Node:
+        async with running_node(tmp_path) as node:
+            assert node.app.plugin.runtime is not None
+            assert not node.app.plugin.runtime.update_containers_safe
+            node.tree.add(parent, BESTEFFORT)
+            await node.state_change(api.RUN_POD_SANDBOX, pod)
+            assert node.tree.read(parent) == APP_VALUES
+            # The runtime applied our adjustments to the containers' cgroups.
+            for ctr in (gone, live):
+                node.tree.add(parent, APP_VALUES, ctr.id)
+                await node.create(pod, ctr)
+            # Removed before the reload; its directory lingers, but it is not ours any more.
+            # (Created first: a wrongly remembered c-gone would be written before c-app.)
+            await node.state_change(api.REMOVE_CONTAINER, pod, gone)
+
+            node.rewrite(rules={"cpuNormalizationRatio": 2.0})
+            await until(
+                lambda: node.tree.read(parent, live.id) == HALVED_VALUES, "container follows"
+            )
+            await until(lambda: node.tree.read(parent)[1] == "50000", "pod follows")
+            assert node.app.reloads == {"applied": 1}
+            assert node.runtime.record.updates == []
+            return node
+
+    node = run(scenario())
+    assert node.tree.read(parent) == HALVED_VALUES
+    assert node.tree.read(parent, live.id) == HALVED_VALUES
+    assert node.tree.read(parent, gone.id) == APP_VALUES
+    assert node.app.plugin.config.rules.cpu_normalization_ratio == 2.0
+    assert reloads_metric(node.app)["applied"] == 1
+
+
+def test_invalid_file_keeps_the_values_counts_and_names_the_field(tmp_path: Path) -> None:
+    pod = batch_pod()
+    parent = pod.linux.cgroup_parent
+    live = container("c-app", pod, "app")
+
+    async def scenario() -> Node:
+        async with running_node(tmp_path) as node:
+            node.tree.add(parent, BESTEFFORT)
+            await node.state_change(api.RUN_POD_SANDBOX, pod)
+            node.tree.add(parent, APP_VALUES, live.id)
+            await node.create(pod, live)
+            before = node.tree.snapshot()
+            config = node.app.plugin.config
+
+            # A misspelt key: the whole file is refused, nothing half-applied.
+            node.rewrite(rules={"cpuNormalisationRatio": 2.0})
+            await until(lambda: node.app.reloads.get("invalid") == 1, "invalid counted")
+            assert node.app.reloads == {"invalid": 1}
+            assert node.app.plugin.config is config
+            assert node.tree.snapshot() == before
+            assert reloads_metric(node.app)["invalid"] == 1
+
+            # Fixed: the next change is applied as usual.
+            node.rewrite(rules={"cpuNormalizationRatio": 2.0})
+            await until(lambda: node.tree.read(parent, live.id) == HALVED_VALUES, "applied")
+            await until(lambda: node.tree.read(parent) == HALVED_VALUES, "pod applied")
+            assert node.app.reloads == {"invalid": 1, "applied": 1}
+            return node
+
+    with capture_logs() as logs:
+        run(scenario())
+    (rejected,) = [e for e in logs if e["event"].startswith("configuration rejected")]
+    assert rejected["log_level"] == "error"
+    assert "rules.cpuNormalisationRatio: unknown key" in rejected["error"]
+    assert str(tmp_path / "config.yaml") in rejected["error"]
+
+
+# ---------------------------------------------------------------------------
+# NRI v0.12.2: UpdateContainers is safe and carries the container values
+# ---------------------------------------------------------------------------
+
+
+def test_safe_runtime_gets_update_containers_and_no_container_file_is_written(
+    tmp_path: Path,
+) -> None:
+    pod = batch_pod()
+    parent = pod.linux.cgroup_parent
+    gone = container("c-gone", pod, "app")
+    live = container("c-app", pod, "app")
+
+    async def scenario() -> Node:
+        async with running_node(
+            tmp_path, nri_version="v0.12.2", runtime_version="v2.4.0", watch=False
+        ) as node:
+            assert node.app.plugin.runtime is not None
+            assert node.app.plugin.runtime.update_containers_safe
+            node.tree.add(parent, BESTEFFORT)
+            await node.call("RunPodSandbox", api.RunPodSandboxRequest(pod=pod), api.Empty)
+            assert node.tree.read(parent) == APP_VALUES
+            for ctr in (gone, live):
+                node.tree.add(parent, APP_VALUES, ctr.id)
+                await node.create(pod, ctr)
+            await node.call(
+                "RemoveContainer",
+                api.RemoveContainerRequest(pod=pod, container=gone),
+                api.RemoveContainerResponse,
+            )
+            containers_before = {k: v for k, v in node.tree.snapshot().items() if "/c-" in k}
+
+            node.rewrite(rules={"cpuNormalizationRatio": 2.0})
+            await node.app.reload("SIGHUP")  # returns once the pass is done
+
+            (update,) = node.runtime.record.updates
+            assert update.container_id == "c-app"
+            res = update.linux.resources
+            assert (res.cpu.shares.value, res.cpu.quota.value, res.memory.limit.value) == (
+                512,
+                50_000,
+                512 * MI,
+            )
+            # The runtime sets container cgroups; the plugin writes only the pod's.
+            assert {
+                k: v for k, v in node.tree.snapshot().items() if "/c-" in k
+            } == containers_before
+            assert node.tree.read(parent) == HALVED_VALUES
+            assert node.app.reloads == {"applied": 1}
+            return node
+
+    run(scenario())
+
+
+def test_sighup_with_an_unchanged_file_counts_unchanged_and_touches_nothing(
+    tmp_path: Path,
+) -> None:
+    pod = batch_pod()
+    parent = pod.linux.cgroup_parent
+    live = container("c-app", pod, "app")
+
+    async def scenario() -> None:
+        async with running_node(
+            tmp_path, nri_version="v0.12.2", runtime_version="v2.4.0", watch=False
+        ) as node:
+            node.tree.add(parent, BESTEFFORT)
+            await node.call("RunPodSandbox", api.RunPodSandboxRequest(pod=pod), api.Empty)
+            node.tree.add(parent, APP_VALUES, live.id)
+            await node.create(pod, live)
+            before = node.tree.snapshot()
+            config = node.app.plugin.config
+
+            await node.app.reload("SIGHUP")
+            # Rewritten with the same content (a ConfigMap resync): still unchanged.
+            node.rewrite()
+            await node.app.reload("SIGHUP")
+
+            assert node.app.reloads == {"unchanged": 2}
+            assert node.app.plugin.config is config
+            assert node.runtime.record.updates == []
+            assert node.tree.snapshot() == before
+            assert reloads_metric(node.app)["unchanged"] == 2
+
+    run(scenario())
+
+
+def test_reload_with_pod_level_off_writes_no_pod_file(tmp_path: Path) -> None:
+    pod = batch_pod()
+    parent = pod.linux.cgroup_parent
+    live = container("c-app", pod, "app")
+
+    async def scenario() -> Node:
+        async with running_node(tmp_path, watch=False, cgroups={"podLevel": False}) as node:
+            node.tree.add(parent, BESTEFFORT)
+            await node.state_change(api.RUN_POD_SANDBOX, pod)
+            node.tree.add(parent, APP_VALUES, live.id)
+            await node.create(pod, live)
+            assert node.tree.read(parent) == BESTEFFORT
+
+            node.rewrite(rules={"cpuNormalizationRatio": 2.0})
+            await node.app.reload("SIGHUP")
+            assert node.app.reloads == {"applied": 1}
+            return node
+
+    node = run(scenario())
+    assert node.tree.read(parent, live.id) == HALVED_VALUES
+    # podLevel: false means pod cgroups are kubelet's alone, on reload as on RunPodSandbox.
+    assert node.tree.read(parent) == BESTEFFORT

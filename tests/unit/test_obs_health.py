@@ -1,0 +1,255 @@
+"""The metrics and probe endpoint, queried over real HTTP from other threads.
+
+Operability §8: readiness only after Configure and Synchronize; liveness fails, with the reason,
+when the event loop is wedged. The server runs in its own thread precisely so that a wedged loop
+can still be reported, so the wedge here is a real blocking call on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from nri_midbatch import __version__
+from nri_midbatch.obs.health import HealthServer, parse_address
+from nri_midbatch.obs.metrics import Metrics
+
+from .nri_fixtures import run
+
+STALL_AFTER = 0.5
+WEDGE = 1.0
+
+
+def http_get(url: str) -> tuple[int, str, str]:
+    """(status, Content-Type, body) for any status, 5xx and 404 included."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as reply:
+            return reply.status, reply.headers["Content-Type"], reply.read().decode()
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, error.headers["Content-Type"], error.read().decode()
+
+
+def stop_in_background(server: HealthServer) -> None:
+    # stop() waits out serve_forever's 0.5 s poll; no test needs to wait for it.
+    threading.Thread(target=server.stop, daemon=True).start()
+
+
+class Readiness:
+    def __init__(self) -> None:
+        self.ready = False
+        self.reason = "registered, waiting for Synchronize"
+
+    def __call__(self) -> tuple[bool, str]:
+        return self.ready, self.reason
+
+
+# One server for the module's plain HTTP tests.
+_READINESS = Readiness()
+
+
+@pytest.fixture(scope="module")
+def _shared() -> Iterator[HealthServer]:
+    health = HealthServer("127.0.0.1:0", Metrics(), _READINESS, stall_after=STALL_AFTER)
+    health.start()
+    yield health
+    stop_in_background(health)
+
+
+@pytest.fixture
+def readiness() -> Readiness:
+    _READINESS.ready, _READINESS.reason = Readiness().ready, Readiness().reason
+    return _READINESS
+
+
+@pytest.fixture
+def server(_shared: HealthServer, readiness: Readiness) -> HealthServer:
+    return _shared
+
+
+def url(server: HealthServer, path: str) -> str:
+    return f"http://127.0.0.1:{server.port}{path}"
+
+
+# ---------------------------------------------------------------------------
+# /healthz
+# ---------------------------------------------------------------------------
+
+
+def test_healthz_stays_ok_while_the_loop_beats(server: HealthServer) -> None:
+    async def scenario() -> list[tuple[int, str]]:
+        beat = asyncio.create_task(server.heartbeat())
+        seen = []
+        try:
+            # Longer than stall_after: an idle but healthy loop must never look stalled,
+            # whatever stall_after is set to.
+            end = time.monotonic() + 2 * STALL_AFTER
+            while time.monotonic() < end:
+                status, _, body = await asyncio.to_thread(http_get, url(server, "/healthz"))
+                seen.append((status, body))
+                await asyncio.sleep(0.05)
+        finally:
+            beat.cancel()
+        return seen
+
+    seen = run(scenario())
+    assert len(seen) > 5
+    assert set(seen) == {(200, "ok\n")}
+
+
+def test_healthz_fails_with_the_stall_while_the_loop_is_wedged(server: HealthServer) -> None:
+    probe = url(server, "/healthz")
+    during: list[tuple[int, str, str]] = []
+    wedged = threading.Event()
+
+    def probe_during_the_wedge() -> None:
+        wedged.wait(timeout=2)
+        time.sleep(0.7)  # well past stall_after, well before the wedge ends
+        during.append(http_get(probe))
+
+    async def scenario() -> tuple[int, str, str]:
+        beat = asyncio.create_task(server.heartbeat())
+        try:
+            await asyncio.sleep(0.05)
+            before = await asyncio.to_thread(http_get, probe)
+            assert before[0] == 200
+
+            async def wedge() -> None:
+                wedged.set()
+                time.sleep(WEDGE)  # blocks the loop itself, as a stuck handler would
+
+            prober = threading.Thread(target=probe_during_the_wedge)
+            prober.start()
+            await asyncio.create_task(wedge())
+            await asyncio.to_thread(prober.join, 2)
+
+            # The loop runs again: the heartbeat catches up and health comes back.
+            deadline = time.monotonic() + 1.0
+            after = await asyncio.to_thread(http_get, probe)
+            while after[0] != 200 and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+                after = await asyncio.to_thread(http_get, probe)
+            return after
+        finally:
+            beat.cancel()
+
+    after = run(scenario())
+    (answer,) = during
+    status, content_type, body = answer
+    assert status == 500
+    assert content_type.startswith("text/plain")
+    assert "event loop stalled for" in body
+    match = re.search(r"stalled for ([0-9.]+)s", body)
+    assert match is not None
+    assert STALL_AFTER < float(match.group(1)) < WEDGE
+    assert after[0] == 200 and after[2] == "ok\n"
+
+
+# ---------------------------------------------------------------------------
+# /readyz, unknown paths, /metrics
+# ---------------------------------------------------------------------------
+
+
+def test_readyz_gives_the_reason_then_ok_when_ready(
+    server: HealthServer, readiness: Readiness
+) -> None:
+    status, _, body = http_get(url(server, "/readyz"))
+    assert (status, body) == (503, "registered, waiting for Synchronize\n")
+
+    readiness.reason = "not registered with a runtime"
+    assert http_get(url(server, "/readyz"))[::2] == (503, "not registered with a runtime\n")
+
+    readiness.ready = True
+    assert http_get(url(server, "/readyz"))[::2] == (200, "ok\n")
+    # A query string does not change the path a probe asks for.
+    assert http_get(url(server, "/readyz?verbose=1"))[0] == 200
+
+    readiness.ready = False
+    assert http_get(url(server, "/readyz"))[0] == 503
+
+
+@pytest.mark.parametrize("path", ["/", "/metricsx", "/healthz/extra", "/ready"])
+def test_unknown_paths_are_404(server: HealthServer, path: str) -> None:
+    status, _, body = http_get(url(server, path))
+    assert status == 404
+    assert body == "not found\n"
+
+
+def test_metrics_are_prometheus_text_with_build_info(server: HealthServer) -> None:
+    status, content_type, body = http_get(url(server, "/metrics"))
+    assert status == 200
+    # The text format generate_latest writes: scrapers pick their parser by this header.
+    assert content_type.startswith("text/plain; version=0.0.4")
+    families = {f.name: f for f in text_string_to_metric_families(body)}
+    (sample,) = families["nri_midbatch_build_info"].samples
+    assert sample.value == 1
+    assert sample.labels["version"] == __version__
+    assert sample.labels["python"]
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+def test_serves_on_an_ipv6_address(readiness: Readiness) -> None:
+    # parse_address (and so --metrics-address) accepts [v6]:port; the server must bind it.
+    health = HealthServer("[::1]:0", Metrics(), readiness)
+    health.start()
+    try:
+        assert http_get(f"http://[::1]:{health.port}/readyz")[0] == 503
+    finally:
+        stop_in_background(health)
+
+
+# ---------------------------------------------------------------------------
+# parse_address
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("address", "expected"),
+    [
+        ("127.0.0.1:9464", ("127.0.0.1", 9464)),
+        ("[::1]:9464", ("::1", 9464)),
+        ("[::]:9464", ("::", 9464)),
+        (":9464", ("0.0.0.0", 9464)),
+        ("localhost:0", ("localhost", 0)),
+        ("0.0.0.0:65535", ("0.0.0.0", 65535)),
+    ],
+)
+def test_parse_address(address: str, expected: tuple[str, int]) -> None:
+    assert parse_address(address) == expected
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "",
+        "9464",
+        "127.0.0.1",
+        "127.0.0.1:",
+        "127.0.0.1:http",
+        "127.0.0.1:65536",
+        "127.0.0.1:-1",
+        "127.0.0.1: 9464",
+        "[::1]",
+    ],
+)
+def test_parse_address_rejects(address: str) -> None:
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        parse_address(address)

@@ -1,0 +1,249 @@
+"""What a configuration change plans for workloads that already run (reconcile.plan, Known).
+
+Real policies from compile_policy; values per Koordinator's formulas (1k batch-cpu limit ->
+quota 100000, 500 request -> 512 shares), divided by cpuNormalizationRatio where set.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from nri_midbatch.config import load_config_text
+from nri_midbatch.policy import (
+    CgroupValues,
+    ContainerView,
+    NativeLimits,
+    PodView,
+    Policy,
+    compile_policy,
+)
+from nri_midbatch.reconcile import ContainerChange, Known, Plan, PodChange, plan
+
+QOS = "koordinator.sh/qosClass"
+PRIORITY = "koordinator.sh/priority-class"
+SPEC = "node.koordinator.sh/extended-resource-spec"
+MI = 1024 * 1024
+
+APP = {
+    "requests": {"kubernetes.io/batch-cpu": "500"},
+    "limits": {"kubernetes.io/batch-cpu": "1k", "kubernetes.io/batch-memory": "512Mi"},
+}
+#: No cpu limit: quota -1, which no normalization ratio changes.
+NO_CPU_LIMIT = {
+    "requests": {"kubernetes.io/batch-cpu": "250"},
+    "limits": {"kubernetes.io/batch-memory": "256Mi"},
+}
+MID_WORKER = {
+    "requests": {"kubernetes.io/mid-cpu": "1k"},
+    "limits": {"kubernetes.io/mid-cpu": "2k", "kubernetes.io/mid-memory": "1Gi"},
+}
+
+
+def policy(**document: Any) -> Policy:
+    return compile_policy(load_config_text(json.dumps(document), "test"))
+
+
+DEFAULT = policy()
+HALVED = policy(rules={"cpuNormalizationRatio": 2.0})
+NO_QUOTA = policy(rules={"cfsQuota": False})
+#: Only the mid tier: batch pods leave every tier.
+MID_ONLY = policy(
+    tiers=[
+        {
+            "name": "mid",
+            "priorityClasses": ["koord-mid"],
+            "qosClasses": ["BE", "LS"],
+            "resources": {"cpu": "kubernetes.io/mid-cpu", "memory": "kubernetes.io/mid-memory"},
+        }
+    ]
+)
+
+
+def pod(
+    uid: str,
+    containers: Mapping[str, Any],
+    *,
+    priority: str = "koord-batch",
+    qos: str = "BE",
+) -> PodView:
+    return PodView(
+        uid=uid,
+        namespace="default",
+        name=f"{uid}-name",
+        labels={QOS: qos, PRIORITY: priority},
+        annotations={SPEC: json.dumps({"containers": containers})},
+        cgroup_parent=f"/kubepods/besteffort/pod{uid}",
+    )
+
+
+def known(*pods: tuple[str, PodView, list[ContainerView]]) -> Known:
+    result = Known()
+    for pod_id, view, containers in pods:
+        result.add_pod(pod_id, view)
+        for container in containers:
+            result.containers[container.id] = (pod_id, container)
+    return result
+
+
+def summary(result: Plan) -> tuple[dict[str, CgroupValues], dict[str, CgroupValues]]:
+    """({container id: values}, {pod uid: values})."""
+    containers = {c.container.id: c.values for c in result.containers}
+    assert len(containers) == len(result.containers), "a container planned twice"
+    pods = {p.pod.uid: p.values for p in result.pods}
+    assert len(pods) == len(result.pods), "a pod planned twice"
+    return containers, pods
+
+
+# ---------------------------------------------------------------------------
+# plan()
+# ---------------------------------------------------------------------------
+
+
+def test_ratio_plans_only_the_values_it_changes() -> None:
+    batch = pod("batch", {"app": APP, "helper": NO_CPU_LIMIT})
+    node = known(
+        (
+            "sandbox-batch",
+            batch,
+            [
+                ContainerView("c-app", "app"),
+                # Quota -1 before and after: nothing to do.
+                ContainerView("c-helper", "helper"),
+                # Kubelet's 30000 is tighter than 100000 and 50000: never loosened, unchanged.
+                ContainerView("c-tight", "app", NativeLimits(cpu_quota=30_000)),
+                # Not in the spec: never ours.
+                ContainerView("c-unlisted", "unlisted"),
+            ],
+        ),
+    )
+    containers, pods = summary(plan(node, DEFAULT, HALVED))
+    assert containers == {"c-app": CgroupValues(512, 50_000, 512 * MI)}
+    # Pod: no pod-level quota (a listed container has no cpu limit), so only -1 -> -1: unchanged.
+    assert pods == {}
+
+
+def test_pod_level_values_are_planned_when_they_change() -> None:
+    batch = pod("batch", {"app": APP})
+    node = known(("sandbox-batch", batch, [ContainerView("c-app", "app")]))
+    result = plan(node, DEFAULT, HALVED)
+    (pod_change,) = result.pods
+    assert pod_change == PodChange(node.pods["sandbox-batch"], CgroupValues(512, 50_000, 512 * MI))
+    (container_change,) = result.containers
+    assert container_change.pod == node.pods["sandbox-batch"]
+    assert container_change.container == ContainerView("c-app", "app")
+
+
+@pytest.mark.parametrize(
+    ("old", "new"), [(DEFAULT, DEFAULT), (HALVED, policy(rules={"cpuNormalizationRatio": 2.0}))]
+)
+def test_an_equal_policy_plans_nothing(old: Policy, new: Policy) -> None:
+    node = known(("s", pod("batch", {"app": APP}), [ContainerView("c-app", "app")]))
+    result = plan(node, old, new)
+    assert result == Plan((), ())
+    assert not result
+
+
+def test_disabling_quota_plans_unlimited_quota() -> None:
+    node = known(("s", pod("batch", {"app": APP}), [ContainerView("c-app", "app")]))
+    containers, pods = summary(plan(node, DEFAULT, NO_QUOTA))
+    assert containers == {"c-app": CgroupValues(512, -1, 512 * MI)}
+    assert pods == {"batch": CgroupValues(512, -1, 512 * MI)}
+
+
+def test_containers_without_a_known_pod_are_skipped() -> None:
+    node = known(("s", pod("batch", {"app": APP}), [ContainerView("c-app", "app")]))
+    # A container whose pod we never heard of (or forgot): nothing to decide it with.
+    node.containers["c-orphan"] = ("sandbox-gone", ContainerView("c-orphan", "app"))
+    containers, _ = summary(plan(node, DEFAULT, HALVED))
+    assert set(containers) == {"c-app"}
+
+
+def test_workloads_leaving_every_tier_are_not_planned() -> None:
+    batch = pod("batch", {"app": APP})
+    mid = pod("mid", {"worker": MID_WORKER}, priority="koord-mid")
+    node = known(
+        ("s-batch", batch, [ContainerView("c-app", "app")]),
+        ("s-mid", mid, [ContainerView("c-worker", "worker")]),
+    )
+    # Halving first, so the mid pod's values would change if it were planned ...
+    result = plan(node, HALVED, MID_ONLY)
+    containers, pods = summary(result)
+    # ... the batch pod left every tier: we do not know kubelet's values, so no plan for it,
+    # and mid values go back from 100000 to 200000.
+    assert containers == {"c-worker": CgroupValues(1024, 200_000, 1024 * MI)}
+    assert pods == {"mid": CgroupValues(1024, 200_000, 1024 * MI)}
+
+
+def test_malformed_annotations_are_not_planned() -> None:
+    broken = PodView(
+        uid="bad",
+        namespace="default",
+        name="bad",
+        labels={QOS: "BE", PRIORITY: "koord-batch"},
+        annotations={SPEC: "{not json"},
+        cgroup_parent="/kubepods/besteffort/podbad",
+    )
+    node = known(("s", broken, [ContainerView("c", "app")]))
+    assert not plan(node, DEFAULT, HALVED)
+
+
+# ---------------------------------------------------------------------------
+# Known
+# ---------------------------------------------------------------------------
+
+
+def test_remove_pod_drops_its_containers_only() -> None:
+    node = known(
+        ("s-a", pod("a", {"app": APP}), [ContainerView("a1", "app"), ContainerView("a2", "app")]),
+        ("s-b", pod("b", {"app": APP}), [ContainerView("b1", "app")]),
+    )
+    node.remove_pod("s-a")
+    assert set(node.pods) == {"s-b"}
+    assert set(node.containers) == {"b1"}
+    containers, pods = summary(plan(node, DEFAULT, HALVED))
+    assert set(containers) == {"b1"}
+    assert set(pods) == {"b"}
+    # Removing an unknown pod is no error (RemovePodSandbox for a pod we never saw).
+    node.remove_pod("s-never")
+    assert set(node.pods) == {"s-b"}
+
+
+def test_add_pod_keeps_copies_of_labels_and_annotations() -> None:
+    labels = {QOS: "BE", PRIORITY: "koord-batch"}
+    annotations = {SPEC: json.dumps({"containers": {"app": APP}})}
+    source = PodView(
+        uid="batch",
+        namespace="default",
+        name="batch",
+        labels=labels,
+        annotations=annotations,
+        cgroup_parent="/kubepods/besteffort/podbatch",
+        native=NativeLimits(cpu_quota=400_000),
+    )
+    node = Known()
+    node.add_pod("s", source)
+    labels[PRIORITY] = "koord-prod"
+    annotations[SPEC] = "{not json"
+    labels["extra"] = "x"
+
+    remembered = node.pods["s"]
+    assert remembered.labels == {QOS: "BE", PRIORITY: "koord-batch"}
+    assert remembered.annotations == {SPEC: json.dumps({"containers": {"app": APP}})}
+    assert (remembered.uid, remembered.cgroup_parent) == ("batch", "/kubepods/besteffort/podbatch")
+    assert remembered.native == NativeLimits(cpu_quota=400_000)
+    # And the remembered pod still plans as the batch pod it was.
+    node.containers["c-app"] = ("s", ContainerView("c-app", "app"))
+    containers, _ = summary(plan(node, DEFAULT, HALVED))
+    assert containers == {"c-app": CgroupValues(512, 50_000, 512 * MI)}
+
+
+def test_container_change_carries_the_remembered_views() -> None:
+    node = known(("s", pod("batch", {"app": APP}), [ContainerView("c-app", "app")]))
+    (change,) = plan(node, DEFAULT, HALVED).containers
+    assert isinstance(change, ContainerChange)
+    assert change.pod is node.pods["s"]
+    assert change.container is node.containers["c-app"][1]
