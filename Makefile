@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/nri-midbatch replay examples/recordings/demo.jsonl --via-socket
 
-test: $(STAMP)
+test: lint
 	$(BIN)/python -m pytest
 
 test-fast: $(STAMP)
