@@ -72,8 +72,15 @@ _TierName = Annotated[str, StringConstraints(pattern=_TIER_NAME)]
 
 
 class TierResources(_Model):
-    cpu: _Name
-    memory: _Name
+    cpu: _Name = Field(
+        description="Extended resource read in milli-cores (the quantity's integer value, as for "
+        "Koordinator's `*-cpu` resources, so `500` is half a CPU): a container's request gives "
+        "its cpu.shares, its limit the CFS quota."
+    )
+    memory: _Name = Field(
+        description="Extended resource read in bytes: a container's limit gives its memory "
+        "limit. Requests of this resource play no part."
+    )
 
     @model_validator(mode="after")
     def _distinct(self) -> TierResources:
@@ -83,16 +90,36 @@ class TierResources(_Model):
 
 
 class TierConfig(_Model):
-    name: _TierName
+    name: _TierName = Field(
+        description="The tier's name, as it appears in logs, decision traces and the `tier` "
+        "label of the metrics."
+    )
     # Order matters: the first class is inferred for unlabelled pods carrying these resources.
     priority_classes: Annotated[
-        tuple[PriorityClass, ...], Field(min_length=1), AfterValidator(_unique)
+        tuple[PriorityClass, ...],
+        Field(
+            min_length=1,
+            description="Koordinator priority classes the tier takes. The first one listed is "
+            "the class inferred for a pod without the priority-class label whose "
+            "extended-resource spec names this tier's resources.",
+        ),
+        AfterValidator(_unique),
     ]
-    qos_classes: Annotated[tuple[QoSClass, ...], Field(min_length=1), AfterValidator(_unique)]
-    resources: TierResources
+    qos_classes: Annotated[
+        tuple[QoSClass, ...],
+        Field(min_length=1, description="Koordinator QoS classes the tier takes."),
+        AfterValidator(_unique),
+    ]
+    resources: TierResources = Field(
+        description="The extended resources the tier's values are computed from."
+    )
     namespaces: (
         Annotated[tuple[_Name, ...], Field(min_length=1), AfterValidator(_unique)] | None
-    ) = None
+    ) = Field(
+        default=None,
+        description="Namespaces the tier is limited to; `null` for every namespace. A pod in "
+        "another namespace is offered to the next tier.",
+    )
 
 
 # Koordinator's two tiers. Mid is a proposal there (PR #1762): same formulas, mid-* resources.
@@ -116,31 +143,102 @@ _DEFAULT_TIERS = tuple(
 
 
 class ClassificationConfig(_Model):
-    qos_label: _Name = "koordinator.sh/qosClass"
-    priority_class_label: _Name = "koordinator.sh/priority-class"
-    extended_resource_spec_annotation: _Name = "node.koordinator.sh/extended-resource-spec"
-    qos_from_cgroup_parent: StrictBool = False
+    qos_label: _Name = Field(
+        default="koordinator.sh/qosClass",
+        description="Pod label holding the Koordinator QoS class: `LSE`, `LSR`, `LS`, `BE` or "
+        "`SYSTEM`. Any other value means no QoS class, and a pod without one is in no tier.",
+    )
+    priority_class_label: _Name = Field(
+        default="koordinator.sh/priority-class",
+        description="Pod label holding the priority class: `koord-prod`, `koord-mid`, "
+        "`koord-batch` or `koord-free`. Any other value means no priority class, with no "
+        "fallback. Without the label the class is inferred: from the first tier whose "
+        "resources the extended-resource spec names, else from the QoS class (`BE` gives "
+        "`koord-batch`, any other class `koord-prod`).",
+    )
+    extended_resource_spec_annotation: _Name = Field(
+        default="node.koordinator.sh/extended-resource-spec",
+        description="Pod annotation with each container's extended requests and limits (JSON, "
+        "written by Koordinator's webhook). A pod without it, or whose annotation has no "
+        "`containers` map, is left alone; containers not listed in it are left alone too.",
+    )
+    qos_from_cgroup_parent: StrictBool = Field(
+        default=False,
+        description="For a pod without the QoS label, take the class from kubelet's QoS "
+        "directory in its cgroup parent: besteffort gives `BE`, burstable `LS`, guaranteed "
+        "`LSR`. Koordinator's batch hook reads the label only.",
+    )
 
 
 class RulesConfig(_Model):
-    cfs_quota: StrictBool = True
+    cfs_quota: StrictBool = Field(
+        default=True,
+        description="`false` gives tier pods and containers no CFS quota (-1), as koordlet does "
+        "while the NodeSLO enables BE suppression with `cpuSuppressPolicy: cfsQuota`. A "
+        "tighter native quota is still kept.",
+    )
     cpu_normalization_ratio: (
         Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)] | None
-    ) = None
+    ) = Field(
+        default=None,
+        description="The node's CPU normalization ratio, as Koordinator keeps it in the node "
+        "annotation `node.koordinator.sh/cpu-normalization-ratio`. Above 1, every positive "
+        "quota becomes ceil(quota / ratio), computed exactly on the decimal written here; "
+        "ratios up to 1 are not applied. `null`: no scaling.",
+    )
 
 
 class CgroupsConfig(_Model):
-    root: Annotated[str, StringConstraints(pattern=_ABSOLUTE)] = "/sys/fs/cgroup"
-    driver: CgroupDriver = CgroupDriver.AUTO
-    pod_level: StrictBool = True
+    root: Annotated[str, StringConstraints(pattern=_ABSOLUTE)] = Field(
+        default="/sys/fs/cgroup",
+        description="Where the cgroup file system is mounted: a cgroup v2 hierarchy (it holds "
+        "`cgroup.controllers`) or the directory of the v1 `cpu` and `memory` hierarchies.",
+    )
+    driver: CgroupDriver = Field(
+        default=CgroupDriver.AUTO,
+        description="How pod cgroup parents are spelled, as kubelet's `--cgroup-driver`: "
+        "`cgroupfs` (`/kubepods/besteffort/pod<uid>`), `systemd` "
+        "(`kubepods-besteffort-pod<uid>.slice`), or `auto`: systemd when the parent ends in "
+        "`.slice`.",
+    )
+    pod_level: StrictBool = Field(
+        default=True,
+        description="`false`: write no pod cgroup files (at RunPodSandbox, Synchronize or a "
+        "reload), and adjust containers only.",
+    )
 
 
 class Config(_Model):
-    failure_policy: FailurePolicy = FailurePolicy.IGNORE
-    tiers: tuple[TierConfig, ...] = _DEFAULT_TIERS
-    classification: ClassificationConfig = ClassificationConfig()
-    rules: RulesConfig = RulesConfig()
-    cgroups: CgroupsConfig = CgroupsConfig()
+    failure_policy: FailurePolicy = Field(
+        default=FailurePolicy.IGNORE,
+        description="What happens when a tier pod cannot be decided (an unusable "
+        "extended-resource spec, a value beyond int64) or its pod cgroup cannot be written. "
+        "`Ignore` (koordlet's default): log a warning, count it, and leave the pod or "
+        "container as kubelet and the runtime made it. `Fail`: also answer the runtime with "
+        "an error, so it refuses to run the pod, create the container or update it. "
+        "Synchronize is never refused.",
+    )
+    tiers: tuple[TierConfig, ...] = Field(
+        default=_DEFAULT_TIERS,
+        description="The tiers, walked in order: a pod joins the first one that takes its "
+        "priority class, its QoS class and its namespace. A pod in no tier is left alone; an "
+        "empty list leaves every pod alone. Defaults: Koordinator's batch tier and the mid "
+        "tier of its proposal (PR #1762).",
+    )
+    classification: ClassificationConfig = Field(
+        default=ClassificationConfig(),
+        description="Where a pod's QoS class, priority class and extended resources are read.",
+    )
+    rules: RulesConfig = Field(
+        default=RulesConfig(),
+        description="The node-level rules koordlet takes from the NodeSLO and the node; here "
+        "they are set per configuration.",
+    )
+    cgroups: CgroupsConfig = Field(
+        default=CgroupsConfig(),
+        description="The pod-level cgroup files, which are written directly (NRI cannot "
+        "adjust a pod sandbox).",
+    )
 
     @field_validator("tiers")
     @classmethod

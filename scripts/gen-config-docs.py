@@ -1,0 +1,411 @@
+#!/usr/bin/env python3
+"""Generate docs/configuration.md from the pydantic models in nri_midbatch/config.py.
+
+    .venv/bin/python scripts/gen-config-docs.py           # rewrite docs/configuration.md
+    .venv/bin/python scripts/gen-config-docs.py --check   # exit 1 if it is stale
+
+Every key's path, type, default, constraints and description come from the models (the
+descriptions are the fields' `Field(description=...)`). A field without a description, a
+constraint this script cannot put into words, or a validator it does not know makes it fail,
+so the reference cannot silently fall behind the code. The prose around the reference is
+kept here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import enum
+import sys
+import types
+import typing
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import annotated_types
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+from pydantic.functional_validators import AfterValidator
+from pydantic.types import AllowInfNan, Strict, StringConstraints
+from pydantic_core import PydanticUndefined
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from nri_midbatch import config as config_module  # noqa: E402
+from nri_midbatch.config import Config, effective_config_yaml  # noqa: E402
+
+OUTPUT = ROOT / "docs" / "configuration.md"
+COMMAND = ".venv/bin/python scripts/gen-config-docs.py"
+
+#: Validators that look at more than one value, in words. Keyed by (model, function name).
+VALIDATORS = {
+    ("TierResources", "_distinct"): "`cpu` and `memory` must name different resources.",
+    ("Config", "_tiers_are_unambiguous"): (
+        "tier names must be unique; a (priority class, QoS class) pair may belong to one tier "
+        "only, so that a pod maps to one tier at most; and no two tiers may read the same "
+        "resource."
+    ),
+}
+
+
+@dataclass
+class Key:
+    path: str
+    type: str
+    default: str
+    constraints: list[str]
+    allowed: list[str]
+    description: str
+    rules: list[str] = field(default_factory=list)
+
+
+class DocError(Exception):
+    """The models hold something this script cannot document."""
+
+
+# -- reading the models --------------------------------------------------------------------
+
+
+@dataclass
+class TypeInfo:
+    text: str
+    constraints: list[str]
+    allowed: list[str]
+    model: type[BaseModel] | None = None
+    is_list: bool = False
+
+
+def _constraint(item: object) -> str | None:
+    """One metadata entry in words; None for entries that need no words."""
+    if isinstance(item, StringConstraints):
+        meanings = config_module._PATTERN_MEANINGS
+        if str(item.pattern) not in meanings:
+            raise DocError(f"no words for the pattern {item.pattern!r}")
+        others = {
+            name: value
+            for name, value in vars(item).items()
+            if name != "pattern" and value is not None
+        }
+        if others:
+            raise DocError(f"no words for string constraints {others}")
+        return meanings[str(item.pattern)]
+    if isinstance(item, annotated_types.MinLen):
+        n = item.min_length
+        return f"at least {n} item" + ("s" if n != 1 else "")
+    if isinstance(item, annotated_types.Gt):
+        return f"greater than {item.gt}"
+    if isinstance(item, AllowInfNan):
+        return None if item.allow_inf_nan else "finite (no `.inf` or `.nan`)"
+    if isinstance(item, Strict):
+        return None  # said by the type: a YAML boolean or number, never a string
+    if isinstance(item, AfterValidator):
+        if item.func is config_module._unique:
+            return "no item listed twice"
+        raise DocError(f"no words for the validator {item.func.__name__}")
+    if isinstance(item, FieldInfo):
+        raise DocError("a FieldInfo should have been unpacked")
+    raise DocError(f"no words for the constraint {item!r}")
+
+
+def _metadata(items: list[Any]) -> list[Any]:
+    """Flatten FieldInfo objects found in Annotated[...] into their own metadata."""
+    flat: list[Any] = []
+    for item in items:
+        if isinstance(item, FieldInfo):
+            flat.extend(item.metadata)
+        else:
+            flat.append(item)
+    return flat
+
+
+def _type_info(annotation: Any, metadata: list[Any]) -> TypeInfo:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        base, *extra = typing.get_args(annotation)
+        return _type_info(base, _metadata(list(extra)) + metadata)
+    if origin in (typing.Union, types.UnionType):
+        arms = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(arms) != 1 or len(typing.get_args(annotation)) != 2:
+            raise DocError(f"no words for the union {annotation!r}")
+        inner = _type_info(arms[0], metadata)
+        inner.text += " or `null`"
+        return inner
+    constraints = [c for c in (_constraint(m) for m in metadata) if c]
+    if origin is tuple:
+        args = typing.get_args(annotation)
+        if len(args) != 2 or args[1] is not Ellipsis:
+            raise DocError(f"no words for the tuple {annotation!r}")
+        item = _type_info(args[0], [])
+        text = "list of " + (item.text + "s" if item.model is None else "mappings")
+        item_rules = [f"each item: {c}" for c in item.constraints]
+        return TypeInfo(text, constraints + item_rules, item.allowed, item.model, True)
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return TypeInfo("string", constraints, [f"`{m.value}`" for m in annotation])
+    if annotation is bool:
+        return TypeInfo("boolean", constraints, ["`true`", "`false`"])
+    if annotation is float:
+        return TypeInfo("number", constraints, [])
+    if annotation is str:
+        return TypeInfo("string", constraints, [])
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return TypeInfo("mapping", constraints, [], annotation)
+    raise DocError(f"no words for the type {annotation!r}")
+
+
+def _default_text(info: FieldInfo, type_info: TypeInfo) -> str:
+    if info.is_required():
+        return "required"
+    value = info.default
+    if value is PydanticUndefined:
+        raise DocError("a default factory has no words here")
+    if type_info.model is not None:
+        if type_info.is_list:
+            names = ", ".join(f"`{getattr(v, 'name', '?')}`" for v in value)
+            return f"{names} (see [the defaults](#the-default-configuration))"
+        return "the defaults of the keys below"
+    if value is None:
+        return "`null`"
+    if isinstance(value, bool):
+        return "`true`" if value else "`false`"
+    if isinstance(value, enum.Enum):
+        return f"`{value.value}`"
+    return f"`{value}`"
+
+
+def _validator_rules(model: type[BaseModel]) -> tuple[dict[str, list[str]], list[str]]:
+    """Words for the model's validators: per field (by name), and for the model as a whole."""
+    decorators = model.__pydantic_decorators__
+    per_field: dict[str, list[str]] = {}
+    whole: list[str] = []
+    for name, decorator in decorators.field_validators.items():
+        words = VALIDATORS.get((model.__name__, name))
+        if words is None:
+            raise DocError(f"{model.__name__}.{name}: describe this validator in VALIDATORS")
+        for field_name in decorator.info.fields:
+            per_field.setdefault(field_name, []).append(words)
+    for name in decorators.model_validators:
+        words = VALIDATORS.get((model.__name__, name))
+        if words is None:
+            raise DocError(f"{model.__name__}.{name}: describe this validator in VALIDATORS")
+        whole.append(words)
+    if decorators.root_validators or decorators.validators or decorators.field_serializers:
+        raise DocError(f"{model.__name__}: a kind of decorator this script does not know")
+    return per_field, whole
+
+
+def walk(model: type[BaseModel], prefix: str = "") -> Iterator[Key]:
+    per_field, _ = _validator_rules(model)
+    for name, info in model.model_fields.items():
+        path = f"{prefix}.{info.alias or name}" if prefix else (info.alias or name)
+        if not info.description:
+            raise DocError(f"{model.__name__}.{name} ({path}) has no description")
+        type_info = _type_info(info.annotation, list(info.metadata))
+        rules = list(per_field.get(name, []))
+        if type_info.model is not None:
+            rules += _validator_rules(type_info.model)[1]
+        yield Key(
+            path=path,
+            type=type_info.text,
+            default=_default_text(info, type_info),
+            constraints=type_info.constraints,
+            allowed=type_info.allowed,
+            description=" ".join(info.description.split()),
+            rules=rules,
+        )
+        if type_info.model is not None:
+            yield from walk(type_info.model, path + ("[]" if type_info.is_list else ""))
+
+
+# -- writing the page ----------------------------------------------------------------------
+
+HEADER = f"""\
+<!-- Generated by scripts/gen-config-docs.py from the models in nri_midbatch/config.py.
+     Do not edit: change the field descriptions there (or the prose in the script), then run
+     {COMMAND}
+     `--check` exits 1 while this file is stale; tests/unit/test_docs.py runs it. -->
+
+# Configuration
+
+nri-midbatch reads one YAML document. Keys are camelCase, every key is optional (an empty
+file gives the built-in defaults, which reproduce Koordinator's koordlet), and anything
+unexpected is an error rather than a silent default: an unknown key, a key written twice in
+one mapping, a value of the wrong type (`"true"` is a string, not a boolean), a misspelt
+enumeration value (`ignore` is not `Ignore`).
+
+Errors name the source and the path of the field at fault, for example
+`/etc/nri-midbatch/config.yaml: tiers.0.name: must match [a-z0-9-]+` (YAML syntax errors
+give the line and column instead).
+
+- [How the configuration is loaded](#how-the-configuration-is-loaded)
+- [What a reload does to running workloads](#what-a-reload-does-to-running-workloads)
+- [Checking a file](#checking-a-file)
+- [Reference](#reference)
+- [The default configuration](#the-default-configuration)
+"""
+
+LOADING = """\
+## How the configuration is loaded
+
+**At start-up.** `nri-midbatch run --config FILE` reads FILE; without `--config` the built-in
+defaults apply. A file that cannot be read or is invalid stops the command with exit status
+2 and the reason on stderr; the plugin never starts on a configuration it could not
+validate.
+
+**Pre-launched plugins: the runtime's drop-in.** A plugin the runtime starts itself gets no
+arguments, so no `--config`. Its configuration is the runtime's drop-in file,
+`/etc/nri/conf.d/NN-name.conf` (or `name.conf`, e.g. `/etc/nri/conf.d/10-midbatch.conf`),
+which the runtime sends verbatim in `Configure` each time the plugin registers. When that
+text is not blank it **replaces the whole configuration** the plugin started with: it is not
+merged, so a key the drop-in leaves out takes its built-in default, not the value from a
+`--config` file. An invalid drop-in is refused: the configuration in force stays, the error
+is logged (`configuration from the runtime rejected`, with the field path) and counted in
+`nri_midbatch_config_reloads_total{result="rejected_from_runtime"}`, and registration goes
+on. External plugins (a DaemonSet, a systemd service) always get an empty text, so for them
+`Configure` changes nothing. The runtime reads the drop-in only when it starts the plugin,
+so a changed drop-in takes effect when the runtime restarts.
+
+**Reloading.** With `--config`, the plugin looks at the file once a second (inode, size
+and modification time, so the symlink swap of a Kubernetes ConfigMap update is seen). A
+change is reloaded once the file has held still for one more look, so an editor that
+truncates and then writes is never read half-way; `SIGHUP` reloads at once. Each reload
+is counted in `nri_midbatch_config_reloads_total` by `result`:
+
+- `applied`: the file was valid and differed from the configuration in force; it now
+  applies.
+- `unchanged`: the file was valid and equal to the configuration in force.
+- `invalid`: the file could not be read or was invalid. The previous configuration stays
+  in force, and the error is logged with the field path (`configuration rejected, the
+  previous one stays in force`).
+- `rejected_from_runtime`: a pre-launched plugin's drop-in was refused at `Configure`
+  (above).
+
+A file that disappears counts as no change. Without `--config` (a pre-launched plugin, or
+the built-in defaults) there is nothing to reload: `SIGHUP` only logs a warning.
+"""
+
+RELOAD = """\
+## What a reload does to running workloads
+
+New pods and containers follow a new configuration from the moment it applies. For those
+already running, the plugin keeps the pods and containers the runtime told it about (at
+`Synchronize`, `RunPodSandbox` and `CreateContainer`; forgotten at `RemoveContainer` and
+`RemovePodSandbox`). For each one it computes the values under the old and the new
+configuration, and only values that differ are changed. The native limits a container was
+created with are still never loosened.
+
+- **Containers, on a runtime with NRI v0.12.2 or later** (the version the runtime reports
+  at `Configure`; a runtime that reports none is looked up by its own version): the plugin
+  asks the runtime to apply the new values with `UpdateContainers`, from a task of its own.
+  Containers the runtime reports it could not update get their cgroup files written
+  instead (logged: `runtime could not update containers, writing their cgroup files`); if
+  the call itself fails, everything goes through the cgroup files.
+- **Containers, on older runtimes** (any containerd or CRI-O release on an NRI older than
+  v0.12.2): their `UpdateContainers` can deadlock the runtime, so the plugin writes the
+  containers' cgroup files itself: `cpu.shares`, `cpu.cfs_quota_us`,
+  `memory.limit_in_bytes` on cgroup v1; `cpu.weight`, the quota of `cpu.max`, `memory.max`
+  on v2. On v2 the shares become a weight by kubelet's formula, which is not always the one
+  the runtime used when it created the container.
+- **Pods**: the pod cgroup files, as at `RunPodSandbox`. When files are written, pods go
+  first, then containers, then the pods whose write failed once more: on cgroup v1 a pod's
+  quota cannot go below a child's, so lowering it only works once the containers are lower.
+  With `cgroups.podLevel: false` pod files are left alone.
+- **Workloads that leave every tier** (or whose decision fails under the new
+  configuration) are not touched: the plugin does not know the values kubelet gave them,
+  so they keep their last values until they are recreated.
+
+Each write is logged (`cgroup set for new configuration` or `cgroup not set for new
+configuration` with the reason); `configuration reloaded` gives the number of containers
+and pods planned.
+"""
+
+CHECKING = """\
+## Checking a file
+
+```sh
+nri-midbatch check-config /etc/nri-midbatch/config.yaml
+```
+
+Exit status 0: the file is valid, and the configuration it gives, with every default filled
+in, is printed as YAML (the same YAML is accepted back). Exit status 1: the reason is on
+stderr, e.g. `nri-midbatch: config.yaml: rules.cpuNormalizationRatio: Input should be
+greater than 0`. It runs the same validation as `run` and the reloads.
+"""
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def render() -> str:
+    keys = list(walk(Config))
+    out = [HEADER, LOADING, RELOAD, CHECKING, "## Reference\n"]
+    out.append(
+        "Paths use `[]` for the items of a list: `tiers[].name` is the `name` of each tier.\n"
+    )
+    out.append("| key | type | default |\n|---|---|---|")
+    for key in keys:
+        anchor = _anchor(key.path)
+        out.append(f"| [`{key.path}`](#{anchor}) | {_cell(key.type)} | {_cell(key.default)} |")
+    out.append("")
+    for key in keys:
+        out.append(f"### `{key.path}`\n")
+        facts = [f"**Type:** {key.type}", f"**Default:** {key.default}"]
+        if key.allowed:
+            facts.append("**Values:** " + ", ".join(key.allowed))
+        if key.constraints:
+            facts.append("**Constraints:** " + "; ".join(key.constraints))
+        out.append("- " + "\n- ".join(facts) + "\n")
+        out.append(key.description + "\n")
+        for rule in key.rules:
+            out.append(f"Checked across keys: {rule}\n")
+    out.append("## The default configuration\n")
+    out.append(
+        "What an empty file gives, as `nri-midbatch check-config` prints it. "
+        "[`examples/config/default.yaml`](../examples/config/default.yaml) is the same "
+        "configuration with comments.\n"
+    )
+    out.append("```yaml\n" + effective_config_yaml(Config()) + "```\n")
+    return "\n".join(out)
+
+
+def _anchor(path: str) -> str:
+    """GitHub's heading anchor for a heading that is just `path` in backticks."""
+    return "".join(ch for ch in path.lower() if ch.isalnum() or ch in "-_ ").replace(" ", "-")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 if docs/configuration.md is stale"
+    )
+    args = parser.parse_args(argv)
+    try:
+        text = render()
+    except DocError as exc:
+        print(f"gen-config-docs: {exc}", file=sys.stderr)
+        return 2
+    if args.check:
+        current = OUTPUT.read_text(encoding="utf-8") if OUTPUT.exists() else ""
+        if current != text:
+            diff = difflib.unified_diff(
+                current.splitlines(keepends=True),
+                text.splitlines(keepends=True),
+                fromfile=str(OUTPUT.relative_to(ROOT)),
+                tofile="generated",
+            )
+            sys.stderr.writelines(diff)
+            print(
+                f"gen-config-docs: {OUTPUT.relative_to(ROOT)} is stale; run {COMMAND}",
+                file=sys.stderr,
+            )
+            return 1
+        return 0
+    OUTPUT.write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
