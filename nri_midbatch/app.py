@@ -16,7 +16,12 @@ import structlog
 
 from nri_midbatch.config import Config, ConfigError, load_config_file
 from nri_midbatch.nri.runner import run_external, run_prelaunched
-from nri_midbatch.nri.session import CallRecorder, Session, SessionState
+from nri_midbatch.nri.session import (
+    DEFAULT_REGISTRATION_TIMEOUT,
+    CallRecorder,
+    Session,
+    SessionState,
+)
 from nri_midbatch.nri.version import Version
 from nri_midbatch.obs.health import HealthServer
 from nri_midbatch.obs.logging import set_level
@@ -51,6 +56,7 @@ class App:
         metrics_address: str | None = None,
         log_level: str = "info",
         reload_interval: float = RELOAD_INTERVAL,
+        registration_timeout: float = DEFAULT_REGISTRATION_TIMEOUT,
     ) -> None:
         self.metrics = Metrics()
         self.recorder = recorder
@@ -60,7 +66,14 @@ class App:
         observers: list[CallRecorder] = [self.metrics.observer()]
         if recorder is not None:
             observers.append(recorder)
-        self.session = Session(self.plugin, name, idx, recorders=observers, on_state=self._on_state)
+        self.session = Session(
+            self.plugin,
+            name,
+            idx,
+            recorders=observers,
+            on_state=self._on_state,
+            registration_timeout=registration_timeout,
+        )
         self.metrics.add_collector(CountersCollector(self._counter_families))
         self.health = (
             HealthServer(metrics_address, self.metrics, self.readiness) if metrics_address else None

@@ -9,12 +9,14 @@ import os
 import re
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import structlog
 
 from nri_midbatch import __version__
+from nri_midbatch.nri.session import DEFAULT_REGISTRATION_TIMEOUT
 from nri_midbatch.obs.logging import LEVELS, configure_logging, open_sink
 from nri_midbatch.record import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, Recorder, RotatingFile
 
@@ -24,9 +26,20 @@ DEFAULT_NAME = "midbatch"
 DEFAULT_IDX = "10"
 
 DEFAULT_METRICS_ADDRESS = "127.0.0.1:9464"
+DEFAULT_WEBHOOK_ADDRESS = "0.0.0.0:9443"
 
 _NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
 _IDX = re.compile(r"^[0-9]{2}$")
+
+
+def _positive_seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < 3600:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds above 0")
+    return seconds
 
 
 def _metrics_address(value: str) -> str:
@@ -37,6 +50,16 @@ def _metrics_address(value: str) -> str:
             parse_address(value)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
+def _webhook_address(value: str) -> str:
+    from nri_midbatch.obs.health import parse_address
+
+    try:
+        parse_address(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"address {value!r} must be HOST:PORT") from None
     return value
 
 
@@ -70,6 +93,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--log-level", choices=LEVELS, default="info")
     run.add_argument("--log-format", choices=("json", "console"), default="json")
     run.add_argument("--log-file", metavar="FILE", help="log here instead of stderr")
+    run.add_argument(
+        "--registration-timeout",
+        type=_positive_seconds,
+        default=DEFAULT_REGISTRATION_TIMEOUT,
+        metavar="SECONDS",
+        help="how long to wait for the runtime to take our registration "
+        "(keep it at least the runtime's plugin_registration_timeout)",
+    )
     run.add_argument(
         "--metrics-address",
         default=DEFAULT_METRICS_ADDRESS,
@@ -126,6 +157,30 @@ def _parser() -> argparse.ArgumentParser:
     )
     explain.add_argument("--config", metavar="FILE", help="YAML configuration file")
     explain.add_argument("--format", choices=("text", "json"), default="text")
+
+    webhook = commands.add_parser(
+        "webhook",
+        help="serve the admission webhook (priority-class label and extended-resource spec)",
+    )
+    webhook.add_argument("--tls-cert", metavar="FILE", required=True, help="PEM certificate chain")
+    webhook.add_argument("--tls-key", metavar="FILE", required=True, help="PEM private key")
+    webhook.add_argument(
+        "--address",
+        default=DEFAULT_WEBHOOK_ADDRESS,
+        type=_webhook_address,
+        metavar="HOST:PORT",
+        help="listen here (default %(default)s)",
+    )
+    webhook.add_argument("--config", metavar="FILE", help="YAML configuration file (the plugin's)")
+    webhook.add_argument(
+        "--shutdown-delay",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="on SIGTERM, fail readiness and keep serving this long first (default %(default)s)",
+    )
+    webhook.add_argument("--log-level", choices=LEVELS, default="info")
+    webhook.add_argument("--log-format", choices=("json", "console"), default="json")
     return parser
 
 
@@ -161,6 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _replay(args)
     if args.command == "explain":
         return _explain(args)
+    if args.command == "webhook":
+        return _webhook(args)
     parser.error(f"unknown command {args.command}")
     return 2
 
@@ -218,6 +275,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             recorder=recorder,
             metrics_address=metrics_address,
             log_level=args.log_level,
+            registration_timeout=args.registration_timeout,
         )
 
     try:
@@ -244,7 +302,14 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                 return await app.run_prelaunched(prelaunched_fd)
             return await app.run_external(args.socket_path)
 
-    return asyncio.run(serve())
+    from nri_midbatch.rpc import loop as event_loop
+
+    try:
+        factory = event_loop.loop_factory()
+    except ValueError as exc:
+        print(f"nri-midbatch: {exc}", file=sys.stderr)
+        return 2
+    return event_loop.run(serve(), factory)
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -280,6 +345,47 @@ def _explain(args: argparse.Namespace) -> int:
         print(f"nri-midbatch: {exc}", file=sys.stderr)
         return 2
     return explain_command(Path(args.pod), config, fmt=args.format, out=sys.stdout, err=sys.stderr)
+
+
+def _webhook(args: argparse.Namespace) -> int:
+    import ssl
+    import threading
+
+    from nri_midbatch.config import Config, ConfigError, load_config_file
+    from nri_midbatch.webhook.server import WebhookServer, load_tls_context
+
+    configure_logging(args.log_level, args.log_format)
+    try:
+        config = load_config_file(args.config) if args.config else Config()
+    except ConfigError as exc:
+        print(f"nri-midbatch: {exc}", file=sys.stderr)
+        return 2
+    try:
+        load_tls_context(args.tls_cert, args.tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        problem = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        print(f"nri-midbatch: TLS {args.tls_cert}, {args.tls_key}: {problem}", file=sys.stderr)
+        return 2
+    try:
+        server = WebhookServer(
+            args.address, args.tls_cert, args.tls_key, config, config_path=args.config
+        )
+    except OSError as exc:
+        print(
+            f"nri-midbatch: cannot serve on {args.address}: {exc.strerror or exc}", file=sys.stderr
+        )
+        return 2
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    server.start()
+    while not stop.wait(1.0):
+        pass
+    # Endpoints are removed asynchronously: keep answering while readiness fails.
+    server.drain()
+    time.sleep(max(args.shutdown_delay, 0.0))
+    server.stop()
+    return 0
 
 
 def _check_config(path: str) -> int:

@@ -87,8 +87,20 @@ async def run_external(
     delay = backoff.initial
     stale: tuple[int, int] | None = None
     attempts = 0
+    said_missing = False
     while not stop.is_set():
         identity = _socket_identity(socket_path)
+        if identity is None and not said_missing:
+            # Once per absence: NRI disabled, a wrong path, or a directory we
+            # may not enter (the runtime makes it 0700, root only) all look so.
+            log.warning(
+                "waiting for the runtime's NRI socket",
+                socket=socket_path,
+                hint="is NRI enabled, the path right, and are we root?",
+            )
+            said_missing = True
+        elif identity is not None:
+            said_missing = False
         if identity is None or identity == stale:
             await _wait_for_socket(socket_path, stale, backoff.jittered(delay), stop)
             if stop.is_set():
