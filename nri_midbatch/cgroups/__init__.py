@@ -10,9 +10,7 @@ from nri_midbatch.cgroups.fs import (
     DEFAULT_CGROUP_ROOT,
     apply_container_values,
     apply_pod_values,
-    container_dir,
     detect_version,
-    pod_dir,
     read_pod_values,
 )
 from nri_midbatch.cgroups.paths import CgroupDriver, CgroupPathError
@@ -38,9 +36,7 @@ __all__ = [
     "WriteReport",
     "apply_container_values",
     "apply_pod_values",
-    "container_dir",
     "cpu_shares_to_weight",
     "detect_version",
-    "pod_dir",
     "read_pod_values",
 ]

@@ -44,28 +44,6 @@ def detect_version(root: Path) -> CgroupVersion:
     return CgroupVersion.V1
 
 
-def pod_dir(root: Path, driver: CgroupDriver, cgroup_parent: str, controller: Controller) -> Path:
-    """The pod's cgroup directory, symlinks resolved and confined to the root.
-
-    controller picks the v1 hierarchy; v2 has one tree for all controllers.
-    Raises CgroupPathError if the parent is malformed or leads outside.
-    """
-    relpath = pod_relpath(driver, cgroup_parent)
-    return _confined_dir(root, detect_version(root), controller, relpath, cgroup_parent)
-
-
-def container_dir(
-    root: Path,
-    driver: CgroupDriver,
-    cgroup_parent: str,
-    container_id: str,
-    controller: Controller,
-) -> Path:
-    """A container's cgroup directory inside its pod's, resolved and confined like pod_dir."""
-    relpath = container_relpath(driver, cgroup_parent, container_id)
-    return _confined_dir(root, detect_version(root), controller, relpath, cgroup_parent)
-
-
 def apply_pod_values(
     root: Path, driver: CgroupDriver, cgroup_parent: str, values: PodCgroupValues
 ) -> WriteReport:
@@ -85,14 +63,16 @@ def apply_container_values(
     cgroup_parent: str,
     container_id: str,
     values: PodCgroupValues,
+    cgroups_path: str = "",
 ) -> WriteReport:
     """The same three files in a container's cgroup, for runtimes we cannot ask to update.
 
     Used when a new configuration must reach running containers and the
     runtime's UpdateContainers is unsafe; confined and reported like pods.
+    `cgroups_path` is the runtime's own path for the container, when known.
     """
-    relpath = container_relpath(driver, cgroup_parent, container_id)
-    return _apply(root, relpath, cgroup_parent, values)
+    relpath = container_relpath(driver, cgroup_parent, container_id, cgroups_path)
+    return _apply(root, relpath, cgroups_path or cgroup_parent, values)
 
 
 def _apply(

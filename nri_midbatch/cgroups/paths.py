@@ -50,16 +50,22 @@ def pod_relpath(driver: CgroupDriver, cgroup_parent: str) -> PurePosixPath:
     return PurePosixPath(*segments)
 
 
-def container_relpath(driver: CgroupDriver, cgroup_parent: str, container_id: str) -> PurePosixPath:
+def container_relpath(
+    driver: CgroupDriver, cgroup_parent: str, container_id: str, cgroups_path: str = ""
+) -> PurePosixPath:
     """A container's cgroup directory relative to the root.
 
-    runc with the cgroupfs driver nests `<container id>` under the pod
-    directory; with systemd, containerd names the container's unit
+    The runtime's own `cgroups_path` (NRI's `Container.linux.cgroups_path`)
+    wins when it is known, since runtimes name containers differently. Else
+    containerd's naming: runc with the cgroupfs driver nests `<container id>`
+    under the pod directory; with systemd the unit is
     `cri-containerd-<id>.scope` inside the pod slice.
     """
+    if cgroups_path:
+        return runtime_cgroups_relpath(cgroups_path)
     pod = pod_relpath(driver, cgroup_parent)
     _check_text(container_id, cgroup_parent)
-    if container_id in ("", ".", "..") or "/" in container_id:
+    if not _is_segment(container_id):
         raise CgroupPathError(
             f"container id {container_id!r} (cgroup parent {cgroup_parent!r}) "
             "is not a single path segment"
@@ -67,6 +73,30 @@ def container_relpath(driver: CgroupDriver, cgroup_parent: str, container_id: st
     if resolve_driver(driver, cgroup_parent) is CgroupDriver.SYSTEMD:
         return pod / f"cri-containerd-{container_id}.scope"
     return pod / container_id
+
+
+def runtime_cgroups_relpath(cgroups_path: str) -> PurePosixPath:
+    """An OCI `linux.cgroupsPath` as runc reads it, relative to the root.
+
+    `/a/b/c` with the cgroupfs driver; `slice:prefix:name` with systemd, which
+    is the unit `prefix-name.scope` inside the expanded slice (containerd
+    writes prefix `cri-containerd`, CRI-O `crio`).
+    """
+    _check_text(cgroups_path, cgroups_path)
+    if cgroups_path.startswith("/") or ":" not in cgroups_path:
+        return PurePosixPath(*_split_segments(cgroups_path))
+    parts = cgroups_path.split(":")
+    if len(parts) != 3 or not all(_is_segment(p) for p in (parts[0], parts[2])):
+        raise CgroupPathError(f"cgroups path {cgroups_path!r}: not slice:prefix:name")
+    slice_name, prefix, name = parts
+    if prefix and not _is_segment(prefix):
+        raise CgroupPathError(f"cgroups path {cgroups_path!r}: bad unit prefix")
+    unit = f"{prefix}-{name}.scope" if prefix else f"{name}.scope"
+    return PurePosixPath(*_expand_slice(slice_name), unit)
+
+
+def _is_segment(text: str) -> bool:
+    return text not in ("", ".", "..") and "/" not in text
 
 
 def _check_text(text: str, cgroup_parent: str) -> None:

@@ -20,10 +20,9 @@ from nri_midbatch.cgroups import (
     PodCgroupReading,
     PodCgroupValues,
     WriteReport,
+    apply_container_values,
     apply_pod_values,
-    container_dir,
     detect_version,
-    pod_dir,
     read_pod_values,
 )
 from nri_midbatch.cgroups import fs as cgroup_fs
@@ -204,7 +203,6 @@ def test_v1_cpu_symlinked_to_cpu_cpuacct(tmp_path: Path) -> None:
     assert (real_cpu / "cpu.cfs_quota_us").read_text() == "50000"
     # Reported under the resolved path.
     assert report.written[0].path == real_cpu / "cpu.shares"
-    assert pod_dir(tmp_path, AUTO, BE_CGROUPFS, "cpu") == real_cpu
 
 
 def test_root_given_through_a_symlink(tmp_path: Path) -> None:
@@ -524,27 +522,63 @@ def test_symlink_that_stays_inside_root_is_followed(tmp_path: Path) -> None:
 # --- directories ----------------------------------------------------------------
 
 
-def test_pod_dir_and_container_dir_v1_cgroupfs(tmp_path: Path) -> None:
-    make_v1(tmp_path, BE_CGROUPFS.lstrip("/"))
-    pod = tmp_path / "memory" / BE_CGROUPFS.lstrip("/")
-    assert pod_dir(tmp_path, AUTO, BE_CGROUPFS, "memory") == pod
-    assert container_dir(tmp_path, AUTO, BE_CGROUPFS, "abc123", "memory") == pod / "abc123"
+def test_container_values_v1_cgroupfs(tmp_path: Path) -> None:
+    pod = BE_CGROUPFS.lstrip("/")
+    make_v1(tmp_path, f"{pod}/abc123")
+    report = apply_container_values(tmp_path, AUTO, BE_CGROUPFS, "abc123", BATCH)
+    assert report.ok
+    assert (tmp_path / "cpu" / pod / "abc123" / "cpu.cfs_quota_us").read_text() == "50000"
+    assert (tmp_path / "memory" / pod / "abc123" / "memory.limit_in_bytes").read_text() == str(GIB)
 
 
-def test_container_dir_v2_systemd(tmp_path: Path) -> None:
-    make_v2(tmp_path, BE_SYSTEMD_DIR)
-    assert container_dir(tmp_path, AUTO, BE_SYSTEMD, "abc123", "cpu") == (
-        tmp_path / BE_SYSTEMD_DIR / "cri-containerd-abc123.scope"
+def test_container_values_v2_systemd_containerd_naming(tmp_path: Path) -> None:
+    make_v2(tmp_path, f"{BE_SYSTEMD_DIR}/cri-containerd-abc123.scope")
+    report = apply_container_values(tmp_path, AUTO, BE_SYSTEMD, "abc123", BATCH)
+    assert report.ok
+    scope = tmp_path / BE_SYSTEMD_DIR / "cri-containerd-abc123.scope"
+    assert (scope / "cpu.max").read_text() == "50000"
+
+
+@pytest.mark.parametrize(
+    ("cgroups_path", "directory"),
+    [
+        # CRI-O with systemd: runc's slice:prefix:name.
+        (f"{BE_SYSTEMD}:crio:abc123", f"{BE_SYSTEMD_DIR}/crio-abc123.scope"),
+        (f"{BE_SYSTEMD}::abc123", f"{BE_SYSTEMD_DIR}/abc123.scope"),
+        # cgroupfs: a path from the root, whatever the runtime called the leaf.
+        (f"{BE_CGROUPFS}/crio-abc123", f"{BE_CGROUPFS.lstrip('/')}/crio-abc123"),
+    ],
+)
+def test_container_values_follow_the_runtimes_own_cgroups_path(
+    tmp_path: Path, cgroups_path: str, directory: str
+) -> None:
+    make_v2(tmp_path, directory)
+    report = apply_container_values(
+        tmp_path, AUTO, BE_SYSTEMD, "abc123", BATCH, cgroups_path=cgroups_path
     )
+    assert report.ok
+    assert (tmp_path / directory / "cpu.max").read_text() == "50000"
 
 
-def test_container_dir_refuses_escapes(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "cgroups_path",
+    ["/kubepods/../../etc", f"{BE_SYSTEMD}:crio:..", f"{BE_SYSTEMD}:crio:a/b", "a:b", "x:y:z:w"],
+)
+def test_container_values_refuse_bad_runtime_paths(tmp_path: Path, cgroups_path: str) -> None:
+    make_v2(tmp_path, BE_SYSTEMD_DIR)
+    before = snapshot(tmp_path)
+    with pytest.raises(CgroupPathError):
+        apply_container_values(tmp_path, AUTO, BE_SYSTEMD, "abc123", BATCH, cgroups_path)
+    assert snapshot(tmp_path) == before
+
+
+def test_container_values_refuse_escapes(tmp_path: Path) -> None:
     make_v2(tmp_path, BE_SYSTEMD_DIR)
     with pytest.raises(CgroupPathError):
-        container_dir(tmp_path, AUTO, BE_SYSTEMD, "..", "cpu")
+        apply_container_values(tmp_path, AUTO, BE_SYSTEMD, "..", BATCH)
     (tmp_path / BE_SYSTEMD_DIR / "cri-containerd-evil.scope").symlink_to(tmp_path.parent)
     with pytest.raises(CgroupPathError):
-        container_dir(tmp_path, AUTO, BE_SYSTEMD, "evil", "cpu")
+        apply_container_values(tmp_path, AUTO, BE_SYSTEMD, "evil", BATCH)
 
 
 # --- property: nothing outside the root is ever written ---------------------------
