@@ -24,8 +24,8 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m 'not e2e'
 
 lint: $(STAMP)
-	$(BIN)/ruff check nri_midbatch tests scripts
-	$(BIN)/ruff format --check nri_midbatch tests scripts
+	$(BIN)/ruff check nri_midbatch tests scripts bench
+	$(BIN)/ruff format --check nri_midbatch tests scripts bench
 	$(BIN)/mypy nri_midbatch
 
 gen: $(STAMP)
@@ -33,6 +33,12 @@ gen: $(STAMP)
 
 check-gen: $(STAMP)
 	$(BIN)/python scripts/gen_protos.py --check
+
+# The plugin as a real process against a benchmark runtime (docs/performance.md);
+# e.g. make bench BENCH_ARGS='--loop asyncio' or BENCH_ARGS=--quick.
+BENCH_ARGS ?=
+bench: $(STAMP)
+	$(BIN)/python -m bench --json bench-results.json $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

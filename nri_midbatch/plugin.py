@@ -13,6 +13,8 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from sys import intern
+from typing import Any
 
 import structlog
 
@@ -85,7 +87,21 @@ def native_limits(resources: api.LinuxResources) -> NativeLimits:
     quota = cpu.quota.value if cpu.HasField("quota") and cpu.quota.value > 0 else None
     period = cpu.period.value if cpu.HasField("period") and cpu.period.value > 0 else None
     limit = memory.limit.value if memory.HasField("limit") and memory.limit.value > 0 else None
-    return NativeLimits(cpu_quota=quota, cpu_period=period, memory_limit=limit)
+    return _shared(NativeLimits(cpu_quota=quota, cpu_period=period, memory_limit=limit))
+
+
+def _shared(native: NativeLimits) -> NativeLimits:
+    """One instance per distinct value: remembered containers mostly share a handful."""
+    shared = _natives.get(native)
+    if shared is None:
+        if len(_natives) >= _SHARED_MAX:
+            _natives.clear()
+        shared = _natives[native] = native
+    return shared
+
+
+_natives: dict[NativeLimits, NativeLimits] = {}
+_SHARED_MAX = 1024
 
 
 def pod_view(pod: api.PodSandbox) -> PodView:
@@ -102,11 +118,33 @@ def pod_view(pod: api.PodSandbox) -> PodView:
     )
 
 
+def remembered_pod_view(pod: api.PodSandbox) -> PodView:
+    """pod_view with its maps as plain dicts: for pods the plugin keeps in `known`.
+
+    Known.add_pod copies the maps; a protobuf map is copied through the
+    Mapping ABC in Python, a dict at C speed. The keys, the same few on every
+    pod, are interned, so that a thousand remembered pods share them.
+    """
+    view = pod_view(pod)
+    labels, annotations = pod.labels, pod.annotations
+    return PodView(
+        uid=view.uid,
+        namespace=view.namespace,
+        name=view.name,
+        labels={intern(key): labels[key] for key in labels},
+        annotations={intern(key): annotations[key] for key in annotations},
+        cgroup_parent=view.cgroup_parent,
+        native=view.native,
+    )
+
+
 def container_view(
     container: api.Container, resources: api.LinuxResources | None = None
 ) -> ContainerView:
     current = resources if resources is not None else container.linux.resources
-    return ContainerView(id=container.id, name=container.name, native=native_limits(current))
+    return ContainerView(
+        id=container.id, name=intern(container.name), native=native_limits(current)
+    )
 
 
 #: On containers we adjust: the limits kubelet gave them, before ours. A
@@ -121,12 +159,39 @@ _NATIVE_KEYS = (
 
 
 def encode_native_limits(native: NativeLimits) -> str:
-    present = {key: getattr(native, attr) for key, attr in _NATIVE_KEYS}
-    return json.dumps({k: v for k, v in present.items() if v is not None}, separators=(",", ":"))
+    text = _encoded_native.get(native)
+    if text is None:
+        present = {key: getattr(native, attr) for key, attr in _NATIVE_KEYS}
+        text = json.dumps(
+            {k: v for k, v in present.items() if v is not None}, separators=(",", ":")
+        )
+        if len(_encoded_native) >= _ENCODED_NATIVE_MAX:
+            _encoded_native.clear()
+        _encoded_native[native] = text
+    return text
+
+
+# Nodes have few distinct kubelet limits (often just the 100000us period), so
+# the annotation text of each is encoded once.
+_encoded_native: dict[NativeLimits, str] = {}
+_ENCODED_NATIVE_MAX = 1024
 
 
 def decode_native_limits(text: str) -> NativeLimits | None:
     """The remembered limits, or None if the text is not what we write."""
+    if text in _decoded_native:
+        return _decoded_native[text]
+    native = _decode_native_limits(text)
+    if len(_decoded_native) >= _SHARED_MAX:
+        _decoded_native.clear()
+    _decoded_native[text] = native
+    return native
+
+
+_decoded_native: dict[str, NativeLimits | None] = {}
+
+
+def _decode_native_limits(text: str) -> NativeLimits | None:
     try:
         data = json.loads(text)
     except ValueError:
@@ -139,7 +204,7 @@ def decode_native_limits(text: str) -> NativeLimits | None:
         if value is not None and (type(value) is not int or value <= 0):
             return None
         values[attr] = value
-    return NativeLimits(**values)
+    return _shared(NativeLimits(**values))
 
 
 def synchronized_view(container: api.Container) -> ContainerView:
@@ -149,27 +214,35 @@ def synchronized_view(container: api.Container) -> ContainerView:
     if native is None:
         # Never adjusted by us (created while no plugin ran): what it has is kubelet's.
         return container_view(container)
-    return ContainerView(id=container.id, name=container.name, native=native)
+    return ContainerView(id=container.id, name=intern(container.name), native=native)
 
 
 # -- decisions -> NRI --------------------------------------------------------
 
 
+# Messages are filled in place through attribute paths: the same bytes as
+# nested constructors, which copy every sub-message into its parent, in a
+# quarter of the time.
+
+
+def set_resources(resources: api.LinuxResources, values: CgroupValues) -> None:
+    """Set the cpu shares, cpu quota and memory limit (each present, even when 0)."""
+    cpu = resources.cpu
+    cpu.shares.value = values.cpu_shares
+    cpu.quota.value = values.cpu_quota
+    resources.memory.limit.value = values.memory_limit
+
+
 def linux_resources(values: CgroupValues) -> api.LinuxResources:
-    return api.LinuxResources(
-        cpu=api.LinuxCPU(
-            shares=api.OptionalUInt64(value=values.cpu_shares),
-            quota=api.OptionalInt64(value=values.cpu_quota),
-        ),
-        memory=api.LinuxMemory(limit=api.OptionalInt64(value=values.memory_limit)),
-    )
+    resources = api.LinuxResources()
+    set_resources(resources, values)
+    return resources
 
 
 def container_update(container_id: str, values: CgroupValues) -> api.ContainerUpdate:
-    return api.ContainerUpdate(
-        container_id=container_id,
-        linux=api.LinuxContainerUpdate(resources=linux_resources(values)),
-    )
+    update = api.ContainerUpdate(container_id=container_id)
+    set_resources(update.linux.resources, values)
+    return update
 
 
 def current_values(resources: api.LinuxResources) -> CgroupValues:
@@ -179,6 +252,127 @@ def current_values(resources: api.LinuxResources) -> CgroupValues:
     limit = memory.limit.value if memory.HasField("limit") and memory.limit.value > 0 else -1
     shares = cpu.shares.value if cpu.HasField("shares") else 0
     return CgroupValues(cpu_shares=shares, cpu_quota=quota, memory_limit=limit)
+
+
+_Entry = tuple[str, ContainerView]
+
+
+class _ContainersByPod(dict[str, _Entry]):
+    """Known.containers (container id -> (pod id, view)), indexed by pod id as it is written.
+
+    Every way of writing a dict goes through the index, so whoever writes
+    `known.containers` (the plugin, a test, a tool) keeps it right.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_pod: dict[str, set[str]] = {}
+
+    def __setitem__(self, container_id: str, entry: _Entry) -> None:
+        previous = self.get(container_id)
+        if previous is not None and previous[0] != entry[0]:
+            self._unindex(previous[0], container_id)
+        super().__setitem__(container_id, entry)
+        self.by_pod.setdefault(entry[0], set()).add(container_id)
+
+    def __delitem__(self, container_id: str) -> None:
+        entry = self[container_id]
+        super().__delitem__(container_id)
+        self._unindex(entry[0], container_id)
+
+    _MISSING: Any = object()
+
+    def pop(self, container_id: str, default: Any = _MISSING) -> Any:
+        if container_id in self:
+            entry = self[container_id]
+            del self[container_id]
+            return entry
+        if default is self._MISSING:
+            raise KeyError(container_id)
+        return default
+
+    def popitem(self) -> tuple[str, _Entry]:
+        container_id, entry = super().popitem()
+        self._unindex(entry[0], container_id)
+        return container_id, entry
+
+    def clear(self) -> None:
+        super().clear()
+        self.by_pod.clear()
+
+    def setdefault(self, container_id: str, default: Any = None) -> Any:
+        if container_id not in self:
+            self[container_id] = default
+        return self[container_id]
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for container_id, entry in dict(*args, **kwargs).items():
+            self[container_id] = entry
+
+    def __ior__(self, other: Any) -> _ContainersByPod:  # type: ignore[override,misc]
+        self.update(other)
+        return self
+
+    def _unindex(self, pod_id: str, container_id: str) -> None:
+        ids = self.by_pod.get(pod_id)
+        if ids is not None:
+            ids.discard(container_id)
+            if not ids:
+                del self.by_pod[pod_id]
+
+
+class LiveSet(Known):
+    """`Known`, with the containers of each pod indexed as they are written.
+
+    Forgetting a pod then costs its own containers, not a walk over every
+    container on the node: with 10,000 containers known, that walk made each
+    RemovePodSandbox take 1.3 ms instead of 0.2 ms.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.containers: _ContainersByPod = _ContainersByPod()
+
+    def remove_pod(self, pod_id: str) -> None:
+        self.pods.pop(pod_id, None)
+        containers = self.containers
+        for container_id in list(containers.by_pod.get(pod_id, ())):
+            del containers[container_id]
+
+
+class _CachedLogger:
+    """The module's logger, assembled once per structlog configuration.
+
+    Logging is configured with cache_logger_on_first_use=False, so that a
+    level change reaches every logger; each call on a module-level logger then
+    assembles a new bound logger first (3 us of the 14 us a decision line
+    costs). The decision line is cached here, and re-assembled whenever the
+    configuration differs from the one it was assembled with.
+    """
+
+    __slots__ = ("_key", "_logger", "_proxy")
+
+    def __init__(self, proxy: Any) -> None:
+        self._proxy = proxy
+        self._key: tuple[Any, ...] = ()
+        self._logger: Any = None
+
+    def get(self) -> Any:
+        config = structlog.get_config()
+        key = (
+            config["wrapper_class"],
+            config["logger_factory"],
+            config["processors"],
+            config["context_class"],
+        )
+        cached = self._key
+        if len(cached) != len(key) or any(a is not b for a, b in zip(cached, key, strict=True)):
+            self._logger = self._proxy.bind()
+            self._key = key
+        return self._logger
+
+
+_decision_log = _CachedLogger(log)
 
 
 class MidBatchPlugin:
@@ -202,7 +396,7 @@ class MidBatchPlugin:
     ) -> None:
         """dry_run: decide pod-level values but write no cgroup file (replay, audits)."""
         self.counters = Counters()
-        self.known = Known()
+        self.known: Known = LiveSet()
         self.runtime: RuntimeInfo | None = None
         self._dry_run = dry_run
         self._on_decision = on_decision
@@ -300,22 +494,25 @@ class MidBatchPlugin:
     async def synchronize(
         self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container]
     ) -> Sequence[api.ContainerUpdate]:
-        pod_views = {pod.id: pod_view(pod) for pod in pods}
-        self.known = Known()
+        pod_views = {pod.id: remembered_pod_view(pod) for pod in pods}
+        # Each pod's id once: every container of a pod refers to the same string.
+        pod_ids = {pod_id: pod_id for pod_id in pod_views}
+        self.known = known = LiveSet()
         for pod_id, view in pod_views.items():
-            self.known.add_pod(pod_id, view)
+            known.add_pod(pod_id, view)
         updates: list[api.ContainerUpdate] = []
         for container in containers:
-            pod = pod_views.get(container.pod_sandbox_id)
-            if pod is None or container.state not in _RUNNING_STATES:
+            pod_id = pod_ids.get(container.pod_sandbox_id)
+            if pod_id is None or container.state not in _RUNNING_STATES:
                 continue
+            pod = pod_views[pod_id]
             ctr_view = synchronized_view(container)
-            self.known.containers[container.id] = (container.pod_sandbox_id, ctr_view)
+            known.containers[ctr_view.id] = (pod_id, ctr_view)
             decision = self._decide_container(pod, ctr_view, "Synchronize", refuse=False)
             if decision.values is None:
                 continue
             if decision.values != current_values(container.linux.resources):
-                updates.append(container_update(container.id, decision.values))
+                updates.append(container_update(ctr_view.id, decision.values))
                 self.counters.count_adjusted("Synchronize")
         if self.config.cgroups.pod_level:
             for view in pod_views.values():
@@ -326,21 +523,23 @@ class MidBatchPlugin:
     async def create_container(
         self, pod: api.PodSandbox, container: api.Container
     ) -> api.CreateContainerResponse:
-        view = pod_view(pod)
-        if pod.id not in self.known.pods:
-            self.known.add_pod(pod.id, view)
+        pod_id = pod.id
+        if pod_id in self.known.pods:
+            view = pod_view(pod)
+        else:
+            view = remembered_pod_view(pod)
+            self.known.add_pod(pod_id, view)
         ctr_view = container_view(container)
-        self.known.containers[container.id] = (pod.id, ctr_view)
+        self.known.containers[ctr_view.id] = (pod_id, ctr_view)
         decision = self._decide_container(view, ctr_view, "CreateContainer", refuse=self._fail)
         if decision.values is None:
             return api.CreateContainerResponse()
         self.counters.count_adjusted("CreateContainer")
-        return api.CreateContainerResponse(
-            adjust=api.ContainerAdjustment(
-                annotations={NATIVE_LIMITS_ANNOTATION: encode_native_limits(ctr_view.native)},
-                linux=api.LinuxContainerAdjustment(resources=linux_resources(decision.values)),
-            )
-        )
+        response = api.CreateContainerResponse()
+        adjust = response.adjust
+        adjust.annotations[NATIVE_LIMITS_ANNOTATION] = encode_native_limits(ctr_view.native)
+        set_resources(adjust.linux.resources, decision.values)
+        return response
 
     async def update_container(
         self, pod: api.PodSandbox, container: api.Container, resources: api.LinuxResources
@@ -373,7 +572,7 @@ class MidBatchPlugin:
         if event == Event.REMOVE_POD_SANDBOX:
             self.known.remove_pod(pod.id)
         elif event == Event.RUN_POD_SANDBOX:
-            view = pod_view(pod)
+            view = remembered_pod_view(pod)
             self.known.add_pod(pod.id, view)
             if self.config.cgroups.pod_level:
                 self._write_pod(view, "RunPodSandbox", refuse=self._fail)
@@ -399,16 +598,22 @@ class MidBatchPlugin:
         self.counters.count_decision(decision)
         if self._on_decision is not None:
             self._on_decision(pod, container, decision)
-        where = {"namespace": pod.namespace, "pod": pod.name, "container": container.name}
         if decision.error is not None:
+            where = {"namespace": pod.namespace, "pod": pod.name, "container": container.name}
             self._invalid(decision, method, where, refuse)
-        elif decision.values is not None:
-            log.info(
+        elif (values := decision.values) is not None:
+            # The same line as log.info(..., **where, **_values_log(values)),
+            # in the same key order, without the intermediate dicts.
+            _decision_log.get().info(
                 "decision",
                 method=method,
                 tier=decision.tier,
-                **where,
-                **_values_log(decision.values),
+                namespace=pod.namespace,
+                pod=pod.name,
+                container=container.name,
+                cpu_shares=values.cpu_shares,
+                cpu_quota=values.cpu_quota,
+                memory_limit=values.memory_limit,
             )
         return decision
 

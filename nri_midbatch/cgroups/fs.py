@@ -6,6 +6,7 @@ directory: the runtime creates pod cgroups, and a missing one is reported.
 """
 
 import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
@@ -131,14 +132,21 @@ def _file_paths(
     files: Sequence[CgroupFile],
 ) -> list[Path]:
     # Every path is resolved before any file is opened, so a refusal leaves
-    # the tree exactly as it was.
+    # the tree exactly as it was. Files of one controller share a directory,
+    # resolved once (on v2, all three do).
     paths = []
+    directories: dict[str, Path] = {}
     for file in files:
-        directory = _confined_dir(root, version, file.controller, relpath, cgroup_parent)
+        directory = directories.get(file.controller)
+        if directory is None:
+            directory = _confined_dir(root, version, file.controller, relpath, cgroup_parent)
+            directories[file.controller] = directory
         path = directory / file.name
         # The names are fixed, so a differing real path means the file itself
-        # is a symlink, which no cgroup file is.
-        if Path(os.path.realpath(path)) != path:
+        # is a symlink, which no cgroup file is. The directory is a real path
+        # already, so only a file that is a link can resolve elsewhere: one
+        # lstat spares resolving the whole path again for every other file.
+        if _is_link(path) and Path(os.path.realpath(path)) != path:
             raise CgroupPathError(f"cgroup parent {cgroup_parent!r}: {path} is a symlink")
         paths.append(path)
     return paths
@@ -171,6 +179,14 @@ def _confined_dir(
             f"cgroup parent {cgroup_parent!r} resolves to {directory}, not below {hierarchy}"
         )
     return directory
+
+
+def _is_link(path: Path) -> bool:
+    """Whether `path` is a symlink; one that cannot be examined is not (as realpath has it)."""
+    try:
+        return stat.S_ISLNK(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _strictly_inside(path: Path, base: Path) -> bool:

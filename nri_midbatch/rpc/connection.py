@@ -11,6 +11,7 @@ interleave.
 from __future__ import annotations
 
 import asyncio
+import struct
 from collections.abc import Mapping
 from typing import TypeVar
 
@@ -22,12 +23,16 @@ from nri_midbatch.rpc.errors import ConnectionClosed, RpcError
 from nri_midbatch.rpc.service import CallContext, Method, Service
 from nri_midbatch.wire.errors import OversizedMessageError, ProtocolError
 from nri_midbatch.wire.mux import (
+    FIRST_FRAME_MAX,
     PLUGIN_SERVICE_CONN,
     RUNTIME_SERVICE_CONN,
     MuxDecoder,
     frame_message,
 )
 from nri_midbatch.wire.status import Code
+from nri_midbatch.wire.ttrpc import (
+    HEADER as TTRPC_HEADER,
+)
 from nri_midbatch.wire.ttrpc import (
     Message as TtrpcMessage,
 )
@@ -216,9 +221,7 @@ class MuxConnection:
         payload = reply.SerializeToString()
         # Success replies carry no status, as the Go server's do; an empty reply
         # message makes the whole Response zero bytes.
-        data = (
-            ttrpc_pb2.Response(payload=payload).SerializeToString() if payload else EMPTY_RESPONSE
-        )
+        data = _response_with_payload(payload) if payload else EMPTY_RESPONSE
         try:
             self._send(self._server_conn, stream_id, MessageType.RESPONSE, data)
         except OversizedMessageError as exc:
@@ -276,7 +279,34 @@ class MuxConnection:
     def _send(self, conn_id: int, stream_id: int, msg_type: MessageType, data: bytes) -> None:
         if self._closed.is_set():
             return
+        if len(data) + TTRPC_HEADER.size <= FIRST_FRAME_MAX:
+            # One frame, both headers and the data in one concatenation; what
+            # frame_message(encode_message(...)) makes, without the copies.
+            total = len(data) + TTRPC_HEADER.size
+            self._writer.write(
+                _MUX_AND_TTRPC.pack(conn_id, total, len(data), stream_id, msg_type, 0) + data
+            )
+            return
         self._writer.write(frame_message(conn_id, encode_message(stream_id, msg_type, data)))
+
+
+#: A mux frame header followed by a ttrpc message header.
+_MUX_AND_TTRPC = struct.Struct(">II" + TTRPC_HEADER.format.removeprefix(">"))
+# Field 2 (payload), wire type 2 (length-delimited): the tag of Response.payload.
+_PAYLOAD_TAG = b"\x12"
+
+
+def _response_with_payload(payload: bytes) -> bytes:
+    """ttrpc_pb2.Response(payload=payload).SerializeToString(), without copying into a message."""
+    size = len(payload)
+    if size < 0x80:
+        return _PAYLOAD_TAG + bytes((size,)) + payload
+    length = bytearray()
+    while size >= 0x80:
+        length.append((size & 0x7F) | 0x80)
+        size >>= 7
+    length.append(size)
+    return b"".join((_PAYLOAD_TAG, length, payload))
 
 
 def _code(value: int) -> Code:

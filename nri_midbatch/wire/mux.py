@@ -42,26 +42,42 @@ class MuxDecoder:
 
     def feed(self, data: bytes) -> list[tuple[int, bytes]]:
         buf = self._buffer
-        buf += data
+        if buf:
+            buf += data
+            with memoryview(buf) as view:
+                frames, offset = self._split(view)
+            del buf[:offset]
+        else:
+            # Nothing pending, the usual case: frames are cut straight out of
+            # `data`, and only an incomplete tail is buffered.
+            with memoryview(data) as view:
+                frames, offset = self._split(view)
+                if offset < len(view):
+                    buf += view[offset:]
+        return frames
+
+    def _split(self, view: memoryview) -> tuple[list[tuple[int, bytes]], int]:
+        """The complete frames in `view`, and where the first incomplete one starts."""
         frames: list[tuple[int, bytes]] = []
+        known = self._known
+        size = len(view)
         offset = 0
-        while len(buf) - offset >= HEADER.size:
-            conn_id, length = HEADER.unpack_from(buf, offset)
+        while size - offset >= HEADER.size:
+            conn_id, length = HEADER.unpack_from(view, offset)
             if length > MAX_FRAME_PAYLOAD:
                 raise ProtocolError(
                     f"mux frame for connection {conn_id} declares {length} bytes, "
                     f"more than the {MAX_FRAME_PAYLOAD} any runtime sends"
                 )
             end = offset + HEADER.size + length
-            if end > len(buf):
+            if end > size:
                 break
-            if conn_id in self._known:
-                frames.append((conn_id, bytes(buf[offset + HEADER.size : end])))
+            if conn_id in known:
+                frames.append((conn_id, view[offset + HEADER.size : end].tobytes()))
             else:
                 self.dropped_frames += 1
             offset = end
-        del buf[:offset]
-        return frames
+        return frames, offset
 
     @property
     def buffered(self) -> int:

@@ -61,33 +61,54 @@ class MessageDecoder:
         self._discard = 0
 
     def feed(self, data: bytes) -> list[Event]:
-        buf = self._buffer
         if self._discard:
             skipped = min(self._discard, len(data))
             self._discard -= skipped
             data = data[skipped:]
-        buf += data
+        buf = self._buffer
+        if buf:
+            buf += data
+            with memoryview(buf) as view:
+                events, offset = self._split(view)
+            if offset is None:
+                buf.clear()
+            else:
+                del buf[:offset]
+        else:
+            # Nothing pending, the usual case: messages are cut straight out
+            # of `data`, and only an incomplete tail is buffered.
+            with memoryview(data) as view:
+                events, offset = self._split(view)
+                if offset is not None and offset < len(view):
+                    buf += view[offset:]
+        return events
+
+    def _split(self, view: memoryview) -> tuple[list[Event], int | None]:
+        """The complete messages in `view`, and where the first incomplete one starts.
+
+        None for the offset: everything was consumed, the rest of an
+        oversized message is still to be skipped (`_discard`).
+        """
         events: list[Event] = []
+        size = len(view)
         offset = 0
-        while len(buf) - offset >= HEADER.size:
-            length, stream_id, msg_type, flags = HEADER.unpack_from(buf, offset)
+        while size - offset >= HEADER.size:
+            length, stream_id, msg_type, flags = HEADER.unpack_from(view, offset)
             start = offset + HEADER.size
             if length > MESSAGE_LENGTH_MAX:
                 events.append(OversizedMessage(stream_id, msg_type, length))
-                available = len(buf) - start
+                available = size - start
                 if available >= length:
                     offset = start + length
                     continue
                 self._discard = length - available
-                offset = len(buf)
-                break
+                return events, None
             end = start + length
-            if end > len(buf):
+            if end > size:
                 break
-            events.append(Message(stream_id, msg_type, flags, bytes(buf[start:end])))
+            events.append(Message(stream_id, msg_type, flags, view[start:end].tobytes()))
             offset = end
-        del buf[:offset]
-        return events
+        return events, offset
 
     @property
     def buffered(self) -> int:

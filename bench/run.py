@@ -1,0 +1,692 @@
+"""`python -m bench`: the plugin as a real process, the benchmark as its runtime.
+
+Phases, in order, against one plugin process (after `--startup-runs` - 1 extra
+launches that only measure start-up):
+
+1. start-up: Popen -> accept -> RegisterPlugin -> Configure answered;
+2. Synchronize of a large node, split into < 4 MiB chunks as the runtime splits it;
+3. CreateContainer round trips, one at a time, in a realistic pod lifecycle
+   (RunPodSandbox, CreateContainer, later RemoveContainer and RemovePodSandbox);
+4. the same with 8 requests in flight;
+5. memory: 100,000 more pod lifecycles, resident memory sampled as they go;
+then, in this process with the plugin stopped, the policy core alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench import workload
+from bench.runtime import BenchError, Kind, Runtime, Template
+from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.api import ttrpc_pb2
+from nri_midbatch.nri.events import Event
+
+MAX_MESSAGE = 4 << 20  # ttrpc's messageLengthMax
+MB = 1 << 20
+
+
+# -- options -------------------------------------------------------------------
+
+
+@dataclass
+class Options:
+    events: int = 5000
+    concurrency: int = 8
+    memory_events: int = 100_000
+    sync_pods: int = 1000
+    sync_containers_per_pod: int = 10
+    sync_chunk_max: int = MAX_MESSAGE
+    decisions: int = 200_000
+    startup_runs: int = 3
+    live_pods: int = 100
+    check_every: int = 64
+    nri: str = "v0.12"  # "v0.12": dedicated RPCs; "1.7": StateChange, as containerd 1.7
+    loop: str | None = None
+    json_path: str | None = "bench-results.json"
+    keep: bool = False
+    profile: str | None = None
+    quick: bool = False
+
+
+def parse_args(argv: Sequence[str] | None) -> Options:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small counts (smoke test)")
+    parser.add_argument("--json", dest="json_path", default="bench-results.json", metavar="PATH")
+    parser.add_argument("--events", type=int, help="CreateContainer events per latency phase")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--memory-events", type=int, help="CreateContainer events, memory phase")
+    parser.add_argument("--sync-pods", type=int)
+    parser.add_argument("--sync-containers-per-pod", type=int)
+    parser.add_argument("--decisions", type=int, help="decide_container calls per policy figure")
+    parser.add_argument("--startup-runs", type=int)
+    parser.add_argument(
+        "--nri",
+        choices=("v0.12", "1.7"),
+        default="v0.12",
+        help="remove events as NRI v0.12 RPCs or as containerd 1.7 StateChange",
+    )
+    parser.add_argument(
+        "--loop",
+        choices=("asyncio", "uvloop"),
+        help="event loop of the plugin (NRI_MIDBATCH_EVENT_LOOP); default: the plugin's choice",
+    )
+    parser.add_argument("--profile", metavar="FILE", help="py-spy the plugin's event phases")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    args = parser.parse_args(argv)
+    opts = Options(quick=args.quick, nri=args.nri, loop=args.loop, keep=args.keep)
+    if args.quick:
+        opts.events, opts.memory_events = 300, 1000
+        opts.sync_pods, opts.sync_containers_per_pod = 40, 10
+        # Small chunks, so that the quick run still exercises split Synchronize.
+        opts.sync_chunk_max = 256 * 1024
+        opts.decisions, opts.startup_runs, opts.live_pods = 20_000, 1, 20
+        opts.check_every = 8
+    for name in (
+        "events",
+        "concurrency",
+        "memory_events",
+        "sync_pods",
+        "sync_containers_per_pod",
+        "decisions",
+        "startup_runs",
+    ):
+        value = getattr(args, name)
+        if value is not None:
+            if value < 1:
+                parser.error(f"--{name.replace('_', '-')} must be positive")
+            setattr(opts, name, value)
+    opts.json_path = args.json_path or None
+    opts.profile = args.profile
+    return opts
+
+
+# -- results -------------------------------------------------------------------
+
+
+@dataclass
+class Figure:
+    name: str
+    value: float
+    unit: str
+    target: str
+    ok: bool | None  # None: reported for information, no target
+
+    def shown(self) -> str:
+        if self.unit == "ms":
+            return f"{self.value:.3f} ms"
+        if self.unit == "s":
+            return f"{self.value:.3f} s"
+        if self.unit == "MB":
+            return f"{self.value:.1f} MB"
+        if self.unit == "/s":
+            return f"{self.value:,.0f}/s"
+        return f"{self.value:,.0f}{' ' + self.unit if self.unit else ''}"
+
+
+@dataclass
+class Results:
+    figures: list[Figure] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def add(
+        self, name: str, value: float, unit: str, target: str = "", ok: bool | None = None
+    ) -> None:
+        self.figures.append(Figure(name, value, unit, target, ok))
+
+    def latency(self, label: str, latencies: Sequence[float], *, targets: bool) -> None:
+        ms = sorted(x * 1000 for x in latencies)
+        p50, p99, top = _percentile(ms, 50), _percentile(ms, 99), ms[-1]
+        self.add(
+            f"{label} p50", p50, "ms", "< 0.3 ms" if targets else "", p50 < 0.3 if targets else None
+        )
+        self.add(
+            f"{label} p99", p99, "ms", "< 1 ms" if targets else "", p99 < 1.0 if targets else None
+        )
+        self.add(
+            f"{label} max", top, "ms", "< 10 ms" if targets else "", top < 10.0 if targets else None
+        )
+
+    def table(self) -> str:
+        width = max(len(f.name) for f in self.figures)
+        lines = [f"{'figure':<{width}}  {'measured':>14}  {'target':<12}  ok"]
+        lines.append("-" * len(lines[0]))
+        for f in self.figures:
+            ok = "" if f.ok is None else ("yes" if f.ok else "NO")
+            lines.append(f"{f.name:<{width}}  {f.shown():>14}  {f.target:<12}  {ok}")
+        return "\n".join(lines)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "figures": {
+                f.name: {"value": f.value, "unit": f.unit, "target": f.target or None, "ok": f.ok}
+                for f in self.figures
+            },
+            "details": self.details,
+        }
+
+
+def _percentile(ordered: Sequence[float], pct: float) -> float:
+    """Nearest-rank percentile of sorted values."""
+    rank = max(1, -(-len(ordered) * pct // 100))
+    return ordered[int(rank) - 1]
+
+
+# -- the plugin process --------------------------------------------------------
+
+
+def plugin_command() -> list[str]:
+    script = Path(sys.executable).with_name("nri-midbatch")
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", "nri_midbatch.cli"]
+
+
+@dataclass
+class Plugin:
+    process: subprocess.Popen[bytes]
+    runtime: Runtime
+    startup: float
+    stderr: Path
+
+    def rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        raise BenchError("no VmRSS for the plugin")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.runtime.sock.close()
+
+
+class Bench:
+    def __init__(self, opts: Options, workdir: Path) -> None:
+        self.opts = opts
+        self.workdir = workdir
+        self.cgroup_root = workdir / "cgroup"
+        workload.make_cgroup_root(self.cgroup_root)
+        self.config = workdir / "config.yaml"
+        self.config.write_text(f"cgroups:\n  root: {self.cgroup_root}\n")
+        self.log_file = workdir / "plugin.log"
+        self.socket_path = str(workdir / "nri.sock")
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(self.socket_path)
+        self.listener.listen(4)
+        self.results = Results()
+        if opts.nri == "1.7":
+            self.runtime_version, self.nri_version = "v1.7.24", ""
+        else:
+            self.runtime_version, self.nri_version = "v2.3.0", "v0.12.0"
+        self.configure = Template.build(
+            "Configure",
+            api.ConfigureRequest(
+                runtime_name="containerd",
+                runtime_version=self.runtime_version,
+                registration_timeout=5000,
+                request_timeout=2000,
+                NRI_version=self.nri_version,
+            ).SerializeToString(),
+        )
+
+    def launch(self) -> Plugin:
+        env = dict(os.environ)
+        if self.opts.loop is not None:
+            env["NRI_MIDBATCH_EVENT_LOOP"] = self.opts.loop
+        stderr = self.workdir / "plugin.stderr"
+        command = [
+            *plugin_command(),
+            "run",
+            "--socket-path",
+            self.socket_path,
+            "--log-file",
+            str(self.log_file),
+            "--metrics-address",
+            "",
+            "--config",
+            str(self.config),
+        ]
+        self.listener.settimeout(10)
+        started = time.perf_counter()
+        with stderr.open("ab") as err:
+            process = subprocess.Popen(
+                command, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err
+            )
+        try:
+            sock, _ = self.listener.accept()
+        except TimeoutError:
+            process.kill()
+            raise BenchError(f"the plugin did not connect; see {stderr}") from None
+        sock.settimeout(None)
+        runtime = Runtime(sock)
+        runtime.wait_registered(5.0)
+        registration = api.RegisterPluginRequest.FromString(runtime.registrations[0])
+        reply, _seconds = runtime.call(self.configure)
+        startup = time.perf_counter() - started
+        configured = api.ConfigureResponse.FromString(_payload(reply, "Configure"))
+        wanted = (
+            Event.RUN_POD_SANDBOX.bit
+            | Event.CREATE_CONTAINER.bit
+            | Event.UPDATE_CONTAINER.bit
+            | Event.REMOVE_CONTAINER.bit
+            | Event.REMOVE_POD_SANDBOX.bit
+        )
+        if configured.events != wanted:
+            raise BenchError(f"Configure: events {configured.events:#x}, expected {wanted:#x}")
+        self.results.details.setdefault(
+            "plugin", f"{registration.plugin_idx}-{registration.plugin_name}"
+        )
+        return Plugin(process, runtime, startup, stderr)
+
+    # -- phases ----------------------------------------------------------------
+
+    def run(self) -> Results:
+        r = self.results
+        startups = []
+        for _ in range(self.opts.startup_runs - 1):
+            extra = self.launch()
+            startups.append(extra.startup)
+            extra.stop()
+        plugin = self.launch()
+        startups.append(plugin.startup)
+        r.details["startup_runs_s"] = startups
+        startup = statistics.median(startups)
+        r.add(
+            "start-up: Popen to Configure answered (median)", startup, "s", "< 0.5 s", startup < 0.5
+        )
+        r.details["rss_after_startup_mb"] = plugin.rss_mb()
+        profiler = None
+        try:
+            profiler = self.start_profiler(plugin)
+            self.synchronize(plugin)
+            rss_sync = plugin.rss_mb()
+            self.events(plugin, rss_sync)
+            if profiler is not None:
+                profiler.send_signal(signal.SIGINT)
+                profiler.wait(60)
+        finally:
+            plugin.stop()
+        self.decisions()
+        return r
+
+    def synchronize(self, plugin: Plugin) -> None:
+        opts = self.opts
+        pods, containers, expected = workload.sync_objects(
+            opts.sync_pods, opts.sync_containers_per_pod, self.cgroup_root
+        )
+        chunks = split_sync(pods, containers, opts.sync_chunk_max)
+        sizes = [c.size for c in chunks]
+        more = ttrpc_pb2.Response(
+            payload=api.SynchronizeResponse(more=True).SerializeToString()
+        ).SerializeToString()
+        runtime = plugin.runtime
+        started = time.perf_counter()
+        for chunk in chunks[:-1]:
+            reply, _ = runtime.call(chunk)
+            if reply != more:
+                raise BenchError(f"Synchronize: a more=true chunk answered {reply[:80]!r}")
+        reply, _ = runtime.call(chunks[-1], timeout=30)
+        seconds = time.perf_counter() - started
+        response = api.SynchronizeResponse.FromString(_payload(reply, "Synchronize"))
+        check_sync_updates(response, containers, expected)
+        r = self.results
+        label = f"Synchronize {len(pods):,} pods / {len(containers):,} containers"
+        r.add(f"{label}: first chunk to last reply", seconds, "s", "< 0.5 s", seconds < 0.5)
+        r.add("Synchronize: updates returned", len(response.update), "")
+        r.add("Synchronize: chunks sent", len(chunks), "")
+        r.details["sync"] = {
+            "pods": len(pods),
+            "containers": len(containers),
+            "chunk_bytes": sizes,
+            "updates": len(response.update),
+            "reply_bytes": len(reply),
+        }
+
+    def events(self, plugin: Plugin, rss_sync: float) -> None:
+        opts, r = self.opts, self.results
+        kinds = self.kinds()
+        runtime = plugin.runtime
+        next_pod = 0
+
+        def phase(
+            count: int, window: int, on_pod: Callable[[int], None] | None = None
+        ) -> tuple[int, float]:
+            nonlocal next_pod
+            for kind in kinds.values():
+                kind.latencies.clear()
+            events = lifecycle(kinds, next_pod, count, opts.live_pods, self.cgroup_root, on_pod)
+            next_pod += count
+            return runtime.stream(events, window)
+
+        # Serial: one request at a time, as containerd sends them.
+        phase(opts.events, 1)
+        create = kinds["CreateContainer"]
+        r.latency("CreateContainer serial", create.latencies, targets=True)
+        r.details["serial_other_p50_ms"] = {
+            name: statistics.median(k.latencies) * 1000
+            for name, k in kinds.items()
+            if name != "CreateContainer"
+        }
+        # Concurrent: `concurrency` requests in flight.
+        requests, seconds = phase(opts.events, opts.concurrency)
+        label = f"CreateContainer {opts.concurrency} in flight"
+        r.latency(label, create.latencies, targets=False)
+        r.add(f"{label}: throughput", opts.events / seconds, "/s", "", None)
+        r.details["concurrent_requests_per_s"] = requests / seconds
+        rss_before = plugin.rss_mb()
+        # Memory: many more pods come and go.
+        samples: list[tuple[int, float]] = []
+        every = max(1, opts.memory_events // 20)
+
+        def sample(index: int) -> None:
+            if index % every == 0:
+                samples.append((index, plugin.rss_mb()))
+
+        base = next_pod
+        requests, seconds = phase(opts.memory_events, opts.concurrency, lambda i: sample(i - base))
+        rss_end = plugin.rss_mb()
+        samples.append((opts.memory_events, rss_end))
+        half = [rss for index, rss in samples if index >= opts.memory_events // 2]
+        r.add("RSS after Synchronize", rss_sync, "MB", "< 60 MB", rss_sync < 60)
+        total = opts.events * 2 + opts.memory_events
+        r.add(f"RSS after {total:,} more CreateContainer", rss_end, "MB", "< 60 MB", rss_end < 60)
+        growth = rss_end - rss_sync
+        # "Flat": within the noise of the heap, a couple of MB either way.
+        r.add("RSS growth over all events", growth, "MB", "< 2 MB", growth < 2.0)
+        steady = half[-1] - half[0]
+        r.add(
+            f"RSS growth over the last {opts.memory_events - opts.memory_events // 2:,} events",
+            steady,
+            "MB",
+            "< 1 MB",
+            steady < 1.0,
+        )
+        r.details["rss_mb"] = {
+            "after_sync": rss_sync,
+            "before_memory_phase": rss_before,
+            "samples": samples,
+        }
+        r.details["memory_phase"] = {"requests": requests, "seconds": seconds}
+        r.details["known_at_end"] = (
+            "the Synchronize's pods and containers (every later pod removed)"
+        )
+
+    def decisions(self) -> None:
+        from bench.policy import decisions_per_second
+
+        warm, cold = decisions_per_second(self.opts.decisions)
+        r = self.results
+        r.add("decide_container, spec cached (per s)", warm, "/s", "> 50,000/s", warm > 50_000)
+        r.add("decide_container, every spec new (per s)", cold, "/s", "", None)
+
+    def kinds(self) -> dict[str, Kind]:
+        token = workload.TOKEN
+        shape = workload.PodShape(token=token)
+        pod = workload.pod(shape)
+        ctr = workload.container(shape)
+        every = self.opts.check_every
+        empty_reply = 0  # Empty / Remove*Response: the whole Response is zero bytes
+
+        def empty(name: str) -> Callable[[bytes], None]:
+            def check(data: bytes) -> None:
+                if data:
+                    raise BenchError(f"{name}: expected an empty reply, got {data!r}")
+
+            return check
+
+        if self.opts.nri == "1.7":
+            run = Template.build(
+                "StateChange",
+                api.StateChangeEvent(event=api.RUN_POD_SANDBOX, pod=pod).SerializeToString(),
+                token,
+            )
+            remove_ctr = Template.build(
+                "StateChange",
+                api.StateChangeEvent(
+                    event=api.REMOVE_CONTAINER, pod=pod, container=ctr
+                ).SerializeToString(),
+                token,
+            )
+            remove_pod = Template.build(
+                "StateChange",
+                api.StateChangeEvent(event=api.REMOVE_POD_SANDBOX, pod=pod).SerializeToString(),
+                token,
+            )
+        else:
+            run = Template.build(
+                "RunPodSandbox", api.RunPodSandboxRequest(pod=pod).SerializeToString(), token
+            )
+            remove_ctr = Template.build(
+                "RemoveContainer",
+                api.RemoveContainerRequest(pod=pod, container=ctr).SerializeToString(),
+                token,
+            )
+            remove_pod = Template.build(
+                "RemovePodSandbox", api.RemovePodSandboxRequest(pod=pod).SerializeToString(), token
+            )
+        create = Template.build(
+            "CreateContainer",
+            api.CreateContainerRequest(pod=pod, container=ctr).SerializeToString(),
+            token,
+        )
+        self.results.details["create_request_bytes"] = create.size
+
+        def check_create(data: bytes) -> None:
+            adjust = api.CreateContainerResponse.FromString(
+                _payload(data, "CreateContainer")
+            ).adjust
+            values = adjust.linux.resources
+            got = (values.cpu.shares.value, values.cpu.quota.value, values.memory.limit.value)
+            if got != workload.MAIN_VALUES:
+                raise BenchError(f"CreateContainer: got {got}, expected {workload.MAIN_VALUES}")
+            for name in ("shares", "quota"):
+                if not values.cpu.HasField(name):
+                    raise BenchError(f"CreateContainer: cpu {name} not set")
+            if not values.memory.HasField("limit"):
+                raise BenchError("CreateContainer: memory limit not set")
+
+        reply_size = None  # that of the first reply, which is checked in full
+        return {
+            "RunPodSandbox": Kind("RunPodSandbox", run, empty_reply, empty("RunPodSandbox"), every),
+            "CreateContainer": Kind("CreateContainer", create, reply_size, check_create, every),
+            "RemoveContainer": Kind(
+                "RemoveContainer", remove_ctr, empty_reply, empty("RemoveContainer"), every
+            ),
+            "RemovePodSandbox": Kind(
+                "RemovePodSandbox", remove_pod, empty_reply, empty("RemovePodSandbox"), every
+            ),
+        }
+
+    def start_profiler(self, plugin: Plugin) -> subprocess.Popen[bytes] | None:
+        if self.opts.profile is None:
+            return None
+        spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        fmt = "raw" if self.opts.profile.endswith(".txt") else "flamegraph"
+        profiler = subprocess.Popen(
+            [
+                spy,
+                "record",
+                "--pid",
+                str(plugin.process.pid),
+                "--rate",
+                "500",
+                "--format",
+                fmt,
+                "--output",
+                self.opts.profile,
+                "--nonblocking",
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+        time.sleep(1.0)  # let it attach
+        return profiler
+
+
+def _payload(reply: bytes, method: str) -> bytes:
+    response = ttrpc_pb2.Response.FromString(reply)
+    if response.HasField("status") and response.status.code:
+        raise BenchError(f"{method} failed: {response.status.code} {response.status.message}")
+    return response.payload
+
+
+def check_sync_updates(
+    response: api.SynchronizeResponse, containers: Sequence[api.Container], expected: int
+) -> None:
+    if response.more:
+        raise BenchError("Synchronize: the final reply says more=true")
+    if len(response.update) != expected:
+        raise BenchError(f"Synchronize: {len(response.update)} updates, expected {expected}")
+    by_id = {c.id: c for c in containers}
+    for update in response.update:
+        ctr = by_id.get(update.container_id)
+        if ctr is None:
+            raise BenchError(f"Synchronize: update for unknown container {update.container_id}")
+        index = 0 if ctr.name == "main" else int(ctr.name.rsplit("-", 1)[1])
+        shares, quota, memory = workload.expected_values(ctr.name, index)
+        res = update.linux.resources
+        got = (res.cpu.shares.value, res.cpu.quota.value, res.memory.limit.value)
+        if got != (shares, quota, memory):
+            raise BenchError(
+                f"Synchronize: {ctr.name} got {got}, expected {(shares, quota, memory)}"
+            )
+
+
+def split_sync(
+    pods: Sequence[api.PodSandbox], containers: Sequence[api.Container], limit: int
+) -> list[Template]:
+    """SynchronizeRequest chunks the way NRI's runtime makes them (containerd/nri PR #111).
+
+    It first tries everything in one message; when that is over the limit it
+    scales both object counts by min(limit / size, 0.9) (at least 8 objects)
+    and retries, then sends chunks of that many pods and containers with
+    more=true, the last one with more=false.
+    """
+    chunks: list[Template] = []
+    pods_per, ctrs_per = len(pods), len(containers)
+    p = c = 0
+    while True:
+        req = api.SynchronizeRequest(
+            pods=pods[p : p + pods_per], containers=containers[c : c + ctrs_per]
+        )
+        req.more = p + pods_per < len(pods) or c + ctrs_per < len(containers)
+        template = Template.build("Synchronize", req.SerializeToString())
+        if template.size > limit:
+            factor = min(limit / template.size, 0.9)
+            pods_per = max(8, int(pods_per * factor)) if pods_per else 0
+            ctrs_per = max(8, int(ctrs_per * factor)) if ctrs_per else 0
+            continue
+        chunks.append(template)
+        if not req.more:
+            return chunks
+        p, c = p + pods_per, c + ctrs_per
+        pods_per = min(pods_per, len(pods) - p)
+        ctrs_per = min(ctrs_per, len(containers) - c)
+
+
+def lifecycle(
+    kinds: dict[str, Kind],
+    first: int,
+    count: int,
+    live: int,
+    cgroup_root: Path,
+    on_pod: Callable[[int], None] | None = None,
+) -> Iterator[tuple[Kind, bytes]]:
+    """Pods `first` .. `first + count - 1`, each run and given one container; `live` stay.
+
+    As a runtime would: the pod cgroup exists before RunPodSandbox; a pod is
+    removed (container first) once `live` newer pods run; the phase ends
+    with every pod it started removed.
+    """
+    run, create = kinds["RunPodSandbox"], kinds["CreateContainer"]
+    remove_ctr, remove_pod = kinds["RemoveContainer"], kinds["RemovePodSandbox"]
+    running: deque[tuple[bytes, Path]] = deque()
+    token = workload.counter_token
+
+    def retire() -> Iterator[tuple[Kind, bytes]]:
+        old, directory = running.popleft()
+        yield remove_ctr, old
+        workload.remove_pod_cgroup(directory)
+        yield remove_pod, old
+
+    for n in range(first, first + count):
+        if on_pod is not None:
+            on_pod(n)
+        tok = token(n)
+        parent = workload.be_cgroup_parent(workload.pod_uid(tok.decode()))
+        directory = workload.create_pod_cgroup(cgroup_root, parent)
+        yield run, tok
+        yield create, tok
+        running.append((tok, directory))
+        if len(running) > live:
+            yield from retire()
+    while running:
+        yield from retire()
+
+
+# -- entry point -----------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    opts = parse_args(argv)
+    # tmpfs when there is one: the pod cgroup files stand in for cgroupfs,
+    # which lives in memory too (an ext4 close after O_TRUNC flushes, and
+    # would bill the plugin for a disk that real cgroups do not have).
+    shm = Path("/dev/shm")
+    base = str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+    workdir = Path(tempfile.mkdtemp(prefix="nri-midbatch-bench-", dir=base))
+    bench = Bench(opts, workdir)
+    try:
+        results = bench.run()
+    except BenchError as exc:
+        stderr = workdir / "plugin.stderr"
+        tail = stderr.read_text()[-2000:] if stderr.exists() else ""
+        print(f"bench: {exc}\n{tail}", file=sys.stderr)
+        return 1
+    finally:
+        bench.listener.close()
+        if bench.log_file.exists():
+            with bench.log_file.open("rb") as log:
+                lines = sum(1 for _ in log)
+            bench.results.details["plugin_log"] = {
+                "lines": lines,
+                "bytes": bench.log_file.stat().st_size,
+            }
+        if not opts.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    results.details["environment"] = {
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+        "nri": opts.nri,
+        "loop": opts.loop or "plugin default",
+        "quick": opts.quick,
+    }
+    print(results.table())
+    if opts.keep:
+        print(f"\nkept {workdir}")
+    if opts.json_path:
+        Path(opts.json_path).write_text(json.dumps(results.as_json(), indent=2) + "\n")
+        print(f"\nwrote {opts.json_path}")
+    return 0

@@ -1,0 +1,104 @@
+"""`python -m bench --quick` runs to the end and reports every figure with a sane value.
+
+No timing is asserted here: this machine's speed is not the plugin's. The
+figures and their targets are in docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: Prefixes of the figures every run reports (some names carry the run's counts).
+FIGURES = (
+    "start-up: Popen to Configure answered",
+    "Synchronize ",  # ... pods / ... containers: first chunk to last reply
+    "Synchronize: updates returned",
+    "Synchronize: chunks sent",
+    "CreateContainer serial p50",
+    "CreateContainer serial p99",
+    "CreateContainer serial max",
+    "CreateContainer 8 in flight p50",
+    "CreateContainer 8 in flight p99",
+    "CreateContainer 8 in flight max",
+    "CreateContainer 8 in flight: throughput",
+    "RSS after Synchronize",
+    "RSS after ",  # ... more CreateContainer
+    "RSS growth over all events",
+    "RSS growth over the last",
+    "decide_container, spec cached",
+    "decide_container, every spec new",
+)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("bench") / "results.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    # The table is printed, each figure beside its target.
+    assert "measured" in done.stdout and "target" in done.stdout
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
+def _figure(report: dict[str, Any], prefix: str) -> dict[str, Any]:
+    matches = [v for name, v in report["figures"].items() if name.startswith(prefix)]
+    assert matches, f"no figure named {prefix!r}..."
+    figure: dict[str, Any] = matches[0]
+    return figure
+
+
+@pytest.mark.parametrize("prefix", FIGURES)
+def test_every_figure_is_reported_with_a_finite_value(report: dict[str, Any], prefix: str) -> None:
+    value = _figure(report, prefix)["value"]
+    assert isinstance(value, int | float) and math.isfinite(value)
+
+
+def test_times_rates_and_memory_are_positive(report: dict[str, Any]) -> None:
+    for name, figure in report["figures"].items():
+        if name.startswith("RSS growth"):
+            continue  # may be negative: the heap shrinks as well as grows
+        assert figure["value"] > 0, name
+
+
+def test_latency_percentiles_are_ordered(report: dict[str, Any]) -> None:
+    for label in ("CreateContainer serial", "CreateContainer 8 in flight"):
+        p50, p99, top = (_figure(report, f"{label} {p}")["value"] for p in ("p50", "p99", "max"))
+        assert p50 <= p99 <= top, label
+
+
+def test_the_synchronize_was_split_and_answered_with_updates(report: dict[str, Any]) -> None:
+    sync = report["details"]["sync"]
+    assert _figure(report, "Synchronize: chunks sent")["value"] >= 2
+    assert all(size <= 4 << 20 for size in sync["chunk_bytes"])
+    # Most containers need an update (the workload's expectation, checked by the run).
+    assert sync["updates"] > sync["containers"] // 2
+
+
+def test_memory_stays_within_reason(report: dict[str, Any]) -> None:
+    after_sync = _figure(report, "RSS after Synchronize")["value"]
+    growth = _figure(report, "RSS growth over all events")["value"]
+    assert abs(growth) < after_sync
+
+
+def test_targets_sit_beside_the_figures_they_judge(report: dict[str, Any]) -> None:
+    judged = {name: f for name, f in report["figures"].items() if f["target"]}
+    assert any(name.startswith("CreateContainer serial p50") for name in judged)
+    for name, figure in judged.items():
+        assert isinstance(figure["ok"], bool), name

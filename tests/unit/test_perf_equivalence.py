@@ -1,0 +1,236 @@
+"""The performance shortcuts give exactly what the plain code they replace gives.
+
+Each shortcut (docs/performance.md) is checked against the straightforward
+form: the bytes on the wire, the messages built, the log line, and what the
+plugin remembers for a configuration reload.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+import structlog
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.api import ttrpc_pb2
+from nri_midbatch.obs.logging import configure_logging, set_level
+from nri_midbatch.plugin import (
+    LiveSet,
+    container_update,
+    decode_native_limits,
+    encode_native_limits,
+    linux_resources,
+    remembered_pod_view,
+)
+from nri_midbatch.policy import CgroupValues, ContainerView, NativeLimits
+from nri_midbatch.reconcile import Known
+from nri_midbatch.rpc.connection import _MUX_AND_TTRPC, _response_with_payload
+from nri_midbatch.wire.mux import frame_message
+from nri_midbatch.wire.ttrpc import MessageType, encode_message
+
+INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+UINT64 = st.integers(min_value=0, max_value=2**64 - 1)
+
+# -- wire -------------------------------------------------------------------
+
+
+@given(st.binary(max_size=20_000))
+def test_response_envelope_is_what_protobuf_encodes(payload: bytes) -> None:
+    if payload:
+        assert _response_with_payload(payload) == (
+            ttrpc_pb2.Response(payload=payload).SerializeToString()
+        )
+
+
+@pytest.mark.parametrize("size", [0, 1, 127, 128, 16_383, 16_384, 2**21, 4 << 20])
+def test_response_envelope_at_varint_boundaries(size: int) -> None:
+    payload = b"\x07" * size
+    if payload:
+        assert _response_with_payload(payload) == (
+            ttrpc_pb2.Response(payload=payload).SerializeToString()
+        )
+
+
+@given(st.binary(max_size=4086), st.integers(1, 2**32 - 1), st.sampled_from([1, 2]))
+def test_one_frame_reply_is_what_the_codecs_frame(data: bytes, stream_id: int, conn: int) -> None:
+    fast = (
+        _MUX_AND_TTRPC.pack(conn, len(data) + 10, len(data), stream_id, MessageType.RESPONSE, 0)
+        + data
+    )
+    assert fast == frame_message(conn, encode_message(stream_id, MessageType.RESPONSE, data))
+
+
+# -- messages ---------------------------------------------------------------
+
+
+def _nested(values: CgroupValues) -> api.LinuxResources:
+    return api.LinuxResources(
+        cpu=api.LinuxCPU(
+            shares=api.OptionalUInt64(value=values.cpu_shares),
+            quota=api.OptionalInt64(value=values.cpu_quota),
+        ),
+        memory=api.LinuxMemory(limit=api.OptionalInt64(value=values.memory_limit)),
+    )
+
+
+@given(UINT64, INT64, INT64)
+def test_resources_built_in_place_equal_nested_constructors(
+    shares: int, quota: int, memory: int
+) -> None:
+    values = CgroupValues(shares, quota, memory)
+    expected = _nested(values)
+    assert linux_resources(values).SerializeToString() == expected.SerializeToString()
+    update = api.ContainerUpdate(
+        container_id="c1", linux=api.LinuxContainerUpdate(resources=expected)
+    )
+    assert container_update("c1", values).SerializeToString() == update.SerializeToString()
+
+
+def test_zero_values_stay_present() -> None:
+    resources = linux_resources(CgroupValues(0, 0, 0))
+    assert resources.cpu.HasField("shares") and resources.cpu.HasField("quota")
+    assert resources.memory.HasField("limit")
+
+
+@given(
+    st.none() | st.integers(1, 2**40),
+    st.none() | st.integers(1, 2**20),
+    st.none() | st.integers(1, 2**40),
+)
+def test_native_limits_text_is_cached_not_changed(
+    quota: int | None, period: int | None, memory: int | None
+) -> None:
+    native = NativeLimits(cpu_quota=quota, cpu_period=period, memory_limit=memory)
+    present = {"cpuQuota": quota, "cpuPeriod": period, "memoryLimit": memory}
+    text = json.dumps({k: v for k, v in present.items() if v is not None}, separators=(",", ":"))
+    assert encode_native_limits(native) == text
+    assert encode_native_limits(native) == text  # from the cache
+    assert decode_native_limits(text) == native
+    assert decode_native_limits(text) == native
+
+
+# -- what the plugin remembers ----------------------------------------------
+
+_POD_IDS = st.sampled_from(["p1", "p2", "p3"])
+_CTR_IDS = st.sampled_from(["c1", "c2", "c3", "c4", "c5"])
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("set"), _CTR_IDS, _POD_IDS),
+        st.tuples(st.just("forget"), _CTR_IDS, st.just("")),
+        st.tuples(st.just("remove_pod"), st.just(""), _POD_IDS),
+        st.tuples(st.just("direct_set"), _CTR_IDS, _POD_IDS),
+        st.tuples(st.just("direct_del"), _CTR_IDS, st.just("")),
+        st.tuples(st.just("direct_update"), _CTR_IDS, _POD_IDS),
+        st.tuples(st.just("direct_ior"), _CTR_IDS, _POD_IDS),
+        st.tuples(st.just("direct_setdefault"), _CTR_IDS, _POD_IDS),
+        st.tuples(st.just("direct_popitem"), st.just(""), st.just("")),
+        st.tuples(st.just("direct_clear"), st.just(""), st.just("")),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=300)
+@given(_OPS)
+def test_live_set_forgets_exactly_what_known_forgets(ops: list[tuple[str, str, str]]) -> None:
+    plain, live = Known(), LiveSet()
+    for op, container_id, pod_id in ops:
+        view = ContainerView(container_id, container_id)
+        if op in ("set", "direct_set"):
+            plain.containers[container_id] = (pod_id, view)
+            live.containers[container_id] = (pod_id, view)
+        elif op == "forget":
+            plain.containers.pop(container_id, None)
+            live.containers.pop(container_id, None)
+        elif op == "remove_pod":
+            plain.remove_pod(pod_id)
+            live.remove_pod(pod_id)
+        elif op == "direct_del":
+            if container_id in plain.containers:
+                del plain.containers[container_id]
+                del live.containers[container_id]
+        elif op == "direct_update":
+            plain.containers.update({container_id: (pod_id, view)})
+            live.containers.update({container_id: (pod_id, view)})
+        elif op == "direct_ior":
+            plain.containers |= {container_id: (pod_id, view)}
+            live.containers |= {container_id: (pod_id, view)}
+        elif op == "direct_setdefault":
+            plain.containers.setdefault(container_id, (pod_id, view))
+            live.containers.setdefault(container_id, (pod_id, view))
+        elif op == "direct_popitem":
+            if plain.containers:
+                assert plain.containers.popitem() == live.containers.popitem()
+        elif op == "direct_clear":
+            plain.containers.clear()
+            live.containers.clear()
+        else:
+            raise AssertionError(op)
+        assert live.containers == plain.containers
+        assert live.pods == plain.pods
+        indexed = {c: p for p, ids in live.containers.by_pod.items() for c in ids}
+        assert indexed == {c: p for c, (p, _view) in plain.containers.items()}
+
+
+def test_remembered_pod_view_holds_the_same_maps_as_plain_dicts() -> None:
+    pod = api.PodSandbox(
+        id="s",
+        uid="u",
+        name="n",
+        namespace="ns",
+        labels={"a": "1", "b": "2"},
+        annotations={"x": "y"},
+        linux=api.LinuxPodSandbox(cgroup_parent="/kubepods/besteffort/podu"),
+    )
+    view = remembered_pod_view(pod)
+    assert type(view.labels) is dict and type(view.annotations) is dict
+    assert view.labels == dict(pod.labels) and view.annotations == dict(pod.annotations)
+    assert (view.uid, view.name, view.namespace, view.cgroup_parent) == (
+        "u",
+        "n",
+        "ns",
+        "/kubepods/besteffort/podu",
+    )
+
+
+# -- the decision log line ----------------------------------------------------
+
+
+def test_decision_line_follows_reconfiguration() -> None:
+    from nri_midbatch.plugin import _decision_log
+
+    try:
+        first, second = io.StringIO(), io.StringIO()
+        configure_logging("info", "json", first)
+        _decision_log.get().info("decision", method="m", tier="batch", pod="p")
+        configure_logging("info", "json", second)
+        _decision_log.get().info("decision", method="m", tier="batch", pod="p")
+        set_level("warning")
+        _decision_log.get().info("decision", method="m", tier="batch", pod="p")
+        line = json.loads(first.getvalue())
+        assert list(line) == ["method", "tier", "pod", "event", "level", "timestamp"]
+        assert second.getvalue().count("\n") == 1
+        with structlog.testing.capture_logs() as captured:
+            set_level("info")
+            _decision_log.get().info("decision", method="m")
+        assert captured == [{"method": "m", "event": "decision", "log_level": "info"}]
+    finally:
+        structlog.reset_defaults()
+
+
+def test_prebuilt_json_encoder_renders_as_json_dumps() -> None:
+    out = io.StringIO()
+    try:
+        configure_logging("info", "json", out)
+        event = {"a": 1, "b": "ü", "c": [1.5, None], "d": object()}
+        structlog.get_logger("t").info("e", **event)
+    finally:
+        structlog.reset_defaults()
+    rendered = out.getvalue().rstrip("\n")
+    parsed = json.loads(rendered)
+    expected = dict(event, event="e", level="info", timestamp=parsed["timestamp"])
+    assert rendered == json.dumps(expected, default=repr)
