@@ -19,7 +19,6 @@ from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.api import ttrpc_pb2
 from nri_midbatch.obs.logging import configure_logging, set_level
 from nri_midbatch.plugin import (
-    LiveSet,
     container_update,
     decode_native_limits,
     encode_native_limits,
@@ -122,13 +121,6 @@ _OPS = st.lists(
         st.tuples(st.just("set"), _CTR_IDS, _POD_IDS),
         st.tuples(st.just("forget"), _CTR_IDS, st.just("")),
         st.tuples(st.just("remove_pod"), st.just(""), _POD_IDS),
-        st.tuples(st.just("direct_set"), _CTR_IDS, _POD_IDS),
-        st.tuples(st.just("direct_del"), _CTR_IDS, st.just("")),
-        st.tuples(st.just("direct_update"), _CTR_IDS, _POD_IDS),
-        st.tuples(st.just("direct_ior"), _CTR_IDS, _POD_IDS),
-        st.tuples(st.just("direct_setdefault"), _CTR_IDS, _POD_IDS),
-        st.tuples(st.just("direct_popitem"), st.just(""), st.just("")),
-        st.tuples(st.just("direct_clear"), st.just(""), st.just("")),
     ),
     max_size=40,
 )
@@ -136,44 +128,22 @@ _OPS = st.lists(
 
 @settings(max_examples=300)
 @given(_OPS)
-def test_live_set_forgets_exactly_what_known_forgets(ops: list[tuple[str, str, str]]) -> None:
-    plain, live = Known(), LiveSet()
+def test_known_forgets_exactly_a_pods_containers(ops: list[tuple[str, str, str]]) -> None:
+    """Known's by-pod index against a plain model that walks every container."""
+    known = Known()
+    model: dict[str, tuple[str, ContainerView]] = {}
     for op, container_id, pod_id in ops:
         view = ContainerView(container_id, container_id)
-        if op in ("set", "direct_set"):
-            plain.containers[container_id] = (pod_id, view)
-            live.containers[container_id] = (pod_id, view)
+        if op == "set":
+            known.set_container(container_id, pod_id, view)
+            model[container_id] = (pod_id, view)
         elif op == "forget":
-            plain.containers.pop(container_id, None)
-            live.containers.pop(container_id, None)
-        elif op == "remove_pod":
-            plain.remove_pod(pod_id)
-            live.remove_pod(pod_id)
-        elif op == "direct_del":
-            if container_id in plain.containers:
-                del plain.containers[container_id]
-                del live.containers[container_id]
-        elif op == "direct_update":
-            plain.containers.update({container_id: (pod_id, view)})
-            live.containers.update({container_id: (pod_id, view)})
-        elif op == "direct_ior":
-            plain.containers |= {container_id: (pod_id, view)}
-            live.containers |= {container_id: (pod_id, view)}
-        elif op == "direct_setdefault":
-            plain.containers.setdefault(container_id, (pod_id, view))
-            live.containers.setdefault(container_id, (pod_id, view))
-        elif op == "direct_popitem":
-            if plain.containers:
-                assert plain.containers.popitem() == live.containers.popitem()
-        elif op == "direct_clear":
-            plain.containers.clear()
-            live.containers.clear()
+            known.forget_container(container_id)
+            model.pop(container_id, None)
         else:
-            raise AssertionError(op)
-        assert live.containers == plain.containers
-        assert live.pods == plain.pods
-        indexed = {c: p for p, ids in live.containers.by_pod.items() for c in ids}
-        assert indexed == {c: p for c, (p, _view) in plain.containers.items()}
+            known.remove_pod(pod_id)
+            model = {c: entry for c, entry in model.items() if entry[0] != pod_id}
+        assert known.containers == model
 
 
 def test_remembered_pod_view_holds_the_same_maps_as_plain_dicts() -> None:

@@ -85,7 +85,7 @@ def known(*pods: tuple[str, PodView, list[ContainerView]]) -> Known:
     for pod_id, view, containers in pods:
         result.add_pod(pod_id, view)
         for container in containers:
-            result.containers[container.id] = (pod_id, container)
+            result.set_container(container.id, pod_id, container)
     return result
 
 
@@ -157,7 +157,7 @@ def test_disabling_quota_plans_unlimited_quota() -> None:
 def test_containers_without_a_known_pod_are_skipped() -> None:
     node = known(("s", pod("batch", {"app": APP}), [ContainerView("c-app", "app")]))
     # A container whose pod we never heard of (or forgot): nothing to decide it with.
-    node.containers["c-orphan"] = ("sandbox-gone", ContainerView("c-orphan", "app"))
+    node.set_container("c-orphan", "sandbox-gone", ContainerView("c-orphan", "app"))
     containers, _ = summary(plan(node, DEFAULT, HALVED))
     assert set(containers) == {"c-app"}
 
@@ -236,7 +236,7 @@ def test_add_pod_keeps_copies_of_labels_and_annotations() -> None:
     assert (remembered.uid, remembered.cgroup_parent) == ("batch", "/kubepods/besteffort/podbatch")
     assert remembered.native == NativeLimits(cpu_quota=400_000)
     # And the remembered pod still plans as the batch pod it was.
-    node.containers["c-app"] = ("s", ContainerView("c-app", "app"))
+    node.set_container("c-app", "s", ContainerView("c-app", "app"))
     containers, _ = summary(plan(node, DEFAULT, HALVED))
     assert containers == {"c-app": CgroupValues(512, 50_000, 512 * MI)}
 
