@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from sys import intern
 from typing import Any
@@ -19,7 +19,7 @@ from typing import Any
 import structlog
 
 from nri_midbatch.api import nri_pb2 as api
-from nri_midbatch.cgroups.fs import apply_container_values, apply_pod_values
+from nri_midbatch.cgroups.fs import apply_container_values, apply_pod_values, read_pod_values
 from nri_midbatch.cgroups.paths import CgroupDriver, CgroupPathError
 from nri_midbatch.cgroups.report import WriteReport
 from nri_midbatch.cgroups.values import PodCgroupValues
@@ -33,15 +33,19 @@ from nri_midbatch.policy import (
     NativeLimits,
     PodView,
     Policy,
+    QoSClass,
     compile_policy,
     decide_container,
     decide_pod,
 )
+from nri_midbatch.policy.classify import qos_from_cgroup_parent
 from nri_midbatch.reconcile import Known, Plan, plan
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.wire.status import Code
 
 log = structlog.get_logger(__name__)
+
+_NO_LIMITS = NativeLimits()
 
 _RUNNING_STATES = frozenset({api.CONTAINER_CREATED, api.CONTAINER_RUNNING, api.CONTAINER_PAUSED})
 
@@ -546,6 +550,7 @@ class MidBatchPlugin:
             raise RpcError(Code.INVALID_ARGUMENT, f"nri-midbatch: {decision.error}")
 
     def _write_pod(self, pod: PodView, method: str, *, refuse: bool) -> None:
+        pod = self._with_kubelet_pod_limits(pod)
         decision = decide_pod(pod, self.policy)
         self.counters.count_decision(decision)
         if self._on_decision is not None:
@@ -583,6 +588,31 @@ class MidBatchPlugin:
         log.info(
             "pod cgroup set", method=method, tier=decision.tier, **where, **_values_log(values)
         )
+
+    def _with_kubelet_pod_limits(self, pod: PodView) -> PodView:
+        """The pod, with kubelet's pod-level limits read from its cgroup if the runtime sent none.
+
+        Runtimes that do not pass pod resources (containerd 1.7 among them)
+        would otherwise let a burstable pod's cgroup be loosened past the
+        limits kubelet gave it. Best-effort pods have no kubelet limits: what
+        their cgroup holds is ours, which must not be kept as if it were
+        kubelet's. Replays read nothing from the machine.
+        """
+        if (
+            self._dry_run
+            or pod.native != _NO_LIMITS
+            or qos_from_cgroup_parent(pod.cgroup_parent) in (None, QoSClass.BE)
+        ):
+            return pod
+        try:
+            current = read_pod_values(self._cgroup_root, self._cgroup_driver, pod.cgroup_parent)
+        except (CgroupPathError, OSError, ValueError):
+            return pod  # the write that follows reports what is wrong with the cgroup
+        native = NativeLimits(
+            cpu_quota=current.cpu_quota if current.cpu_quota > 0 else None,
+            memory_limit=current.memory_limit if current.memory_limit > 0 else None,
+        )
+        return pod if native == _NO_LIMITS else replace(pod, native=native)
 
     def _pod_write_failed(
         self, method: str, where: Mapping[str, str], reason: str, refuse: bool

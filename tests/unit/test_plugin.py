@@ -610,6 +610,41 @@ def test_split_synchronize_gives_the_same_updates_as_one_chunk(tmp_path: Path) -
 # ---------------------------------------------------------------------------
 
 
+def test_run_pod_sandbox_never_loosens_kubelets_pod_limits(tree: CgroupTree) -> None:
+    """containerd 1.7 sends no pod resources: kubelet's limits are read from the cgroup."""
+    pod = make_pod(
+        "mid-ls",
+        qos="LS",
+        priority="koord-mid",
+        annotation=spec(
+            {"app": {"requests": {MID_CPU: "1k"}, "limits": {MID_CPU: "4k", MID_MEMORY: "4Gi"}}}
+        ),
+    )
+    # kubelet gave the burstable pod 1 core and 1 GiB.
+    tree.add_pod(pod.linux.cgroup_parent, BURSTABLE_DEFAULTS)
+
+    async def scenario() -> None:
+        async with connected(make_config(tree), nri_version="v0.12.0") as c:
+            await c.run_pod_sandbox(pod)
+
+    run(scenario())
+    # The tier asks 400000 and 4 GiB; the pod keeps kubelet's tighter limits.
+    assert tree.pod(pod.linux.cgroup_parent) == ("1024", "100000", str(GI))
+
+
+def test_run_pod_sandbox_takes_no_besteffort_values_for_kubelets(tree: CgroupTree) -> None:
+    """A best-effort pod's cgroup holds only what we wrote: it is no kubelet limit to keep."""
+    pod = batch_pod()
+    tree.add_pod(pod.linux.cgroup_parent, ("256", "20000", str(128 * MI)))
+
+    async def scenario() -> None:
+        async with connected(make_config(tree), nri_version="v0.12.0") as c:
+            await c.run_pod_sandbox(pod)
+
+    run(scenario())
+    assert tree.pod(pod.linux.cgroup_parent) == ("512", "100000", "536870912")
+
+
 def test_run_pod_sandbox_dedicated_rpc_writes_pod_files(tree: CgroupTree) -> None:
     pod = batch_pod()
     tree.add_pod(pod.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
