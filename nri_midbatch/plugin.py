@@ -533,6 +533,17 @@ class MidBatchPlugin:
                 cpu_quota=values.cpu_quota,
                 memory_limit=values.memory_limit,
             )
+        else:
+            # Untouched workloads are the common case: visible at debug only
+            # (SIGUSR1), with the trace that says why.
+            _decision_log.get().debug(
+                "untouched",
+                method=method,
+                namespace=pod.namespace,
+                pod=pod.name,
+                container=container.name,
+                why=decision.trace[-1] if decision.trace else "",
+            )
         return decision
 
     def _invalid(
