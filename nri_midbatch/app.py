@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Iterable
 import structlog
 
 from nri_midbatch.config import Config, ConfigError, load_config_file
+from nri_midbatch.heap import LARGE_SYNC, settle_heap
 from nri_midbatch.nri.runner import run_external, run_prelaunched
 from nri_midbatch.nri.session import (
     DEFAULT_REGISTRATION_TIMEOUT,
@@ -146,6 +147,10 @@ class App:
         self.metrics.synchronized.set(1 if state.synchronized else 0)
         if state.syncs > self._syncs_seen:
             self._syncs_seen = state.syncs
+            if state.sync_pods + state.sync_containers >= LARGE_SYNC:
+                # Called as the Synchronize handler returns: this runs once
+                # the reply is out and the request is garbage.
+                asyncio.get_running_loop().call_soon(settle_heap)
             self.metrics.sync_duration.observe(state.last_sync_seconds)
             self.metrics.sync_objects.labels("pods").set(state.sync_pods)
             self.metrics.sync_objects.labels("containers").set(state.sync_containers)
