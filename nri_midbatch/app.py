@@ -80,6 +80,16 @@ class App:
             HealthServer(metrics_address, self.metrics, self.readiness) if metrics_address else None
         )
         self.reloads: dict[str, int] = {}
+        #: (path, result) -> workloads brought to a reloaded configuration
+        self.followed: dict[tuple[str, str], int] = {
+            key: 0
+            for key in (
+                ("update_containers", "ok"),
+                ("update_containers", "refused"),
+                ("cgroup_files", "ok"),
+                ("cgroup_files", "failed"),
+            )
+        }
         self.config_path = config_path
         self._watch = FileWatch(config_path) if config_path else None
         self._reload_interval = reload_interval
@@ -189,6 +199,12 @@ class App:
             ("result",),
             reloads,
         )
+        yield (
+            "nri_midbatch_reload_writes",
+            "Containers and pods brought to a reloaded configuration, by path and result",
+            ("path", "result"),
+            {tuple(key): n for key, n in self.followed.items()},
+        )
         if self.recorder is not None:
             yield (
                 "nri_midbatch_records_dropped",
@@ -261,9 +277,20 @@ class App:
                         "runtime could not update containers, writing their cgroup files",
                         containers=sorted(refused),
                     )
+                self._count_followed("update_containers", "ok", len(updates) - len(refused))
+                self._count_followed("update_containers", "refused", len(refused))
                 rest = tuple(c for c in plan.containers if c.container.id in refused)
-                await asyncio.to_thread(self.plugin.write_plan, Plan(rest, plan.pods))
+                await self._write_files(Plan(rest, plan.pods))
                 return
+        await self._write_files(plan)
+
+    async def _write_files(self, plan: Plan) -> None:
         failures = await asyncio.to_thread(self.plugin.write_plan, plan)
+        self._count_followed("cgroup_files", "ok", len(plan.containers) + len(plan.pods) - failures)
+        self._count_followed("cgroup_files", "failed", failures)
         if failures:
             log.warning("some cgroups did not take the new configuration", failures=failures)
+
+    def _count_followed(self, path: str, result: str, count: int) -> None:
+        key = (path, result)
+        self.followed[key] = self.followed.get(key, 0) + count

@@ -329,13 +329,15 @@ class MidBatchPlugin:
 
     def reconfigure(self, config: Config) -> Plan:
         """Switch to `config`; returns what running workloads need to follow it."""
-        old = self.policy
+        old, pods_before = self.policy, self.config.cgroups.pod_level
         self._apply_config(config)
-        result = plan(self.known, old, self.policy)
-        if not config.cgroups.pod_level:
-            # Pod cgroups stay kubelet's, as at RunPodSandbox and Synchronize.
-            result = Plan(result.containers, ())
-        return result
+        return plan(
+            self.known,
+            old,
+            self.policy,
+            pods_before=pods_before,
+            pods_after=config.cgroups.pod_level,
+        )
 
     def write_plan(self, plan: Plan) -> int:
         """Bring running workloads to `plan` through their cgroup files; returns failures.

@@ -91,8 +91,19 @@ class Plan:
         return bool(self.containers or self.pods)
 
 
-def plan(known: Known, old: Policy, new: Policy) -> Plan:
+def plan(
+    known: Known,
+    old: Policy,
+    new: Policy,
+    *,
+    pods_before: bool = True,
+    pods_after: bool = True,
+) -> Plan:
     """Values that `new` gives differently from `old`, for every known workload.
+
+    `pods_before`/`pods_after`: whether pod cgroups are ours to write under
+    the old and the new configuration (`cgroups.podLevel`). Pods are planned
+    only when they are ours now, and all of them when they were not before.
 
     A workload that leaves every tier under `new` is not planned: we do not
     know the values kubelet gave it, so it keeps its last ones until it is
@@ -107,8 +118,8 @@ def plan(known: Known, old: Policy, new: Policy) -> Plan:
         if after is not None and after != decide_container(pod, container, old).values:
             containers.append(ContainerChange(pod, container, after))
     pods = []
-    for pod in known.pods.values():
+    for pod in known.pods.values() if pods_after else ():
         after = decide_pod(pod, new).values
-        if after is not None and after != decide_pod(pod, old).values:
+        if after is not None and (not pods_before or after != decide_pod(pod, old).values):
             pods.append(PodChange(pod, after))
     return Plan(tuple(containers), tuple(pods))

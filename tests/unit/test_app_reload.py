@@ -246,6 +246,9 @@ def test_file_change_brings_containers_and_pods_to_the_new_values(tmp_path: Path
     node = run(scenario())
     assert node.tree.read(parent) == HALVED_VALUES
     assert node.tree.read(parent, live.id) == HALVED_VALUES
+    # One container and one pod through their files (NRI v0.6.1).
+    assert node.app.followed[("cgroup_files", "ok")] == 2
+    assert node.app.followed[("update_containers", "ok")] == 0
     assert node.tree.read(parent, gone.id) == APP_VALUES
     assert node.app.plugin.config.rules.cpu_normalization_ratio == 2.0
     assert reloads_metric(node.app)["applied"] == 1
@@ -337,6 +340,12 @@ def test_safe_runtime_gets_update_containers_and_no_container_file_is_written(
             } == containers_before
             assert node.tree.read(parent) == HALVED_VALUES
             assert node.app.reloads == {"applied": 1}
+            assert node.app.followed == {
+                ("update_containers", "ok"): 1,
+                ("update_containers", "refused"): 0,
+                ("cgroup_files", "ok"): 1,  # the pod
+                ("cgroup_files", "failed"): 0,
+            }
             return node
 
     run(scenario())

@@ -137,6 +137,21 @@ def test_pod_level_values_are_planned_when_they_change() -> None:
     assert container_change.container == ContainerView("c-app", "app")
 
 
+def test_pod_cgroups_follow_pod_level_turned_on_and_off() -> None:
+    batch = pod("batch", {"app": APP})
+    node = known(("sandbox-batch", batch, [ContainerView("c-app", "app")]))
+    # Turned on: every pod in a tier is planned, though its values did not change.
+    turned_on = plan(node, DEFAULT, DEFAULT, pods_before=False, pods_after=True)
+    assert turned_on.pods == (
+        PodChange(node.pods["sandbox-batch"], CgroupValues(512, 100_000, 512 * MI)),
+    )
+    assert turned_on.containers == ()
+    # Turned off: pod cgroups stay kubelet's, whatever changed.
+    turned_off = plan(node, DEFAULT, HALVED, pods_before=True, pods_after=False)
+    assert turned_off.pods == ()
+    assert len(turned_off.containers) == 1
+
+
 @pytest.mark.parametrize(
     ("old", "new"), [(DEFAULT, DEFAULT), (HALVED, policy(rules={"cpuNormalizationRatio": 2.0}))]
 )
