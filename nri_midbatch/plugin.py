@@ -9,6 +9,7 @@ applied: the policy reports bad input as a value; only here does it turn into
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -94,18 +95,15 @@ def native_limits(resources: api.LinuxResources) -> NativeLimits:
     return _shared(NativeLimits(cpu_quota=quota, cpu_period=period, memory_limit=limit))
 
 
+# Nodes have few distinct kubelet limits (often just the 100000us period):
+# the caches below hold each once, bounded in case a node has many.
+_DISTINCT_LIMITS = 1024
+
+
+@functools.lru_cache(maxsize=_DISTINCT_LIMITS)
 def _shared(native: NativeLimits) -> NativeLimits:
     """One instance per distinct value: remembered containers mostly share a handful."""
-    shared = _natives.get(native)
-    if shared is None:
-        if len(_natives) >= _SHARED_MAX:
-            _natives.clear()
-        shared = _natives[native] = native
-    return shared
-
-
-_natives: dict[NativeLimits, NativeLimits] = {}
-_SHARED_MAX = 1024
+    return native
 
 
 def pod_view(pod: api.PodSandbox) -> PodView:
@@ -162,40 +160,15 @@ _NATIVE_KEYS = (
 )
 
 
+@functools.lru_cache(maxsize=_DISTINCT_LIMITS)
 def encode_native_limits(native: NativeLimits) -> str:
-    text = _encoded_native.get(native)
-    if text is None:
-        present = {key: getattr(native, attr) for key, attr in _NATIVE_KEYS}
-        text = json.dumps(
-            {k: v for k, v in present.items() if v is not None}, separators=(",", ":")
-        )
-        if len(_encoded_native) >= _ENCODED_NATIVE_MAX:
-            _encoded_native.clear()
-        _encoded_native[native] = text
-    return text
+    present = {key: getattr(native, attr) for key, attr in _NATIVE_KEYS}
+    return json.dumps({k: v for k, v in present.items() if v is not None}, separators=(",", ":"))
 
 
-# Nodes have few distinct kubelet limits (often just the 100000us period), so
-# the annotation text of each is encoded once.
-_encoded_native: dict[NativeLimits, str] = {}
-_ENCODED_NATIVE_MAX = 1024
-
-
+@functools.lru_cache(maxsize=_DISTINCT_LIMITS)
 def decode_native_limits(text: str) -> NativeLimits | None:
     """The remembered limits, or None if the text is not what we write."""
-    if text in _decoded_native:
-        return _decoded_native[text]
-    native = _decode_native_limits(text)
-    if len(_decoded_native) >= _SHARED_MAX:
-        _decoded_native.clear()
-    _decoded_native[text] = native
-    return native
-
-
-_decoded_native: dict[str, NativeLimits | None] = {}
-
-
-def _decode_native_limits(text: str) -> NativeLimits | None:
     try:
         data = json.loads(text)
     except ValueError:
