@@ -11,7 +11,6 @@ interleave.
 from __future__ import annotations
 
 import asyncio
-import struct
 from collections.abc import Mapping
 from typing import TypeVar
 
@@ -23,16 +22,12 @@ from nri_midbatch.rpc.errors import ConnectionClosed, RpcError
 from nri_midbatch.rpc.service import CallContext, Method, Service
 from nri_midbatch.wire.errors import OversizedMessageError, ProtocolError
 from nri_midbatch.wire.mux import (
-    FIRST_FRAME_MAX,
     PLUGIN_SERVICE_CONN,
     RUNTIME_SERVICE_CONN,
     MuxDecoder,
-    frame_message,
+    frame_ttrpc,
 )
 from nri_midbatch.wire.status import Code
-from nri_midbatch.wire.ttrpc import (
-    HEADER as TTRPC_HEADER,
-)
 from nri_midbatch.wire.ttrpc import (
     Message as TtrpcMessage,
 )
@@ -42,7 +37,6 @@ from nri_midbatch.wire.ttrpc import (
     OversizedMessage,
     StreamCheck,
     StreamIds,
-    encode_message,
 )
 
 log = structlog.get_logger(__name__)
@@ -279,19 +273,9 @@ class MuxConnection:
     def _send(self, conn_id: int, stream_id: int, msg_type: MessageType, data: bytes) -> None:
         if self._closed.is_set():
             return
-        if len(data) + TTRPC_HEADER.size <= FIRST_FRAME_MAX:
-            # One frame, both headers and the data in one concatenation; what
-            # frame_message(encode_message(...)) makes, without the copies.
-            total = len(data) + TTRPC_HEADER.size
-            self._writer.write(
-                _MUX_AND_TTRPC.pack(conn_id, total, len(data), stream_id, msg_type, 0) + data
-            )
-            return
-        self._writer.write(frame_message(conn_id, encode_message(stream_id, msg_type, data)))
+        self._writer.write(frame_ttrpc(conn_id, stream_id, msg_type, data))
 
 
-#: A mux frame header followed by a ttrpc message header.
-_MUX_AND_TTRPC = struct.Struct(">II" + TTRPC_HEADER.format.removeprefix(">"))
 # Field 2 (payload), wire type 2 (length-delimited): the tag of Response.payload.
 _PAYLOAD_TAG = b"\x12"
 

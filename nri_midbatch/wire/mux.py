@@ -11,6 +11,8 @@ from __future__ import annotations
 import struct
 
 from nri_midbatch.wire.errors import ProtocolError
+from nri_midbatch.wire.ttrpc import HEADER as TTRPC_HEADER
+from nri_midbatch.wire.ttrpc import MessageType, encode_message
 
 HEADER = struct.Struct(">II")
 
@@ -106,3 +108,19 @@ def frame_message(conn_id: int, message: bytes) -> bytes:
             rest,
         )
     )
+
+
+#: A mux frame header followed by a ttrpc message header.
+_MUX_AND_TTRPC = struct.Struct(">II" + TTRPC_HEADER.format.removeprefix(">"))
+
+
+def frame_ttrpc(conn_id: int, stream_id: int, msg_type: MessageType, data: bytes) -> bytes:
+    """`frame_message(conn_id, encode_message(stream_id, msg_type, data))`, flags 0.
+
+    Most NRI messages fit in one frame; for those both headers are packed in
+    one go, without the intermediate copies.
+    """
+    size = len(data) + TTRPC_HEADER.size
+    if size <= FIRST_FRAME_MAX:
+        return _MUX_AND_TTRPC.pack(conn_id, size, len(data), stream_id, msg_type, 0) + data
+    return frame_message(conn_id, encode_message(stream_id, msg_type, data))
