@@ -326,7 +326,9 @@ class MidBatchPlugin:
             if not self._write_values(change.pod, None, change.values, final=False)
         ]
         failures = sum(
-            not self._write_values(change.pod, change.container, change.values)
+            not self._write_values(
+                change.pod, change.container, change.values, cgroups_path=change.cgroups_path
+            )
             for change in plan.containers
         )
         failures += sum(not self._write_values(change.pod, None, change.values) for change in retry)
@@ -338,6 +340,7 @@ class MidBatchPlugin:
         container: ContainerView | None,
         values: CgroupValues,
         *,
+        cgroups_path: str = "",
         final: bool = True,
     ) -> bool:
         where = {"namespace": pod.namespace, "pod": pod.name}
@@ -351,7 +354,12 @@ class MidBatchPlugin:
                 )
             else:
                 report = apply_container_values(
-                    self._cgroup_root, self._cgroup_driver, pod.cgroup_parent, container.id, target
+                    self._cgroup_root,
+                    self._cgroup_driver,
+                    pod.cgroup_parent,
+                    container.id,
+                    target,
+                    cgroups_path,
                 )
         except CgroupPathError as exc:
             reason = str(exc)
@@ -400,7 +408,7 @@ class MidBatchPlugin:
                 continue
             pod = pod_views[pod_id]
             ctr_view = synchronized_view(container)
-            known.set_container(ctr_view.id, pod_id, ctr_view)
+            known.set_container(ctr_view.id, pod_id, ctr_view, container.linux.cgroups_path)
             decision = self._decide_container(pod, ctr_view, "Synchronize", refuse=False)
             if decision.values is None:
                 continue
@@ -423,7 +431,7 @@ class MidBatchPlugin:
             view = remembered_pod_view(pod)
             self.known.add_pod(pod_id, view)
         ctr_view = container_view(container)
-        self.known.set_container(ctr_view.id, pod_id, ctr_view)
+        self.known.set_container(ctr_view.id, pod_id, ctr_view, container.linux.cgroups_path)
         decision = self._decide_container(view, ctr_view, "CreateContainer", refuse=self._fail)
         if decision.values is None:
             return api.CreateContainerResponse()
@@ -442,7 +450,7 @@ class MidBatchPlugin:
         # silently dropped by the runtime (koordlet's NRI bug).
         ctr_view = container_view(container, resources)
         if container.id in self.known.containers:
-            self.known.set_container(container.id, pod.id, ctr_view)
+            self.known.set_container(container.id, pod.id, ctr_view, container.linux.cgroups_path)
         decision = self._decide_container(
             pod_view(pod), ctr_view, "UpdateContainer", refuse=self._fail
         )

@@ -34,6 +34,8 @@ class Known:
     pods: dict[str, PodView] = field(default_factory=dict)
     #: container id -> (pod sandbox id, container); read-only outside this class
     containers: dict[str, tuple[str, ContainerView]] = field(default_factory=dict)
+    #: container id -> the runtime's own cgroups path for it, where it said
+    cgroups_paths: dict[str, str] = field(default_factory=dict)
     _by_pod: dict[str, set[str]] = field(default_factory=dict, repr=False)
 
     def add_pod(self, pod_id: str, pod: PodView) -> None:
@@ -49,13 +51,18 @@ class Known:
             native=pod.native,
         )
 
-    def set_container(self, container_id: str, pod_id: str, container: ContainerView) -> None:
+    def set_container(
+        self, container_id: str, pod_id: str, container: ContainerView, cgroups_path: str = ""
+    ) -> None:
         self.forget_container(container_id)
         self.containers[container_id] = (pod_id, container)
+        if cgroups_path:
+            self.cgroups_paths[container_id] = cgroups_path
         self._by_pod.setdefault(pod_id, set()).add(container_id)
 
     def forget_container(self, container_id: str) -> None:
         entry = self.containers.pop(container_id, None)
+        self.cgroups_paths.pop(container_id, None)
         if entry is None:
             return
         siblings = self._by_pod[entry[0]]
@@ -67,6 +74,7 @@ class Known:
         self.pods.pop(pod_id, None)
         for container_id in self._by_pod.pop(pod_id, ()):
             del self.containers[container_id]
+            self.cgroups_paths.pop(container_id, None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +82,8 @@ class ContainerChange:
     pod: PodView
     container: ContainerView
     values: CgroupValues
+    #: The runtime's path for the container's cgroup; empty: derive containerd's.
+    cgroups_path: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,13 +120,14 @@ def plan(
     recreated (documented in the configuration guide).
     """
     containers = []
-    for pod_id, container in known.containers.values():
+    for container_id, (pod_id, container) in known.containers.items():
         pod = known.pods.get(pod_id)
         if pod is None:
             continue
         after = decide_container(pod, container, new).values
         if after is not None and after != decide_container(pod, container, old).values:
-            containers.append(ContainerChange(pod, container, after))
+            path = known.cgroups_paths.get(container_id, "")
+            containers.append(ContainerChange(pod, container, after, path))
     pods = []
     for pod in known.pods.values() if pods_after else ():
         after = decide_pod(pod, new).values

@@ -262,3 +262,17 @@ def test_container_change_carries_the_remembered_views() -> None:
     assert isinstance(change, ContainerChange)
     assert change.pod is node.pods["s"]
     assert change.container is node.containers["c-app"][1]
+
+
+def test_the_runtimes_cgroups_path_travels_with_the_change() -> None:
+    node = Known()
+    node.add_pod("s", pod("batch", {"app": APP}))
+    crio_path = "kubepods-besteffort-podu.slice:crio:c-app"
+    node.set_container("c-app", "s", ContainerView("c-app", "app"), crio_path)
+    (change,) = plan(node, DEFAULT, HALVED).containers
+    assert change.cgroups_path == crio_path
+    node.forget_container("c-app")
+    assert node.cgroups_paths == {}
+    node.set_container("c-app", "s", ContainerView("c-app", "app"), crio_path)
+    node.remove_pod("s")
+    assert node.cgroups_paths == {}
