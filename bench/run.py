@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -211,6 +211,28 @@ class Plugin:
                 return int(line.split()[1]) / 1024
         raise BenchError("no VmRSS for the plugin")
 
+    def cpu_seconds(self) -> float:
+        # utime and stime: the 14th and 15th fields, counted after the command's ")".
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def wait_idle(self, quiet: float = 0.1, timeout: float = 30.0) -> float:
+        """Seconds until the plugin last used CPU before `quiet` seconds without any.
+
+        Its CPU time moves in clock ticks (10 ms), so that is the resolution.
+        """
+        start = last_change = time.perf_counter()
+        last = self.cpu_seconds()
+        while True:
+            time.sleep(0.005)
+            now, cpu = time.perf_counter(), self.cpu_seconds()
+            if cpu != last:
+                last, last_change = cpu, now
+            elif now - last_change >= quiet:
+                return last_change - start
+            if now - start > timeout:
+                raise BenchError(f"the plugin was still busy {timeout:.0f} s after the reply")
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -349,12 +371,20 @@ class Bench:
                 raise BenchError(f"Synchronize: a more=true chunk answered {reply[:80]!r}")
         reply, _ = runtime.call(chunks[-1], timeout=30)
         seconds = time.perf_counter() - started
+        # The plugin writes pod cgroups and log lines once the reply is out;
+        # the next phases start when it is done, as after a node's start-up.
+        aftermath = plugin.wait_idle()
         response = api.SynchronizeResponse.FromString(_payload(reply, "Synchronize"))
         check_sync_updates(response, containers, expected)
+        written = check_sync_pod_files(
+            self.cgroup_root, pods, workload.expected_pod_files(opts.sync_containers_per_pod)
+        )
         r = self.results
         label = f"Synchronize {len(pods):,} pods / {len(containers):,} containers"
         r.add(f"{label}: first chunk to last reply", seconds, "s", "< 0.5 s", seconds < 0.5)
+        r.add("Synchronize: after the reply, until the plugin is idle", aftermath, "s", "")
         r.add("Synchronize: updates returned", len(response.update), "")
+        r.add("Synchronize: pod cgroups written", written, "")
         r.add("Synchronize: chunks sent", len(chunks), "")
         r.details["sync"] = {
             "pods": len(pods),
@@ -571,6 +601,23 @@ def check_sync_updates(
             raise BenchError(
                 f"Synchronize: {ctr.name} got {got}, expected {(shares, quota, memory)}"
             )
+
+
+def check_sync_pod_files(
+    root: Path, pods: Sequence[api.PodSandbox], expected: Mapping[str, str]
+) -> int:
+    """Every batch pod's cgroup holds the plugin's values; returns how many pods that is."""
+    checked = 0
+    for pod in pods:
+        if pod.labels.get("koordinator.sh/priority-class") != "koord-batch":
+            continue
+        directory = workload.pod_cgroup_dir(root, pod.linux.cgroup_parent)
+        for name, text in expected.items():
+            found = (directory / name).read_text()
+            if found.split()[:1] != [text]:
+                raise BenchError(f"Synchronize: {directory}/{name} holds {found!r}, not {text!r}")
+        checked += 1
+    return checked
 
 
 def split_sync(

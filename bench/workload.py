@@ -381,6 +381,21 @@ def sync_objects(
     return pod_list, ctr_list, expected
 
 
+def expected_pod_files(containers_per_pod: int) -> dict[str, str]:
+    """The CFS quota and memory limit a Synchronize batch pod's v2 files start with.
+
+    Sums over the spec's containers, as `expected_values` gives them (the
+    cpu weight is left out: it is a conversion of the shares, not a sum).
+    cpu.max is "quota period" when read from cgroupfs, the plugin writes the
+    quota alone.
+    """
+    names = ("main", *(f"worker-{i}" for i in range(1, containers_per_pod)))
+    values = [expected_values(name, index) for index, name in enumerate(names)]
+    quota = sum(quota for _, quota, _ in values)
+    memory = sum(memory for _, _, memory in values)
+    return {"cpu.max": str(quota), "memory.max": str(memory)}
+
+
 def expected_values(name: str, index: int) -> tuple[int, int, int]:
     """What the default policy gives a container of `pod()`'s spec (see MAIN_SPEC)."""
     if name == "main":

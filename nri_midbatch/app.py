@@ -137,6 +137,10 @@ class App:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            # Log lines and pod cgroups still queued behind replies are not lost.
+            abandoned = self.plugin.after_reply.flush()
+            if abandoned:
+                log.warning("pod cgroup retries abandoned at shutdown", pods=abandoned)
             if self.health is not None:
                 self.health.stop()
 
@@ -158,9 +162,10 @@ class App:
         if state.syncs > self._syncs_seen:
             self._syncs_seen = state.syncs
             if state.sync_pods + state.sync_containers >= LARGE_SYNC:
-                # Called as the Synchronize handler returns: this runs once
-                # the reply is out and the request is garbage.
-                asyncio.get_running_loop().call_soon(settle_heap)
+                # Called as the Synchronize handler returns: queued behind the
+                # Synchronize's own work, this runs once the reply is out and
+                # the request is garbage.
+                self.plugin.after_reply.defer(settle_heap)
             self.metrics.sync_duration.observe(state.last_sync_seconds)
             self.metrics.sync_objects.labels("pods").set(state.sync_pods)
             self.metrics.sync_objects.labels("containers").set(state.sync_containers)
@@ -245,6 +250,9 @@ class App:
         if config == self.plugin.config:
             self._count_reload("unchanged")
             return
+        # A Synchronize's pod writes still pending were decided under the old
+        # configuration: let them land first, for the plan to follow them.
+        await self.plugin.after_reply.settle()
         plan = self.plugin.reconfigure(config)
         self._count_reload("applied")
         log.info(

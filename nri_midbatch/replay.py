@@ -231,6 +231,7 @@ async def _replay(
         calls.insert(0, ("Configure", SYNTHETIC_CONFIGURE))
     drive = _through_socket if via_socket else _in_process
     replies = await drive(session, calls, collector)
+    await plugin.after_reply.settle()
     synthetic = len(calls) - len(entries)
     outcomes = []
     for entry, (response, error, records) in zip(entries, replies[synthetic:], strict=True):

@@ -212,6 +212,8 @@ class MuxConnection:
             self._log.exception("handler failed", method=request.method)
             self._reply_status(stream_id, Code.UNKNOWN, f"{type(exc).__name__}: {exc}")
             return
+        # No await from here to the write: work the handler left for after its
+        # reply (after_reply.py) must find the reply already on its way.
         payload = reply.SerializeToString()
         # Success replies carry no status, as the Go server's do; an empty reply
         # message makes the whole Response zero bytes.

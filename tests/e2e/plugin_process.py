@@ -113,3 +113,12 @@ def prelaunched_wrapper(plugin_dir: Path, name: str, log_path: Path) -> Path:
 
 def iter_events(records: list[Record], name: str) -> Iterator[Record]:
     return (r for r in records if r.get("event") == name)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()

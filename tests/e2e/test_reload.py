@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.containerd import Containerd
-from tests.e2e.plugin_process import PluginProcess
+from tests.e2e.plugin_process import PluginProcess, iter_events, wait_until
 from tests.e2e.test_tiers import BE_NATIVE, MIB, Values, labels, read_values, run, spec
 
 SPEC = "node.koordinator.sh/extended-resource-spec"
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 def scrape(port: int, name: str, **labels: str) -> float:
@@ -105,6 +94,46 @@ def test_restarted_plugin_loosens_values_it_set_under_a_stricter_config(
         assert wait_until(
             lambda: read_values(containerd, pod.parent, pod.container_id).quota == 100000
         ), read_values(containerd, pod.parent, pod.container_id)
-        assert read_values(containerd, pod.parent, None) == Values(512, 100000, 512 * MIB)
+        assert wait_until(
+            lambda: read_values(containerd, pod.parent, None) == Values(512, 100000, 512 * MIB)
+        ), read_values(containerd, pod.parent, None)
     finally:
         assert default.stop() == 0
+
+
+def test_restarted_plugin_lowers_a_pod_after_its_containers(
+    containerd: Containerd, tmp_path: Path
+) -> None:
+    """cgroup v1 refuses a pod quota below a child's (EINVAL): the pod must go last.
+
+    containerd applies the container updates of the Synchronize reply only
+    once it has the reply, so the plugin writes the pod after replying, and
+    once more a second later if the kernel still refused it.
+    """
+    default = PluginProcess(tmp_path / "default", containerd.nri_socket, config="")
+    try:
+        default.wait_for("synchronized")
+        pod = run(
+            containerd, "batch", "besteffort", labels("BE", "koord-batch"),
+            {SPEC: spec("batch", "500", "1k", "512Mi")}, BE_NATIVE,
+        )  # fmt: skip
+        assert read_values(containerd, pod.parent, None) == Values(512, 100000, 512 * MIB)
+        assert read_values(containerd, pod.parent, pod.container_id).quota == 100000
+    finally:
+        assert default.stop() == 0
+    strict = PluginProcess(
+        tmp_path / "strict", containerd.nri_socket, config="rules:\n  cpuNormalizationRatio: 2.0\n"
+    )
+    try:
+        strict.wait_for("synchronized")
+        assert wait_until(
+            lambda: read_values(containerd, pod.parent, pod.container_id).quota == 50000
+        ), read_values(containerd, pod.parent, pod.container_id)
+        assert wait_until(
+            lambda: read_values(containerd, pod.parent, None) == Values(512, 50000, 512 * MIB)
+        ), read_values(containerd, pod.parent, None)
+        _, written = strict.wait_for("pod cgroup set")
+        assert (written["method"], written["cpu_quota"]) == ("Synchronize", 50000)
+        assert not list(iter_events(strict.records(), "pod cgroup not set"))
+    finally:
+        assert strict.stop() == 0

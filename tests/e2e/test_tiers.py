@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.containerd import Containerd, new_cgroup_parent
-from tests.e2e.plugin_process import PluginProcess
+from tests.e2e.plugin_process import PluginProcess, wait_until
 
 SPEC = "node.koordinator.sh/extended-resource-spec"
 MIB = 1024 * 1024
@@ -204,14 +203,14 @@ def test_containers_created_while_plugin_was_away_are_corrected(
     process = PluginProcess(tmp_path / "late-plugin", containerd.nri_socket)
     try:
         process.wait_for("synchronized")
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            if read_values(containerd, pod.parent, pod.container_id).shares == 512:
-                break
-            time.sleep(0.05)
-        assert read_values(containerd, pod.parent, pod.container_id) == Values(
-            512, 100000, 512 * MIB
+        expected = Values(512, 100000, 512 * MIB)
+        # containerd applies the container's update once it has our reply,
+        # and the plugin writes the pod's cgroup after that reply too.
+        assert wait_until(
+            lambda: read_values(containerd, pod.parent, pod.container_id) == expected
+        ), read_values(containerd, pod.parent, pod.container_id)
+        assert wait_until(lambda: read_values(containerd, pod.parent, None) == expected), (
+            read_values(containerd, pod.parent, None)
         )
-        assert read_values(containerd, pod.parent, None) == Values(512, 100000, 512 * MIB)
     finally:
         assert process.stop() == 0

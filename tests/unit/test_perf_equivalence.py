@@ -7,6 +7,7 @@ plugin remembers for a configuration reload.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 
@@ -15,9 +16,11 @@ import structlog
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nri_midbatch.after_reply import AfterReply
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.api import ttrpc_pb2
-from nri_midbatch.obs.logging import configure_logging, set_level
+from nri_midbatch.decision_log import DecisionLines
+from nri_midbatch.obs.logging import configure_logging
 from nri_midbatch.plugin import (
     container_update,
     decode_native_limits,
@@ -25,7 +28,7 @@ from nri_midbatch.plugin import (
     linux_resources,
     remembered_pod_view,
 )
-from nri_midbatch.policy import CgroupValues, ContainerView, NativeLimits
+from nri_midbatch.policy import CgroupValues, ContainerView, NativeLimits, PodView
 from nri_midbatch.reconcile import Known
 from nri_midbatch.rpc.connection import _response_with_payload
 from nri_midbatch.wire.mux import frame_message, frame_ttrpc
@@ -168,26 +171,40 @@ def test_remembered_pod_view_holds_the_same_maps_as_plain_dicts() -> None:
 # -- the decision log line ----------------------------------------------------
 
 
-def test_decision_line_follows_reconfiguration() -> None:
-    from nri_midbatch.plugin import _decision_log
-
+def test_decision_line_is_the_plain_log_call() -> None:
+    """Written after the reply from a flat buffer, it is the line log.info would write."""
+    pod = PodView("u", "ns", "p", {}, {}, "/kubepods/besteffort/podu")
+    container = ContainerView("c1", "app")
+    values = CgroupValues(512, 100_000, 512 * 2**20)
+    plain, deferred = io.StringIO(), io.StringIO()
     try:
-        first, second = io.StringIO(), io.StringIO()
-        configure_logging("info", "json", first)
-        _decision_log.get().info("decision", method="m", tier="batch", pod="p")
-        configure_logging("info", "json", second)
-        _decision_log.get().info("decision", method="m", tier="batch", pod="p")
-        set_level("warning")
-        _decision_log.get().info("decision", method="m", tier="batch", pod="p")
-        line = json.loads(first.getvalue())
-        assert list(line) == ["method", "tier", "pod", "event", "level", "timestamp"]
-        assert second.getvalue().count("\n") == 1
-        with structlog.testing.capture_logs() as captured:
-            set_level("info")
-            _decision_log.get().info("decision", method="m")
-        assert captured == [{"method": "m", "event": "decision", "log_level": "info"}]
+        configure_logging("info", "json", plain)
+        structlog.get_logger("t").info(
+            "decision",
+            method="CreateContainer",
+            tier="batch",
+            namespace="ns",
+            pod="p",
+            container="app",
+            cpu_shares=512,
+            cpu_quota=100_000,
+            memory_limit=512 * 2**20,
+        )
+        configure_logging("info", "json", deferred)
+        lines = DecisionLines("CreateContainer")
+        lines.add("batch", pod, container, values)
+
+        async def write() -> None:
+            after_reply = AfterReply()
+            lines.write_after(after_reply)
+            await after_reply.settle()
+
+        asyncio.run(write())
     finally:
         structlog.reset_defaults()
+    expected, got = json.loads(plain.getvalue()), json.loads(deferred.getvalue())
+    del expected["timestamp"], got["timestamp"]
+    assert list(got.items()) == list(expected.items())
 
 
 def test_prebuilt_json_encoder_renders_as_json_dumps() -> None:

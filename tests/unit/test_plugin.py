@@ -8,17 +8,25 @@ Pod-level values land in a fake cgroup v1 tree under tmp_path.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
-from collections.abc import AsyncIterator, Mapping
+import os
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
+from nri_midbatch import plugin as plugin_module
 from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.cgroups.files import CgroupVersion
+from nri_midbatch.cgroups.fs import apply_pod_values
+from nri_midbatch.cgroups.report import FileFailure, WriteReport
 from nri_midbatch.config import Config, load_config_text
+from nri_midbatch.nri.events import Event
 from nri_midbatch.nri.loopback import LoopbackRuntime, socketpair_streams
 from nri_midbatch.nri.session import Session
 from nri_midbatch.plugin import NATIVE_LIMITS_ANNOTATION, MidBatchPlugin
@@ -293,6 +301,9 @@ async def connected(
             api.ConfigureResponse,
         )
         yield Connected(runtime, session, plugin, configured)
+        # What the plugin does after its replies (pod cgroups of a Synchronize,
+        # log lines) is part of what a scenario leaves behind.
+        await plugin.after_reply.settle()
     finally:
         await runtime.close()
         session.close()
@@ -603,6 +614,140 @@ def test_split_synchronize_gives_the_same_updates_as_one_chunk(tmp_path: Path) -
     )
     assert len(whole[0]) == 1
     assert split == whole
+
+
+# ---------------------------------------------------------------------------
+# Synchronize: pod cgroups once the reply is out
+# ---------------------------------------------------------------------------
+
+
+def sync_directly(
+    tree: CgroupTree,
+    plugin: MidBatchPlugin,
+    pods: list[api.PodSandbox],
+    ctrs: list[api.Container],
+) -> tuple[Sequence[api.ContainerUpdate], tuple[str, str, str], tuple[str, str, str]]:
+    """Synchronize one pod: (updates, its pod files at the reply, its pod files after)."""
+    (pod,) = pods
+    parent = pod.linux.cgroup_parent
+
+    async def scenario() -> Any:
+        updates = await plugin.synchronize(pods, ctrs)
+        at_reply = tree.pod(parent)
+        await plugin.after_reply.settle()
+        return updates, at_reply, tree.pod(parent)
+
+    return run(scenario())  # type: ignore[no-any-return]
+
+
+def test_synchronize_writes_pod_cgroups_after_the_reply(tree: CgroupTree) -> None:
+    """Lowered containers first (by the runtime, after our reply), then their pod: v1 order."""
+    pod = batch_pod()
+    tree.add_pod(pod.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
+    ctr = make_container("c-app", pod, "app", current=resources(shares=2))
+    plugin = MidBatchPlugin(make_config(tree))
+
+    updates, at_reply, after = sync_directly(tree, plugin, [pod], [ctr])
+
+    assert [values_of(u.linux.resources) for u in updates] == [BATCH_VALUES]
+    assert at_reply == BESTEFFORT_DEFAULTS
+    assert after == ("512", "100000", str(512 * MI))
+    assert plugin.counters.pod_writes_ok == 1
+
+
+def test_synchronize_raises_a_pod_before_the_reply_when_a_container_goes_up(
+    tree: CgroupTree,
+) -> None:
+    """On v1 a container's quota above its pod's is EINVAL: the pod must be raised first."""
+    pod = batch_pod()
+    # Both set under a config that halved the quota (cpuNormalizationRatio 2).
+    tree.add_pod(pod.linux.cgroup_parent, ("512", "50000", str(512 * MI)))
+    ctr = make_container(
+        "c-app", pod, "app", current=resources(shares=512, quota=50_000, memory=512 * MI)
+    )
+    ctr.annotations[NATIVE_LIMITS_ANNOTATION] = "{}"
+    plugin = MidBatchPlugin(make_config(tree))
+
+    updates, at_reply, after = sync_directly(tree, plugin, [pod], [ctr])
+
+    assert [values_of(u.linux.resources) for u in updates] == [BATCH_VALUES]
+    assert at_reply == after == ("512", "100000", str(512 * MI))
+
+
+def test_synchronize_tries_a_failed_pod_write_again(
+    tree: CgroupTree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As cgroup v1 refuses a pod quota below a container's until the runtime lowered it."""
+    pod = batch_pod()
+    tree.add_pod(pod.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
+    ctr = make_container("c-app", pod, "app", current=resources(shares=2))
+    plugin = MidBatchPlugin(make_config(tree))
+    refusals = fail_pod_writes(monkeypatch, times=1)
+
+    with structlog.testing.capture_logs() as logs:
+        _, at_reply, after = sync_directly(tree, plugin, [pod], [ctr])
+
+    assert refusals == [pod.linux.cgroup_parent]
+    assert at_reply == BESTEFFORT_DEFAULTS
+    assert after == ("512", "100000", str(512 * MI))
+    assert (plugin.counters.pod_writes_ok, plugin.counters.pod_writes_failed) == (1, 0)
+    assert not [line for line in logs if line["log_level"] == "warning"]
+
+
+def test_synchronize_reports_a_pod_write_that_fails_twice(
+    tree: CgroupTree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pod = batch_pod()
+    tree.add_pod(pod.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
+    ctr = make_container("c-app", pod, "app", current=resources(shares=2))
+    plugin = MidBatchPlugin(make_config(tree))
+    refusals = fail_pod_writes(monkeypatch, times=2)
+
+    with structlog.testing.capture_logs() as logs:
+        _, _, after = sync_directly(tree, plugin, [pod], [ctr])
+
+    assert len(refusals) == 2
+    assert after == BESTEFFORT_DEFAULTS
+    assert (plugin.counters.pod_writes_ok, plugin.counters.pod_writes_failed) == (0, 1)
+    (warning,) = [line for line in logs if line["log_level"] == "warning"]
+    assert warning["event"] == "pod cgroup not set"
+    assert (warning["method"], warning["pod"]) == ("Synchronize", pod.name)
+    assert "Invalid argument" in warning["reason"]
+
+
+def test_synchronize_leaves_a_pod_removed_before_its_write_alone(tree: CgroupTree) -> None:
+    pod = batch_pod()
+    tree.add_pod(pod.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
+    ctr = make_container("c-app", pod, "app", current=resources(shares=2))
+    plugin = MidBatchPlugin(make_config(tree))
+
+    async def scenario() -> None:
+        await plugin.synchronize([pod], [ctr])
+        await plugin.pod_event(Event.REMOVE_POD_SANDBOX, pod)
+        await plugin.after_reply.settle()
+
+    run(scenario())
+    assert tree.pod(pod.linux.cgroup_parent) == BESTEFFORT_DEFAULTS
+    assert (plugin.counters.pod_writes_ok, plugin.counters.pod_writes_failed) == (0, 0)
+
+
+def fail_pod_writes(monkeypatch: pytest.MonkeyPatch, *, times: int) -> list[str]:
+    """The first `times` pod writes fail with EINVAL, as v1 answers a quota below a child's."""
+    monkeypatch.setattr(plugin_module, "POD_RETRY_SECONDS", 0.01)
+    refused: list[str] = []
+    real = apply_pod_values
+
+    def apply(root: Path, driver: Any, parent: str, values: Any) -> WriteReport:
+        if len(refused) < times:
+            refused.append(parent)
+            path = root / "cpu" / parent.strip("/") / "cpu.cfs_quota_us"
+            einval = OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+            failure = FileFailure.from_os_error(path, "write", einval)
+            return WriteReport(CgroupVersion.V1, (), (), (failure,))
+        return real(root, driver, parent, values)
+
+    monkeypatch.setattr(plugin_module, "apply_pod_values", apply)
+    return refused
 
 
 # ---------------------------------------------------------------------------

@@ -1,0 +1,91 @@
+"""The decision lines: a log line for each container decided.
+
+"decision" (info) for a container given values: the audit trail of what was
+set where. "untouched" (debug, SIGUSR1) for one left alone, with the reason.
+A line costs about 15 us (JSON, timestamp, write), more than the decision
+itself, so the lines are written once the call's reply is out (after_reply.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+
+from nri_midbatch.after_reply import AfterReply
+from nri_midbatch.policy import CgroupValues, ContainerView, PodView
+
+log = structlog.get_logger(__name__)
+
+#: Lines written in one piece of work after the reply: about a millisecond.
+LINES_PER_WRITE = 64
+
+_FIELDS_PER_LINE = 4
+
+
+class DecisionLines:
+    """The decision lines of one call, held until its reply is out.
+
+    Held flat, four list slots a line and no object of their own: a
+    Synchronize's 10,000 lines held as a tuple each would be allocated among
+    the objects the plugin keeps, and leave the heap fragmented for good
+    (3.5 MB of resident memory) once freed.
+    """
+
+    __slots__ = ("_fields", "method")
+
+    def __init__(self, method: str) -> None:
+        self.method = method
+        self._fields: list[Any] = []
+
+    def add(
+        self,
+        tier: str | None,
+        pod: PodView,
+        container: ContainerView,
+        outcome: CgroupValues | str,
+    ) -> None:
+        """A container given `outcome` values, or left alone for the reason `outcome` says."""
+        fields = self._fields
+        fields.append(tier)
+        fields.append(pod)
+        fields.append(container)
+        fields.append(outcome)
+
+    def write_after(self, after_reply: AfterReply) -> None:
+        """Have the lines written once the reply is out, a slice at a time."""
+        step = LINES_PER_WRITE * _FIELDS_PER_LINE
+        for start in range(0, len(self._fields), step):
+            after_reply.defer(self._write, start, start + step)
+
+    def _write(self, start: int, end: int) -> None:
+        # Logging is configured not to cache loggers, so that a level change
+        # reaches every logger; binding once per slice, not per line, saves
+        # 3 us a line and still follows a level change.
+        logger = log.bind()
+        method, fields = self.method, self._fields
+        for i in range(start, min(end, len(fields)), _FIELDS_PER_LINE):
+            pod: PodView = fields[i + 1]
+            container: ContainerView = fields[i + 2]
+            values = fields[i + 3]
+            if not isinstance(values, CgroupValues):
+                logger.debug(
+                    "untouched",
+                    method=method,
+                    namespace=pod.namespace,
+                    pod=pod.name,
+                    container=container.name,
+                    why=values,
+                )
+                continue
+            logger.info(
+                "decision",
+                method=method,
+                tier=fields[i],
+                namespace=pod.namespace,
+                pod=pod.name,
+                container=container.name,
+                cpu_shares=values.cpu_shares,
+                cpu_quota=values.cpu_quota,
+                memory_limit=values.memory_limit,
+            )

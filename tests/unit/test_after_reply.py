@@ -1,0 +1,130 @@
+"""AfterReply: work left by a handler runs after its reply is on the wire, in order, in slices."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+import structlog
+from google.protobuf.message import Message
+
+from nri_midbatch.after_reply import AfterReply
+from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.api import ttrpc_pb2
+from nri_midbatch.rpc.connection import MuxConnection
+from nri_midbatch.rpc.service import CallContext, Method, Service
+from nri_midbatch.wire.mux import frame_message
+from nri_midbatch.wire.ttrpc import MessageType, encode_message
+
+from .nri_fixtures import run
+
+PLUGIN_CONN = 1
+
+
+def test_work_runs_once_the_reply_is_on_the_socket() -> None:
+    """The property AfterReply rests on: a reply is written before deferred work runs."""
+    after_reply = AfterReply()
+    left, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    peer.setblocking(False)
+    seen: list[int] = []
+
+    def look_at_the_peer() -> None:
+        # What the runtime could read at this moment.
+        try:
+            seen.append(len(peer.recv(65536, socket.MSG_PEEK)))
+        except BlockingIOError:
+            seen.append(0)
+
+    async def handler(_request: Any, _ctx: CallContext) -> Message:
+        after_reply.defer(look_at_the_peer)
+        return api.ConfigureResponse(events=0x48D)
+
+    async def scenario() -> None:
+        reader, writer = await asyncio.open_unix_connection(sock=left)
+        service = Service("s", {"m": Method(api.Empty, handler)})
+        conn = MuxConnection(reader, writer, {"s": service}, name="test")
+        serving = asyncio.create_task(conn.run())
+        request = ttrpc_pb2.Request(service="s", method="m").SerializeToString()
+        peer.send(frame_message(PLUGIN_CONN, encode_message(1, MessageType.REQUEST, request)))
+        async with asyncio.timeout(2):
+            while not seen:
+                await asyncio.sleep(0.001)
+        conn.close()
+        await serving
+
+    run(scenario())
+    peer.close()
+    # mux header (8) + ttrpc header (10) + the Response around the payload.
+    assert seen and seen[0] > 18
+
+
+def test_work_runs_in_order_in_slices_that_let_requests_in() -> None:
+    after_reply = AfterReply(slice_seconds=0)
+    order: list[str] = []
+
+    async def scenario() -> None:
+        for n in range(3):
+            after_reply.defer(order.append, f"work {n}")
+        # A request arriving meanwhile runs between two pieces of work.
+        asyncio.get_running_loop().call_soon(order.append, "request")
+        await after_reply.settle()
+
+    run(scenario())
+    assert order == ["work 0", "request", "work 1", "work 2"]
+
+
+def test_settle_waits_for_delayed_work_and_what_it_queues() -> None:
+    after_reply = AfterReply()
+    done: list[str] = []
+
+    def first() -> None:
+        done.append("first")
+        after_reply.defer_later(0.01, done.append, "again")
+
+    async def scenario() -> None:
+        after_reply.defer(first)
+        await after_reply.settle()
+
+    run(scenario())
+    assert done == ["first", "again"]
+
+
+def test_settle_returns_at_once_when_nothing_is_queued() -> None:
+    run(AfterReply().settle(), timeout=1)
+
+
+def test_a_failing_piece_of_work_is_logged_and_the_rest_runs() -> None:
+    after_reply = AfterReply()
+    done: list[int] = []
+
+    def broken() -> None:
+        raise ValueError("bad")
+
+    async def scenario() -> None:
+        after_reply.defer(broken)
+        after_reply.defer(done.append, 1)
+        await after_reply.settle()
+
+    with structlog.testing.capture_logs() as logs:
+        run(scenario())
+    assert done == [1]
+    (line,) = logs
+    assert line["event"] == "work after reply failed"
+    assert line["log_level"] == "error"
+    assert "broken" in line["work"]
+
+
+def test_flush_runs_what_is_queued_and_drops_what_waits() -> None:
+    after_reply = AfterReply()
+    done: list[str] = []
+
+    async def scenario() -> int:
+        after_reply.defer(done.append, "queued")
+        after_reply.defer_later(60, done.append, "delayed")
+        abandoned = after_reply.flush()
+        await after_reply.settle()  # nothing left: returns at once
+        return abandoned
+
+    assert run(scenario(), timeout=1) == 1
+    assert done == ["queued"]
