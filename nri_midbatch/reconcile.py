@@ -10,6 +10,7 @@ Pure: no I/O here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from sys import intern
 
 from nri_midbatch.policy import (
     CgroupValues,
@@ -38,18 +39,25 @@ class Known:
     cgroups_paths: dict[str, str] = field(default_factory=dict)
     _by_pod: dict[str, set[str]] = field(default_factory=dict, repr=False)
 
-    def add_pod(self, pod_id: str, pod: PodView) -> None:
-        # Views of NRI messages share the messages' maps; keep copies so a
-        # remembered pod does not pin the whole request in memory.
-        self.pods[pod_id] = PodView(
+    def add_pod(self, pod_id: str, pod: PodView) -> PodView:
+        """Remember the pod; returns the view kept, which owns its maps.
+
+        Views of NRI messages share the messages' maps; copies keep a
+        remembered pod from pinning the whole request in memory. Their keys,
+        the same few on every pod, are interned, so that a thousand
+        remembered pods share them.
+        """
+        labels, annotations = pod.labels, pod.annotations
+        kept = self.pods[pod_id] = PodView(
             uid=pod.uid,
             namespace=pod.namespace,
             name=pod.name,
-            labels=dict(pod.labels),
-            annotations=dict(pod.annotations),
+            labels={intern(key): labels[key] for key in labels},
+            annotations={intern(key): annotations[key] for key in annotations},
             cgroup_parent=pod.cgroup_parent,
             native=pod.native,
         )
+        return kept
 
     def set_container(
         self, container_id: str, pod_id: str, container: ContainerView, cgroups_path: str = ""

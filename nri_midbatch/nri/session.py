@@ -69,7 +69,9 @@ class Plugin(Protocol):
 
     async def synchronize(
         self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container]
-    ) -> Sequence[api.ContainerUpdate]: ...
+    ) -> api.SynchronizeResponse:
+        """The reply to the whole (reassembled) Synchronize: its container updates."""
+        ...
 
     async def create_container(
         self, pod: api.PodSandbox, container: api.Container
@@ -394,13 +396,13 @@ class Session:
         pods, containers = self._sync_pods, self._sync_containers
         self._sync_pods, self._sync_containers = [], []
         self.state.sync_pods, self.state.sync_containers = len(pods), len(containers)
-        updates = await self._plugin.synchronize(pods, containers)
+        response = await self._plugin.synchronize(pods, containers)
         self.state.syncs += 1
         self.state.last_sync_seconds = time.perf_counter() - self._sync_started
         self._sync_started = None
         self.state.synchronized = True
         self.state.changed()
-        return api.SynchronizeResponse(update=updates)
+        return response
 
     async def _shutdown(self, _request: api.Empty) -> api.Empty:
         self._log.info("runtime asked us to shut down")

@@ -101,9 +101,9 @@ class RecordingPlugin:
 
     async def synchronize(
         self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container]
-    ) -> Sequence[api.ContainerUpdate]:
+    ) -> api.SynchronizeResponse:
         self.syncs.append((list(pods), list(containers)))
-        return self.sync_updates
+        return api.SynchronizeResponse(update=self.sync_updates)
 
     async def create_container(
         self, pod: api.PodSandbox, container: api.Container

@@ -23,10 +23,12 @@ from nri_midbatch.decision_log import DecisionLines
 from nri_midbatch.obs.logging import configure_logging
 from nri_midbatch.plugin import (
     container_update,
+    current_values,
     decode_native_limits,
     encode_native_limits,
-    linux_resources,
-    remembered_pod_view,
+    native_limits,
+    pod_view,
+    set_resources,
 )
 from nri_midbatch.policy import CgroupValues, ContainerView, NativeLimits, PodView
 from nri_midbatch.reconcile import Known
@@ -83,7 +85,9 @@ def test_resources_built_in_place_equal_nested_constructors(
 ) -> None:
     values = CgroupValues(shares, quota, memory)
     expected = _nested(values)
-    assert linux_resources(values).SerializeToString() == expected.SerializeToString()
+    filled = api.LinuxResources()
+    set_resources(filled, values)
+    assert filled.SerializeToString() == expected.SerializeToString()
     update = api.ContainerUpdate(
         container_id="c1", linux=api.LinuxContainerUpdate(resources=expected)
     )
@@ -91,7 +95,8 @@ def test_resources_built_in_place_equal_nested_constructors(
 
 
 def test_zero_values_stay_present() -> None:
-    resources = linux_resources(CgroupValues(0, 0, 0))
+    resources = api.LinuxResources()
+    set_resources(resources, CgroupValues(0, 0, 0))
     assert resources.cpu.HasField("shares") and resources.cpu.HasField("quota")
     assert resources.memory.HasField("limit")
 
@@ -111,6 +116,47 @@ def test_native_limits_text_is_cached_not_changed(
     assert encode_native_limits(native) == text  # from the cache
     assert decode_native_limits(text) == native
     assert decode_native_limits(text) == native
+
+
+def _reference_native(resources: api.LinuxResources) -> NativeLimits:
+    """native_limits as first written: presence checked before each value."""
+    cpu, memory = resources.cpu, resources.memory
+    quota = cpu.quota.value if cpu.HasField("quota") and cpu.quota.value > 0 else None
+    period = cpu.period.value if cpu.HasField("period") and cpu.period.value > 0 else None
+    limit = memory.limit.value if memory.HasField("limit") and memory.limit.value > 0 else None
+    return NativeLimits(cpu_quota=quota, cpu_period=period, memory_limit=limit)
+
+
+def _reference_current(resources: api.LinuxResources) -> CgroupValues:
+    cpu, memory = resources.cpu, resources.memory
+    quota = cpu.quota.value if cpu.HasField("quota") and cpu.quota.value > 0 else -1
+    limit = memory.limit.value if memory.HasField("limit") and memory.limit.value > 0 else -1
+    shares = cpu.shares.value if cpu.HasField("shares") else 0
+    return CgroupValues(cpu_shares=shares, cpu_quota=quota, memory_limit=limit)
+
+
+@given(st.none() | UINT64, st.none() | INT64, st.none() | UINT64, st.none() | INT64)
+def test_values_read_without_presence_checks_are_the_same(
+    shares: int | None, quota: int | None, period: int | None, memory: int | None
+) -> None:
+    resources = api.LinuxResources()
+    if shares is not None:
+        resources.cpu.shares.value = shares
+    if quota is not None:
+        resources.cpu.quota.value = quota
+    if period is not None:
+        resources.cpu.period.value = period
+    if memory is not None:
+        resources.memory.limit.value = memory
+    assert native_limits(resources) == _reference_native(resources)
+    assert current_values(resources) == _reference_current(resources)
+
+
+@pytest.mark.parametrize("text", ['{"cpuQuota":null}', '{"cpuQuota":0}', '{"cpuPeriod":false}'])
+def test_native_limits_text_rules_stay(text: str) -> None:
+    """null is absent; 0 and non-integers are not what we write."""
+    expected = NativeLimits() if "null" in text else None
+    assert decode_native_limits(text) == expected
 
 
 # -- what the plugin remembers ----------------------------------------------
@@ -147,25 +193,34 @@ def test_known_forgets_exactly_a_pods_containers(ops: list[tuple[str, str, str]]
         assert known.containers == model
 
 
-def test_remembered_pod_view_holds_the_same_maps_as_plain_dicts() -> None:
-    pod = api.PodSandbox(
-        id="s",
-        uid="u",
-        name="n",
-        namespace="ns",
-        labels={"a": "1", "b": "2"},
-        annotations={"x": "y"},
-        linux=api.LinuxPodSandbox(cgroup_parent="/kubepods/besteffort/podu"),
-    )
-    view = remembered_pod_view(pod)
-    assert type(view.labels) is dict and type(view.annotations) is dict
-    assert view.labels == dict(pod.labels) and view.annotations == dict(pod.annotations)
-    assert (view.uid, view.name, view.namespace, view.cgroup_parent) == (
-        "u",
+def test_remembered_pods_hold_plain_dicts_with_shared_keys() -> None:
+    def pod(uid: str) -> api.PodSandbox:
+        return api.PodSandbox(
+            id=f"s-{uid}",
+            uid=uid,
+            name="n",
+            namespace="ns",
+            labels={"app.kubernetes.io/name": uid, "b": "2"},
+            annotations={"x": "y"},
+            linux=api.LinuxPodSandbox(cgroup_parent=f"/kubepods/besteffort/pod{uid}"),
+        )
+
+    known = Known()
+    first, second = pod("u1"), pod("u2")
+    kept = known.add_pod(first.id, pod_view(first))
+    other = known.add_pod(second.id, pod_view(second))
+    assert kept is known.pods[first.id]
+    assert type(kept.labels) is dict and type(kept.annotations) is dict
+    assert kept.labels == dict(first.labels) and kept.annotations == dict(first.annotations)
+    assert (kept.uid, kept.name, kept.namespace, kept.cgroup_parent) == (
+        "u1",
         "n",
         "ns",
-        "/kubepods/besteffort/podu",
+        "/kubepods/besteffort/podu1",
     )
+    (key,) = [k for k in kept.labels if k.startswith("app.")]
+    (same,) = [k for k in other.labels if k.startswith("app.")]
+    assert key is same
 
 
 # -- the decision log line ----------------------------------------------------

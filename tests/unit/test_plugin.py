@@ -632,10 +632,10 @@ def sync_directly(
     parent = pod.linux.cgroup_parent
 
     async def scenario() -> Any:
-        updates = await plugin.synchronize(pods, ctrs)
+        response = await plugin.synchronize(pods, ctrs)
         at_reply = tree.pod(parent)
         await plugin.after_reply.settle()
-        return updates, at_reply, tree.pod(parent)
+        return response.update, at_reply, tree.pod(parent)
 
     return run(scenario())  # type: ignore[no-any-return]
 
