@@ -272,7 +272,35 @@ def test_the_runtimes_cgroups_path_travels_with_the_change() -> None:
     (change,) = plan(node, DEFAULT, HALVED).containers
     assert change.cgroups_path == crio_path
     node.forget_container("c-app")
-    assert node.cgroups_paths == {}
+    assert node.cgroups_path("c-app") == ""
     node.set_container("c-app", "s", ContainerView("c-app", "app"), crio_path)
     node.remove_pod("s")
-    assert node.cgroups_paths == {}
+    assert node.cgroups_path("c-app") == ""
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "kubepods-besteffort-podu.slice:cri-containerd:{id}",
+        "/kubepods/besteffort/podu/{id}",
+        "/kubepods/besteffort/podu/{id}/extra",  # not ending with the id
+        "",
+    ],
+)
+def test_cgroups_paths_come_back_as_the_runtime_gave_them(path: str) -> None:
+    node = Known()
+    for container_id in ("c-1", "c-2"):
+        node.set_container(
+            container_id, "s", ContainerView(container_id, "app"), path.format(id=container_id)
+        )
+    for container_id in ("c-1", "c-2"):
+        assert node.cgroups_path(container_id) == path.format(id=container_id)
+
+
+def test_a_pods_containers_share_one_kept_path() -> None:
+    node = Known()
+    for container_id in ("c-1", "c-2"):
+        node.set_container(
+            container_id, "s", ContainerView(container_id, "app"), f"pod.slice:crio:{container_id}"
+        )
+    assert node._path_heads["c-1"] is node._path_heads["c-2"]
