@@ -1,7 +1,7 @@
 """`python -m bench`: the plugin as a real process, the benchmark as its runtime.
 
-Phases, in order, against one plugin process (after `--startup-runs` - 1 extra
-launches that only measure start-up):
+Phases, in order, against one plugin process (after `--launches` - 1 extra
+launches that measure only the first two, whose medians are reported):
 
 1. start-up: Popen -> accept -> RegisterPlugin -> Configure answered;
 2. Synchronize of a large node, split into < 4 MiB chunks as the runtime splits it;
@@ -54,7 +54,7 @@ class Options:
     sync_containers_per_pod: int = 10
     sync_chunk_max: int = MAX_MESSAGE
     decisions: int = 200_000
-    startup_runs: int = 3
+    launches: int = 3
     live_pods: int = 100
     check_every: int = 64
     nri: str = "v0.12"  # "v0.12": dedicated RPCs; "1.7": StateChange, as containerd 1.7
@@ -75,7 +75,11 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     parser.add_argument("--sync-pods", type=int)
     parser.add_argument("--sync-containers-per-pod", type=int)
     parser.add_argument("--decisions", type=int, help="decide_container calls per policy figure")
-    parser.add_argument("--startup-runs", type=int)
+    parser.add_argument(
+        "--launches",
+        type=int,
+        help="plugin processes started; start-up and Synchronize are the median over them",
+    )
     parser.add_argument(
         "--nri",
         choices=("v0.12", "1.7"),
@@ -96,7 +100,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         opts.sync_pods, opts.sync_containers_per_pod = 40, 10
         # Small chunks, so that the quick run still exercises split Synchronize.
         opts.sync_chunk_max = 256 * 1024
-        opts.decisions, opts.startup_runs, opts.live_pods = 20_000, 1, 20
+        opts.decisions, opts.launches, opts.live_pods = 20_000, 1, 20
         opts.check_every = 8
     for name in (
         "events",
@@ -105,7 +109,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         "sync_pods",
         "sync_containers_per_pod",
         "decisions",
-        "startup_runs",
+        "launches",
     ):
         value = getattr(args, name)
         if value is not None:
@@ -326,24 +330,23 @@ class Bench:
 
     def run(self) -> Results:
         r = self.results
-        startups = []
-        for _ in range(self.opts.startup_runs - 1):
+        node = SyncNode.build(self.opts, self.cgroup_root)
+        startups: list[float] = []
+        syncs: list[SyncRun] = []
+        for _ in range(self.opts.launches - 1):
             extra = self.launch()
             startups.append(extra.startup)
+            syncs.append(self.synchronize(extra, node))
             extra.stop()
         plugin = self.launch()
         startups.append(plugin.startup)
-        r.details["startup_runs_s"] = startups
-        startup = statistics.median(startups)
-        r.add(
-            "start-up: Popen to Configure answered (median)", startup, "s", "< 0.5 s", startup < 0.5
-        )
         r.details["rss_after_startup_mb"] = plugin.rss_mb()
         profiler = None
         try:
             profiler = self.start_profiler(plugin)
-            self.synchronize(plugin)
+            syncs.append(self.synchronize(plugin, node))
             rss_sync = plugin.rss_mb()
+            self.report_launches(startups, syncs, node)
             self.events(plugin, rss_sync)
             if profiler is not None:
                 profiler.send_signal(signal.SIGINT)
@@ -353,45 +356,58 @@ class Bench:
         self.decisions()
         return r
 
-    def synchronize(self, plugin: Plugin) -> None:
-        opts = self.opts
-        pods, containers, expected = workload.sync_objects(
-            opts.sync_pods, opts.sync_containers_per_pod, self.cgroup_root
-        )
-        chunks = split_sync(pods, containers, opts.sync_chunk_max)
-        sizes = [c.size for c in chunks]
+    def synchronize(self, plugin: Plugin, node: SyncNode) -> SyncRun:
+        """One Synchronize of `node`, its pod cgroups reset to kubelet's values first."""
+        node.reset_pod_cgroups(self.cgroup_root)
         more = ttrpc_pb2.Response(
             payload=api.SynchronizeResponse(more=True).SerializeToString()
         ).SerializeToString()
         runtime = plugin.runtime
         started = time.perf_counter()
-        for chunk in chunks[:-1]:
+        for chunk in node.chunks[:-1]:
             reply, _ = runtime.call(chunk)
             if reply != more:
                 raise BenchError(f"Synchronize: a more=true chunk answered {reply[:80]!r}")
-        reply, _ = runtime.call(chunks[-1], timeout=30)
+        reply, _ = runtime.call(node.chunks[-1], timeout=30)
         seconds = time.perf_counter() - started
         # The plugin writes pod cgroups and log lines once the reply is out;
         # the next phases start when it is done, as after a node's start-up.
         aftermath = plugin.wait_idle()
         response = api.SynchronizeResponse.FromString(_payload(reply, "Synchronize"))
-        check_sync_updates(response, containers, expected)
+        check_sync_updates(response, node.containers, node.expected_updates)
         written = check_sync_pod_files(
-            self.cgroup_root, pods, workload.expected_pod_files(opts.sync_containers_per_pod)
+            self.cgroup_root,
+            node.pods,
+            workload.expected_pod_files(self.opts.sync_containers_per_pod),
         )
+        return SyncRun(seconds, aftermath, len(response.update), written, len(reply))
+
+    def report_launches(self, startups: list[float], syncs: list[SyncRun], node: SyncNode) -> None:
         r = self.results
-        label = f"Synchronize {len(pods):,} pods / {len(containers):,} containers"
-        r.add(f"{label}: first chunk to last reply", seconds, "s", "< 0.5 s", seconds < 0.5)
-        r.add("Synchronize: after the reply, until the plugin is idle", aftermath, "s", "")
-        r.add("Synchronize: updates returned", len(response.update), "")
-        r.add("Synchronize: pod cgroups written", written, "")
-        r.add("Synchronize: chunks sent", len(chunks), "")
+        startup = statistics.median(startups)
+        r.add(
+            "start-up: Popen to Configure answered (median)", startup, "s", "< 0.5 s", startup < 0.5
+        )
+        seconds = statistics.median(run.seconds for run in syncs)
+        label = f"Synchronize {len(node.pods):,} pods / {len(node.containers):,} containers"
+        r.add(
+            f"{label}: first chunk to last reply (median)", seconds, "s", "< 0.5 s", seconds < 0.5
+        )
+        aftermath = statistics.median(run.aftermath for run in syncs)
+        r.add("Synchronize: after the reply, until the plugin is idle (median)", aftermath, "s", "")
+        last = syncs[-1]
+        r.add("Synchronize: updates returned", last.updates, "")
+        r.add("Synchronize: pod cgroups written", last.pods_written, "")
+        r.add("Synchronize: chunks sent", len(node.chunks), "")
+        r.details["startup_runs_s"] = startups
         r.details["sync"] = {
-            "pods": len(pods),
-            "containers": len(containers),
-            "chunk_bytes": sizes,
-            "updates": len(response.update),
-            "reply_bytes": len(reply),
+            "pods": len(node.pods),
+            "containers": len(node.containers),
+            "chunk_bytes": [c.size for c in node.chunks],
+            "updates": last.updates,
+            "reply_bytes": last.reply_bytes,
+            "runs_s": [run.seconds for run in syncs],
+            "after_reply_runs_s": [run.aftermath for run in syncs],
         }
 
     def events(self, plugin: Plugin, rss_sync: float) -> None:
@@ -601,6 +617,39 @@ def check_sync_updates(
             raise BenchError(
                 f"Synchronize: {ctr.name} got {got}, expected {(shares, quota, memory)}"
             )
+
+
+@dataclass(frozen=True)
+class SyncNode:
+    """The node every launch synchronizes: its objects, and the request chunks sent."""
+
+    pods: list[api.PodSandbox]
+    containers: list[api.Container]
+    expected_updates: int
+    chunks: list[Template]
+
+    @classmethod
+    def build(cls, opts: Options, cgroup_root: Path) -> SyncNode:
+        pods, containers, expected = workload.sync_objects(
+            opts.sync_pods, opts.sync_containers_per_pod, cgroup_root
+        )
+        chunks = split_sync(pods, containers, opts.sync_chunk_max)
+        return cls(pods, containers, expected, chunks)
+
+    def reset_pod_cgroups(self, cgroup_root: Path) -> None:
+        """kubelet's values in every batch pod's cgroup, as before the plugin's first run."""
+        for pod in self.pods:
+            if pod.labels.get("koordinator.sh/priority-class") == "koord-batch":
+                workload.create_pod_cgroup(cgroup_root, pod.linux.cgroup_parent)
+
+
+@dataclass(frozen=True)
+class SyncRun:
+    seconds: float
+    aftermath: float
+    updates: int
+    pods_written: int
+    reply_bytes: int
 
 
 def check_sync_pod_files(

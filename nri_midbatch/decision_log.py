@@ -46,11 +46,7 @@ class DecisionLines:
         outcome: CgroupValues | str,
     ) -> None:
         """A container given `outcome` values, or left alone for the reason `outcome` says."""
-        fields = self._fields
-        fields.append(tier)
-        fields.append(pod)
-        fields.append(container)
-        fields.append(outcome)
+        self._fields += (tier, pod, container, outcome)
 
     def write_after(self, after_reply: AfterReply) -> None:
         """Have the lines written once the reply is out, a slice at a time."""

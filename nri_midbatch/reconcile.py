@@ -65,7 +65,8 @@ class Known:
     def set_container(
         self, container_id: str, pod_id: str, container: ContainerView, cgroups_path: str = ""
     ) -> None:
-        self.forget_container(container_id)
+        if container_id in self.containers:
+            self.forget_container(container_id)
         self.containers[container_id] = (pod_id, container)
         if container_id and cgroups_path.endswith(container_id):
             self._path_heads[container_id] = _path_head(cgroups_path, container_id)
