@@ -17,12 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
+from nri_midbatch import plugin as plugin_module
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.app import App
+from nri_midbatch.cgroups.fs import apply_pod_values
+from nri_midbatch.cgroups.paths import CgroupPathError
 from nri_midbatch.config import load_config_file
 from nri_midbatch.nri.loopback import LoopbackRuntime, socketpair_streams
 
@@ -405,3 +409,47 @@ def test_reload_with_pod_level_off_writes_no_pod_file(tmp_path: Path) -> None:
     assert node.tree.read(parent, live.id) == HALVED_VALUES
     # podLevel: false means pod cgroups are kubelet's alone, on reload as on RunPodSandbox.
     assert node.tree.read(parent) == BESTEFFORT
+
+
+def test_a_reload_lets_a_synchronizes_pending_pod_writes_land_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Synchronize's pod writes were decided under the old configuration: they go first.
+
+    Otherwise a write still waiting for its retry would land after the
+    reload's plan and put the old values back.
+    """
+    pod = batch_pod()
+    parent = pod.linux.cgroup_parent
+    live = container("c-app", pod, "app")
+    monkeypatch.setattr(plugin_module, "POD_RETRY_SECONDS", 0.2)
+    refused: list[str] = []
+
+    def refuse_once(root: Path, driver: Any, cgroup_parent: str, values: Any) -> Any:
+        if not refused:
+            refused.append(cgroup_parent)
+            raise CgroupPathError("refused once, as cgroup v1 may until the containers follow")
+        return apply_pod_values(root, driver, cgroup_parent, values)
+
+    monkeypatch.setattr(plugin_module, "apply_pod_values", refuse_once)
+
+    async def scenario() -> Node:
+        async with running_node(tmp_path, watch=False) as node:
+            node.tree.add(parent, BESTEFFORT)
+            node.tree.add(parent, BESTEFFORT, live.id)
+            await node.call(
+                "Synchronize",
+                api.SynchronizeRequest(pods=[pod], containers=[live]),
+                api.SynchronizeResponse,
+            )
+            node.rewrite(rules={"cpuNormalizationRatio": 2.0})
+            await node.app.reload("SIGHUP")
+            assert node.app.reloads == {"applied": 1}
+            # Nothing left to come after the reload's own writes.
+            await node.app.plugin.after_reply.settle()
+            return node
+
+    node = run(scenario())
+    assert refused == [parent]
+    assert node.tree.read(parent) == HALVED_VALUES
+    assert node.tree.read(parent, live.id) == HALVED_VALUES
