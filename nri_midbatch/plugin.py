@@ -106,25 +106,6 @@ POD_RETRY_SECONDS = 1.0
 
 
 @functools.lru_cache(maxsize=_DISTINCT_LIMITS)
-def _shared_values(values: CgroupValues) -> CgroupValues:
-    """One instance per distinct value, for values held until after a reply.
-
-    A fresh object each, allocated among the objects the plugin keeps, would
-    leave the heap fragmented once freed.
-    """
-    return values
-
-
-@dataclass(frozen=True, slots=True)
-class PodTarget:
-    """What a pod decision that sets values needs for its cgroup to be written."""
-
-    pod: PodView  # as decided: with kubelet's limits, if they were read from the cgroup
-    tier: str | None
-    values: CgroupValues
-
-
-@functools.lru_cache(maxsize=_DISTINCT_LIMITS)
 def _native_limits(quota: int, period: int, limit: int) -> NativeLimits:
     """One instance per distinct value: remembered containers mostly share a handful."""
     return NativeLimits(
@@ -234,6 +215,25 @@ def container_update(container_id: str, values: CgroupValues) -> api.ContainerUp
     update = api.ContainerUpdate(container_id=container_id)
     set_resources(update.linux.resources, values)
     return update
+
+
+@functools.lru_cache(maxsize=_DISTINCT_LIMITS)
+def _shared_values(values: CgroupValues) -> CgroupValues:
+    """One instance per distinct value, for values held until after a reply.
+
+    A fresh object each, allocated among the objects the plugin keeps, would
+    leave the heap fragmented once freed.
+    """
+    return values
+
+
+@dataclass(frozen=True, slots=True)
+class PodTarget:
+    """What a pod decision that sets values needs for its cgroup to be written."""
+
+    pod: PodView  # as decided: with kubelet's limits, if they were read from the cgroup
+    tier: str | None
+    values: CgroupValues
 
 
 def current_values(resources: api.LinuxResources) -> CgroupValues:
