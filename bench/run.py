@@ -489,7 +489,7 @@ class Bench:
 
     def kinds(self) -> dict[str, Kind]:
         token = workload.TOKEN
-        shape = workload.PodShape(token=token)
+        shape = workload.PodShape(token=token, memory_request=f"{token}Mi")
         pod = workload.pod(shape)
         ctr = workload.container(shape)
         every = self.opts.check_every

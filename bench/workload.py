@@ -5,16 +5,19 @@ labels and annotations as kubelet and containerd set them, a container with
 its CRI labels and annotations, environment, mounts, namespaces and resources.
 
 Pods and containers of the event phases carry a 12-character placeholder
-(`TOKEN`) in their ids, uid, name and cgroup parent. The runtime encodes each
-request once and swaps the placeholder for a counter per call (equal length,
-so every length prefix stays valid), which makes every pod and container
-distinct without encoding anything per event.
+(`TOKEN`) in their ids, uid, name and cgroup parent, and in the memory request
+of their extended-resource spec. The runtime encodes each request once and
+swaps the placeholder for a 12-digit decimal counter per call (equal length,
+so every length prefix stays valid), which makes every pod, container and
+spec distinct without encoding anything per event. A memory request takes
+part in no formula, so the values the plugin answers stay the same.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +49,8 @@ _BE_POD_FILES = {"cpu.weight": "1\n", "cpu.max": "max 100000\n", "memory.max": "
 
 
 def counter_token(n: int) -> bytes:
-    return b"%012x" % n
+    """Decimal, so that `<token>Mi` is a quantity: 000000001234Mi is 1234 MiB."""
+    return b"%012d" % n
 
 
 def pod_uid(token: str) -> str:
@@ -112,6 +116,8 @@ class PodShape:
     namespace: str = "batch-jobs"
     app: str = "spark-etl"
     containers: tuple[str, ...] = ("main",)
+    #: The main container's batch-memory request: distinct per pod, as specs of different jobs are.
+    memory_request: str = "2Gi"
 
 
 def pod(shape: PodShape) -> api.PodSandbox:
@@ -140,7 +146,10 @@ def pod(shape: PodShape) -> api.PodSandbox:
     spec: dict[str, dict[str, dict[str, str]]] = {}
     for index, cname in enumerate(shape.containers):
         if cname == "main":
-            spec[cname] = MAIN_SPEC
+            spec[cname] = {
+                "requests": {**MAIN_SPEC["requests"], BATCH_MEMORY: shape.memory_request},
+                "limits": MAIN_SPEC["limits"],
+            }
         else:
             spec[cname] = {
                 "requests": {BATCH_CPU: f"{250 + 50 * index}", BATCH_MEMORY: "512Mi"},
@@ -355,7 +364,9 @@ def sync_objects(
     extended-resource spec; the tenth is a prod LS pod no tier takes. In a
     batch pod, the last container already has its values (a plugin restart
     after it was set), the others still have kubelet's BestEffort values and
-    need an update. The pod cgroups of batch pods are created under `root`.
+    need an update. Pods of one job (37 jobs) share their extended-resource
+    spec. Containers come in no particular order, as containerd lists them.
+    The pod cgroups of batch pods are created under `root`.
     """
     names = tuple("main" if i == 0 else f"worker-{i}" for i in range(containers_per_pod))
     pod_list: list[api.PodSandbox] = []
@@ -367,6 +378,8 @@ def sync_objects(
             batch=p % 10 != 9,
             app=f"job{p % 37}",
             containers=names,
+            # One spec per job: a job's pods share theirs.
+            memory_request=f"{1024 + p % 37}Mi",
         )
         pod_msg = pod(shape)
         pod_list.append(pod_msg)
@@ -378,6 +391,8 @@ def sync_objects(
             ctr_list.append(container(shape, c, state=api.CONTAINER_RUNNING, values=values))
             if shape.batch and not done:
                 expected += 1
+    # containerd lists containers from a map: in no particular order, pods mixed.
+    random.Random(0).shuffle(ctr_list)
     return pod_list, ctr_list, expected
 
 

@@ -91,3 +91,34 @@ def test_load_spec_caches_results_and_errors() -> None:
     error = load_spec("{broken")
     assert isinstance(error, SpecError)
     assert load_spec("{broken") is error
+
+
+def test_a_quantity_parsed_once_is_reported_where_each_spec_has_it() -> None:
+    """Quantities are cached by their text; an error still names its own container and field."""
+    first = f'{{"containers": {{"a": {{"requests": {{"{CPU}": "lots"}}}}}}}}'
+    second = f'{{"containers": {{"b": {{"limits": {{"{MEMORY}": "lots"}}}}}}}}'
+    errors = []
+    for text in (first, second):
+        with pytest.raises(SpecError) as caught:
+            parse_spec(text)
+        errors.append((caught.value.container, caught.value.resource, str(caught.value)))
+    assert [(container, resource) for container, resource, _ in errors] == [
+        ("a", CPU),
+        ("b", MEMORY),
+    ]
+    assert "requests" in errors[0][2] and "limits" in errors[1][2]
+    # The same text as a JSON number and as a string is the same value.
+    as_number = parse_spec(f'{{"containers": {{"a": {{"limits": {{"{CPU}": 1500}}}}}}}}')
+    as_string = parse_spec(f'{{"containers": {{"a": {{"limits": {{"{CPU}": "1500"}}}}}}}}')
+    assert (
+        as_number
+        == as_string
+        == parse_spec(f'{{"containers": {{"a": {{"limits": {{"{CPU}": "1.5k"}}}}}}}}')
+    )
+
+
+def test_the_spec_cache_is_bounded() -> None:
+    """A node sees ever new specs as jobs come and go: the cache must not keep them all."""
+    for n in range(600):
+        load_spec(f'{{"containers": {{"main": {{"requests": {{"{MEMORY}": "{n}Mi"}}}}}}}}')
+    assert load_spec.cache_info().currsize <= 256
