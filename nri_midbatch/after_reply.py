@@ -32,15 +32,16 @@ class AfterReply:
     def __init__(self, slice_seconds: float = DEFAULT_SLICE_SECONDS) -> None:
         self._slice = slice_seconds
         self._queue: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
-        self._runner: asyncio.Task[None] | None = None
+        #: The next slice, when one is due: a loop callback, cheaper than a task per reply.
+        self._next_slice: asyncio.Handle | None = None
         self._timers: set[asyncio.TimerHandle] = set()
         self._waiters: list[asyncio.Future[None]] = []
 
     def defer(self, work: Callable[..., Any], *args: Any) -> None:
         """Run work(*args) once the current handler's reply is out."""
         self._queue.append((work, args))
-        if self._runner is None:
-            self._runner = asyncio.get_running_loop().create_task(self._run())
+        if self._next_slice is None:
+            self._next_slice = asyncio.get_running_loop().call_soon(self._run_slice)
 
     def defer_later(self, delay: float, work: Callable[..., Any], *args: Any) -> None:
         """Queue work(*args) after `delay` seconds, e.g. to try a write again."""
@@ -68,29 +69,29 @@ class AfterReply:
         for timer in self._timers:
             timer.cancel()
         self._timers.clear()
-        if self._runner is not None:
-            self._runner.cancel()
-            self._runner = None
+        if self._next_slice is not None:
+            self._next_slice.cancel()
+            self._next_slice = None
         while self._queue:
             self._run_one()
         self._wake_if_idle()
         return cancelled
 
-    async def _run(self) -> None:
-        try:
-            deadline = time.perf_counter() + self._slice
-            while self._queue:
-                self._run_one()
-                if time.perf_counter() >= deadline and self._queue:
-                    await asyncio.sleep(0)
-                    deadline = time.perf_counter() + self._slice
-        finally:
-            if self._runner is asyncio.current_task():
-                self._runner = None
+    def _run_slice(self) -> None:
+        self._next_slice = None
+        deadline = time.perf_counter() + self._slice
+        while self._queue:
+            self._run_one()
+            if time.perf_counter() >= deadline:
+                break
+        if self._queue:
+            # Behind whatever became ready meanwhile, a request among them.
+            self._next_slice = asyncio.get_running_loop().call_soon(self._run_slice)
+        else:
             self._wake_if_idle()
 
     def _busy(self) -> bool:
-        return bool(self._queue or self._timers or self._runner is not None)
+        return bool(self._queue or self._timers or self._next_slice is not None)
 
     def _wake_if_idle(self) -> None:
         if self._busy():
