@@ -640,12 +640,17 @@ def sync_directly(
     return run(scenario())  # type: ignore[no-any-return]
 
 
-def test_synchronize_writes_pod_cgroups_after_the_reply(tree: CgroupTree) -> None:
-    """Lowered containers first (by the runtime, after our reply), then their pod: v1 order."""
+def new_batch_pod(tree: CgroupTree) -> tuple[api.PodSandbox, api.Container, MidBatchPlugin]:
+    """A batch pod with kubelet's cgroup and a container without values yet, and a plugin."""
     pod = batch_pod()
     tree.add_pod(pod.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
     ctr = make_container("c-app", pod, "app", current=resources(shares=2))
-    plugin = MidBatchPlugin(make_config(tree))
+    return pod, ctr, MidBatchPlugin(make_config(tree))
+
+
+def test_synchronize_writes_pod_cgroups_after_the_reply(tree: CgroupTree) -> None:
+    """Lowered containers first (by the runtime, after our reply), then their pod: v1 order."""
+    pod, ctr, plugin = new_batch_pod(tree)
 
     updates, at_reply, after = sync_directly(tree, plugin, [pod], [ctr])
 
@@ -678,10 +683,7 @@ def test_synchronize_tries_a_failed_pod_write_again(
     tree: CgroupTree, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """As cgroup v1 refuses a pod quota below a container's until the runtime lowered it."""
-    pod = batch_pod()
-    tree.add_pod(pod.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
-    ctr = make_container("c-app", pod, "app", current=resources(shares=2))
-    plugin = MidBatchPlugin(make_config(tree))
+    pod, ctr, plugin = new_batch_pod(tree)
     refusals = fail_pod_writes(monkeypatch, times=1)
 
     with structlog.testing.capture_logs() as logs:
@@ -697,10 +699,7 @@ def test_synchronize_tries_a_failed_pod_write_again(
 def test_synchronize_reports_a_pod_write_that_fails_twice(
     tree: CgroupTree, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pod = batch_pod()
-    tree.add_pod(pod.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
-    ctr = make_container("c-app", pod, "app", current=resources(shares=2))
-    plugin = MidBatchPlugin(make_config(tree))
+    pod, ctr, plugin = new_batch_pod(tree)
     refusals = fail_pod_writes(monkeypatch, times=2)
 
     with structlog.testing.capture_logs() as logs:
@@ -716,10 +715,7 @@ def test_synchronize_reports_a_pod_write_that_fails_twice(
 
 
 def test_synchronize_leaves_a_pod_removed_before_its_write_alone(tree: CgroupTree) -> None:
-    pod = batch_pod()
-    tree.add_pod(pod.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
-    ctr = make_container("c-app", pod, "app", current=resources(shares=2))
-    plugin = MidBatchPlugin(make_config(tree))
+    pod, ctr, plugin = new_batch_pod(tree)
 
     async def scenario() -> None:
         await plugin.synchronize([pod], [ctr])
