@@ -88,6 +88,31 @@ class LoopbackRuntime:
             PLUGIN_SERVICE, method, request, response_type, timeout=self.request_timeout
         )
 
+    async def configure(
+        self,
+        *,
+        config: str = "",
+        runtime_name: str = "containerd",
+        runtime_version: str = "v2.3.0",
+        nri_version: str = "",
+        registration_timeout: float = 5.0,
+    ) -> api.ConfigureResponse:
+        """Wait for the plugin to register, then configure it (no Synchronize yet)."""
+        async with asyncio.timeout(registration_timeout):
+            await self.record.registered.wait()
+        return await self.call(
+            "Configure",
+            api.ConfigureRequest(
+                config=config,
+                runtime_name=runtime_name,
+                runtime_version=runtime_version,
+                registration_timeout=int(registration_timeout * 1000),
+                request_timeout=int(self.request_timeout * 1000),
+                NRI_version=nri_version,
+            ),
+            api.ConfigureResponse,
+        )
+
     async def start(
         self,
         *,
@@ -100,19 +125,12 @@ class LoopbackRuntime:
         registration_timeout: float = 5.0,
     ) -> tuple[api.ConfigureResponse, api.SynchronizeResponse]:
         """What a runtime does after accepting a plugin: wait, configure, synchronize."""
-        async with asyncio.timeout(registration_timeout):
-            await self.record.registered.wait()
-        configured = await self.call(
-            "Configure",
-            api.ConfigureRequest(
-                config=config,
-                runtime_name=runtime_name,
-                runtime_version=runtime_version,
-                registration_timeout=int(registration_timeout * 1000),
-                request_timeout=int(self.request_timeout * 1000),
-                NRI_version=nri_version,
-            ),
-            api.ConfigureResponse,
+        configured = await self.configure(
+            config=config,
+            runtime_name=runtime_name,
+            runtime_version=runtime_version,
+            nri_version=nri_version,
+            registration_timeout=registration_timeout,
         )
         synced = await self.call(
             "Synchronize",

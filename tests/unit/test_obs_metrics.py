@@ -144,16 +144,8 @@ class Running:
         assert content_type.startswith("text/plain; version=0.0.4")
         return Scrape(text)
 
-    async def configure(self, **fields: Any) -> api.ConfigureResponse:
-        async with asyncio.timeout(STEP_TIMEOUT):
-            await self.runtime.record.registered.wait()
-        fields.setdefault("runtime_name", "containerd")
-        fields.setdefault("runtime_version", "v2.3.0")
-        return await self.runtime.call(
-            "Configure",
-            api.ConfigureRequest(registration_timeout=5000, request_timeout=2000, **fields),
-            api.ConfigureResponse,
-        )
+    async def configure(self) -> api.ConfigureResponse:
+        return await self.runtime.configure()
 
     async def sync(
         self, pods: list[api.PodSandbox], containers: list[api.Container]

@@ -284,22 +284,14 @@ async def connected(
     session = Session(plugin, "midbatch", "10", registration_timeout=STEP_TIMEOUT)
     task = asyncio.create_task(session.run(plugin_reader, plugin_writer))
     try:
-        async with asyncio.timeout(STEP_TIMEOUT):
-            await runtime.record.registered.wait()
+        configured = await runtime.configure(
+            config=config_text,
+            runtime_name=runtime_name,
+            runtime_version=runtime_version,
+            nri_version=nri_version,
+        )
         (registration,) = runtime.record.registrations
         assert (registration.plugin_name, registration.plugin_idx) == ("midbatch", "10")
-        configured = await runtime.call(
-            "Configure",
-            api.ConfigureRequest(
-                config=config_text,
-                runtime_name=runtime_name,
-                runtime_version=runtime_version,
-                NRI_version=nri_version,
-                registration_timeout=5000,
-                request_timeout=2000,
-            ),
-            api.ConfigureResponse,
-        )
         yield Connected(runtime, session, plugin, configured)
         # What the plugin does after its replies (pod cgroups of a Synchronize,
         # log lines) is part of what a scenario leaves behind.
