@@ -13,7 +13,7 @@ from typing import Any
 import structlog
 
 from nri_midbatch.after_reply import AfterReply
-from nri_midbatch.policy import CgroupValues, ContainerView, PodView
+from nri_midbatch.policy import CgroupValues, ContainerView, PodView, TraceStep
 
 log = structlog.get_logger(__name__)
 
@@ -43,9 +43,12 @@ class DecisionLines:
         tier: str | None,
         pod: PodView,
         container: ContainerView,
-        outcome: CgroupValues | str,
+        outcome: CgroupValues | TraceStep,
     ) -> None:
-        """A container given `outcome` values, or left alone for the reason `outcome` says."""
+        """A container given `outcome` values, or left alone for the reason `outcome` says.
+
+        The reason is a trace step, made text only if the debug line is written.
+        """
         self._fields += (tier, pod, container, outcome)
 
     def write_after(self, after_reply: AfterReply) -> None:
@@ -71,7 +74,7 @@ class DecisionLines:
                     namespace=pod.namespace,
                     pod=pod.name,
                     container=container.name,
-                    why=values,
+                    why=str(values),
                 )
                 continue
             logger.info(

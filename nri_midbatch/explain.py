@@ -23,6 +23,7 @@ from nri_midbatch.config import Config
 from nri_midbatch.plugin import pod_view
 from nri_midbatch.policy import (
     CgroupValues,
+    Classified,
     ContainerView,
     Decision,
     NativeLimits,
@@ -33,9 +34,10 @@ from nri_midbatch.policy import (
     decide_pod,
 )
 from nri_midbatch.policy.calculate import CFS_BASE_PERIOD, UNLIMITED
-from nri_midbatch.policy.chain import Chain
+from nri_midbatch.policy.chain import check_tier
 from nri_midbatch.policy.quantity import QuantityError, parse_quantity
 from nri_midbatch.policy.spec import ExtendedSpec, load_spec
+from nri_midbatch.policy.trace import NoTier, TierCheck
 from nri_midbatch.record import NotedDecision, decision_json
 
 
@@ -213,24 +215,26 @@ def explain(source: PodInput, config: Config, policy: Policy) -> Explanation:
 
 
 def _tier_lines(decision: Decision, policy: Policy, namespace: str) -> tuple[str, ...]:
-    # The chain stops at the first match; each tier is walked alone too, so the reader
-    # learns why every other tier does not apply (the configuration lets only one match).
+    # The chain stops at the first match; the tiers after it are checked here too, so the
+    # reader learns why every other tier does not apply (the configuration lets only one match).
     priority, qos = decision.priority.value, decision.qos.value
+    walked = {step.tier: step for step in decision.trace if isinstance(step, TierCheck)}
     lines = [
-        Chain([tier]).select(priority, qos, namespace).reasons[0] for tier in policy.chain.tiers
+        str(walked.get(tier.name) or check_tier(tier, priority, qos, namespace))
+        for tier in policy.chain.tiers
     ]
     if decision.tier is None:
         lines.append("no tier matched: the pod is left alone")
     return tuple(lines)
 
 
-def _how(decision: Decision, policy: Policy, namespace: str) -> list[str]:
+def _how(decision: Decision) -> list[str]:
     """The trace without the classification and tier walk, which are shown once per pod."""
-    shown = {decision.qos.detail, decision.priority.detail}
-    shown.update(
-        policy.chain.select(decision.priority.value, decision.qos.value, namespace).reasons
-    )
-    return [line for line in decision.trace if line not in shown]
+    return [
+        str(step)
+        for step in decision.trace
+        if not isinstance(step, Classified | TierCheck | NoTier)
+    ]
 
 
 # -- rendering ---------------------------------------------------------------
@@ -266,7 +270,7 @@ def values_lines(values: CgroupValues) -> list[str]:
     ]
 
 
-def render_text(explanation: Explanation, policy: Policy) -> str:
+def render_text(explanation: Explanation) -> str:
     source = explanation.pod
     pod = source.pod
     decision = explanation.pod_decision
@@ -285,7 +289,7 @@ def render_text(explanation: Explanation, policy: Policy) -> str:
     if not explanation.pod_level:
         where = "not written: cgroups.podLevel is false"
     out += ["", f"Pod level ({where})", *_native_lines(pod.native)]
-    out += _decision_lines(decision, policy, pod.namespace, explanation.failure_policy)
+    out += _decision_lines(decision, explanation.failure_policy)
     if not source.containers:
         out += ["", f"No containers in {source.containers_from}."]
     for container, container_decision in explanation.containers:
@@ -294,9 +298,7 @@ def render_text(explanation: Explanation, policy: Policy) -> str:
             f"Container {container.name} (adjusted at CreateContainer and UpdateContainer)",
             *_native_lines(container.native),
         ]
-        out += _decision_lines(
-            container_decision, policy, pod.namespace, explanation.failure_policy
-        )
+        out += _decision_lines(container_decision, explanation.failure_policy)
     if source.containers and source.containers_from != "spec.containers":
         out += ["", f"Containers from {source.containers_from}."]
     return "\n".join(out) + "\n"
@@ -310,9 +312,7 @@ def _native_lines(native: NativeLimits) -> list[str]:
     return [f"  native limits cpu quota {quota}, memory {memory} (never loosened)"]
 
 
-def _decision_lines(
-    decision: Decision, policy: Policy, namespace: str, failure_policy: str
-) -> list[str]:
+def _decision_lines(decision: Decision, failure_policy: str) -> list[str]:
     lines: list[str] = []
     if decision.error is not None:
         outcome = (
@@ -324,7 +324,7 @@ def _decision_lines(
         lines.append("  left untouched: values stay as kubelet and the runtime set them")
     else:
         lines += [f"  {line}" for line in values_lines(decision.values)]
-    how = _how(decision, policy, namespace)
+    how = _how(decision)
     if how:
         lines.append("  how:")
         lines += [f"    - {line}" for line in how]
@@ -355,5 +355,5 @@ def explain_command(pod_file: Path, config: Config, *, fmt: str, out: TextIO, er
         err.write(f"nri-midbatch: {exc}\n")
         return 1
     explanation = explain(source, config, policy)
-    out.write(render_json(explanation) if fmt == "json" else render_text(explanation, policy))
+    out.write(render_json(explanation) if fmt == "json" else render_text(explanation))
     return 0

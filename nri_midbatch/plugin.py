@@ -540,7 +540,7 @@ class MidBatchPlugin:
         else:
             # Untouched workloads are the common case: visible at debug only
             # (SIGUSR1), with the trace that says why.
-            lines.add(None, pod, container, decision.trace[-1] if decision.trace else "")
+            lines.add(None, pod, container, decision.trace[-1])
         return decision
 
     def _invalid(

@@ -33,7 +33,7 @@ import structlog
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
-from nri_midbatch.policy import CgroupValues, ContainerView, Decision, PodView
+from nri_midbatch.policy import CgroupValues, ContainerView, Decision, PodView, render
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.wire.status import Code
 
@@ -141,7 +141,7 @@ def decision_json(noted: NotedDecision) -> dict[str, Any]:
         "tier": decision.tier,
         "values": values_json(decision.values),
         "error": decision.error,
-        "trace": list(decision.trace),
+        "trace": render(decision.trace),
     }
 
 

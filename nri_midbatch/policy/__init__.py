@@ -5,8 +5,9 @@ from .classes import PriorityClass, QoSClass
 from .classify import ClassificationSettings, Classified, Source
 from .compile import compile_policy
 from .compiled import Policy
-from .decision import Decision, ErrorKind, decide_container, decide_pod
+from .decision import Decision, ErrorKind, TraceStep, decide_container, decide_pod
 from .tiers import Tier
+from .trace import render
 from .views import ContainerView, NativeLimits, PodView
 
 __all__ = [
@@ -24,7 +25,9 @@ __all__ = [
     "Rules",
     "Source",
     "Tier",
+    "TraceStep",
     "compile_policy",
     "decide_container",
     "decide_pod",
+    "render",
 ]

@@ -1,17 +1,17 @@
 """Koordinator batchresource formulas (koordlet util/system cgroup.go, batch_resource.go).
 
-Every calculator appends one trace line per value it sets, saying which input produced it.
+Every calculator appends one trace step per value it sets, saying which input produced it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from decimal import Decimal
 from fractions import Fraction
 
 from .spec import ContainerSpec
 from .tiers import Tier
+from .trace import Field, NeverLoosen, Normalized, PodSum, QuotaDisabled, Step, ValueFrom
 from .views import NativeLimits
 
 CPU_SHARE_UNIT = 1024
@@ -54,22 +54,23 @@ def milli_cpu_to_quota(milli_cpu: int) -> int:
 
 
 def container_values(
-    entry: ContainerSpec, tier: Tier, rules: Rules, native: NativeLimits, trace: list[str]
+    entry: ContainerSpec, tier: Tier, rules: Rules, native: NativeLimits, trace: list[Step]
 ) -> CgroupValues:
-    request = _positive(entry.requests, tier.cpu_resource)
+    cpu = tier.cpu_resource
+    request = _positive(entry.requests, cpu)
     shares = milli_cpu_to_shares(request)
-    trace.append(f"cpu.shares {shares} from {_describe(request, 'request', tier.cpu_resource)}")
+    trace.append(ValueFrom(Field.CPU_SHARES, shares, "request", cpu, request))
 
     if rules.cfs_quota:
-        limit = _positive(entry.limits, tier.cpu_resource)
+        limit = _positive(entry.limits, cpu)
         quota = milli_cpu_to_quota(limit)
-        trace.append(f"cpu quota {quota} from {_describe(limit, 'limit', tier.cpu_resource)}")
+        trace.append(ValueFrom(Field.CPU_QUOTA, quota, "limit", cpu, limit))
     else:
         quota = _quota_disabled(trace)
     quota = _never_loosen_quota(_normalize(quota, rules, trace), native, trace)
 
     memory = _positive(entry.limits, tier.memory_resource) or UNLIMITED
-    trace.append(f"memory limit {memory} from {_describe(memory, 'limit', tier.memory_resource)}")
+    trace.append(ValueFrom(Field.MEMORY_LIMIT, memory, "limit", tier.memory_resource, memory))
     memory = _never_loosen_memory(memory, native, trace)
     return CgroupValues(shares, quota, memory)
 
@@ -79,29 +80,28 @@ def pod_values(
     tier: Tier,
     rules: Rules,
     native: NativeLimits,
-    trace: list[str],
+    trace: list[Step],
 ) -> CgroupValues:
     """Sums over the containers listed in the spec; unlisted containers do not count."""
     cpu, memory_name = tier.cpu_resource, tier.memory_resource
     requests = sum(_positive(entry.requests, cpu) for entry in containers.values())
     shares = milli_cpu_to_shares(requests)
-    trace.append(
-        f"pod cpu.shares {shares} from {cpu} requests summing to {requests} "
-        f"over {len(containers)} listed container(s)"
-    )
+    trace.append(PodSum(Field.CPU_SHARES, shares, cpu, requests, len(containers)))
 
     if rules.cfs_quota:
-        quota, why = _pod_limit_sum(containers, cpu)
-        quota = milli_cpu_to_quota(quota)
-        trace.append(f"pod cpu quota {quota} from {why}")
+        total, unlimited_by = _pod_limit_sum(containers, cpu)
+        quota = milli_cpu_to_quota(total)
+        trace.append(PodSum(Field.CPU_QUOTA, quota, cpu, total, len(containers), unlimited_by))
     else:
         quota = _quota_disabled(trace)
     quota = _never_loosen_quota(_normalize(quota, rules, trace), native, trace)
 
-    memory, why = _pod_limit_sum(containers, memory_name)
+    total, unlimited_by = _pod_limit_sum(containers, memory_name)
     # Koordinator would write 0 for a spec listing no containers; that means unlimited here.
-    memory = memory or UNLIMITED
-    trace.append(f"pod memory limit {memory} from {why}")
+    memory = total or UNLIMITED
+    trace.append(
+        PodSum(Field.MEMORY_LIMIT, memory, memory_name, total, len(containers), unlimited_by)
+    )
     memory = _never_loosen_memory(memory, native, trace)
     return CgroupValues(shares, quota, memory)
 
@@ -112,39 +112,35 @@ def _positive(resources: Mapping[str, int], name: str) -> int:
     return value if value > 0 else 0
 
 
-def _describe(value: int, what: str, resource: str) -> str:
-    if value > 0:
-        return f"{what} {resource}={value}"
-    return f"no positive {what} {resource}"
-
-
-def _pod_limit_sum(containers: Mapping[str, ContainerSpec], resource: str) -> tuple[int, str]:
-    """Sum of the limits, or -1 as soon as one listed container has none."""
+def _pod_limit_sum(
+    containers: Mapping[str, ContainerSpec], resource: str
+) -> tuple[int, str | None]:
+    """Sum of the limits, or -1 and the container's name as soon as one listed has none."""
     total = 0
     for name, entry in containers.items():
         limit = _positive(entry.limits, resource)
         if not limit:
-            return UNLIMITED, f"container {name!r} having no limit {resource} (pod unlimited)"
+            return UNLIMITED, name
         total += limit
-    return total, f"limits {resource} summing to {total} over {len(containers)} container(s)"
+    return total, None
 
 
-def _quota_disabled(trace: list[str]) -> int:
-    trace.append("cpu quota -1: rules.cfsQuota is false")
+def _quota_disabled(trace: list[Step]) -> int:
+    trace.append(QuotaDisabled())
     return UNLIMITED
 
 
-def _normalize(quota: int, rules: Rules, trace: list[str]) -> int:
+def _normalize(quota: int, rules: Rules, trace: list[Step]) -> int:
     ratio = rules.cpu_normalization_ratio
     # Koordinator ignores ratios in (0, 1]: "no support ratio in (0, 1) yet".
     if quota <= 0 or ratio is None or ratio <= 1:
         return quota
-    scaled = -(-quota // ratio)  # ceil, exact
-    trace.append(f"cpu quota {scaled} = ceil({quota} / cpuNormalizationRatio {_ratio(ratio)})")
-    return int(scaled)
+    scaled = int(-(-quota // ratio))  # ceil, exact
+    trace.append(Normalized(scaled, quota, ratio))
+    return scaled
 
 
-def _never_loosen_quota(quota: int, native: NativeLimits, trace: list[str]) -> int:
+def _never_loosen_quota(quota: int, native: NativeLimits, trace: list[Step]) -> int:
     native_quota = native.cpu_quota
     if native_quota is None or native_quota <= 0:
         return quota
@@ -152,27 +148,15 @@ def _never_loosen_quota(quota: int, native: NativeLimits, trace: list[str]) -> i
     # Compare rates, quota/period, without dividing: our quota assumes the 100000us period.
     if quota > 0 and quota * period <= native_quota * CFS_BASE_PERIOD:
         return quota
-    computed = "unlimited" if quota <= 0 else str(quota)
-    trace.append(
-        f"cpu quota {native_quota}: native {native_quota}/{period}us is tighter than "
-        f"computed {computed}; never loosen"
-    )
+    trace.append(NeverLoosen(Field.CPU_QUOTA, native_quota, quota, period))
     return native_quota
 
 
-def _never_loosen_memory(memory: int, native: NativeLimits, trace: list[str]) -> int:
+def _never_loosen_memory(memory: int, native: NativeLimits, trace: list[Step]) -> int:
     native_memory = native.memory_limit
     if native_memory is None or native_memory <= 0:
         return memory
     if 0 < memory <= native_memory:
         return memory
-    computed = "unlimited" if memory <= 0 else str(memory)
-    trace.append(
-        f"memory limit {native_memory}: native {native_memory} is tighter than "
-        f"computed {computed}; never loosen"
-    )
+    trace.append(NeverLoosen(Field.MEMORY_LIMIT, native_memory, memory))
     return native_memory
-
-
-def _ratio(ratio: Fraction) -> str:
-    return format(Decimal(ratio.numerator) / Decimal(ratio.denominator), "f")

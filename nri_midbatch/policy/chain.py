@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from .classes import PriorityClass, QoSClass
 from .tiers import Tier
+from .trace import Filter, NoTier, TierCheck
 
 # Distinct (priority, qos, namespace) keys are few in practice; the cap only bounds memory.
 _MEMO_LIMIT = 4096
@@ -15,7 +16,8 @@ _MEMO_LIMIT = 4096
 @dataclass(frozen=True, slots=True)
 class TierMatch:
     tier: Tier | None
-    reasons: tuple[str, ...]
+    #: A check for each tier walked, then `NoTier` when none matched.
+    reasons: tuple[TierCheck | NoTier, ...]
 
 
 class Chain:
@@ -42,28 +44,30 @@ class Chain:
 def _walk(
     tiers: Sequence[Tier], priority: PriorityClass | None, qos: QoSClass | None, namespace: str
 ) -> TierMatch:
-    reasons: list[str] = []
+    reasons: list[TierCheck | NoTier] = []
     for tier in tiers:
-        if priority not in tier.priority_classes:
-            reasons.append(
-                f"tier {tier.name}: priority {priority or 'none'} not in "
-                f"{_names(tier.priority_classes)}"
-            )
-        elif qos not in tier.qos_classes:
-            reasons.append(
-                f"tier {tier.name}: qos {qos or 'none'} not in {_names(tier.qos_classes)}"
-            )
-        elif tier.namespaces is not None and namespace not in tier.namespaces:
-            reasons.append(
-                f"tier {tier.name}: namespace {namespace!r} not in {_names(tier.namespaces)}"
-            )
-        else:
-            reasons.append(f"tier {tier.name}: matched")
+        check = check_tier(tier, priority, qos, namespace)
+        reasons.append(check)
+        if check.failed is None:
             return TierMatch(tier, tuple(reasons))
-    reasons.append("no tier matched: pod left alone")
+    reasons.append(NoTier())
     return TierMatch(None, tuple(reasons))
 
 
-def _names(items: Sequence[str] | frozenset[str]) -> str:
-    ordered = items if isinstance(items, tuple) else sorted(items)
-    return "[" + ", ".join(ordered) + "]"
+def check_tier(
+    tier: Tier, priority: PriorityClass | None, qos: QoSClass | None, namespace: str
+) -> TierCheck:
+    """One tier through the priority, QoS and namespace filters, in that order."""
+    if priority not in tier.priority_classes:
+        return TierCheck(
+            tier.name, Filter.PRIORITY, priority or "none", _ordered(tier.priority_classes)
+        )
+    if qos not in tier.qos_classes:
+        return TierCheck(tier.name, Filter.QOS, qos or "none", _ordered(tier.qos_classes))
+    if tier.namespaces is not None and namespace not in tier.namespaces:
+        return TierCheck(tier.name, Filter.NAMESPACE, repr(namespace), _ordered(tier.namespaces))
+    return TierCheck(tier.name)
+
+
+def _ordered(items: Sequence[str] | frozenset[str]) -> tuple[str, ...]:
+    return items if isinstance(items, tuple) else tuple(sorted(items))

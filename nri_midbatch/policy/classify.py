@@ -43,6 +43,9 @@ class Classified(Generic[T]):
     source: Source
     detail: str
 
+    def __str__(self) -> str:
+        return self.detail
+
 
 @dataclass(frozen=True, slots=True)
 class ClassificationSettings:

@@ -14,7 +14,11 @@ from .classes import PriorityClass, QoSClass
 from .classify import Classified
 from .compiled import Policy
 from .spec import ExtendedSpec, SpecError, load_spec
+from .trace import SpecIgnored, Step, Untouched, UntouchedReason
 from .views import ContainerView, PodView
+
+#: A step of a Decision's trace: the two classifications first, then the chain's steps.
+TraceStep = Classified[QoSClass] | Classified[PriorityClass] | Step
 
 __all__ = ["CgroupValues", "Decision", "ErrorKind", "decide_container", "decide_pod"]
 
@@ -33,7 +37,8 @@ class Decision:
     tier: str | None
     values: CgroupValues | None  # None: leave the cgroup as kubelet/runtime set it
     error: str | None
-    trace: tuple[str, ...]
+    #: Why, as data (policy/trace.py); `render()` makes it lines of text.
+    trace: tuple[TraceStep, ...]
     priority: Classified[PriorityClass]
     qos: Classified[QoSClass]
     error_kind: ErrorKind | None = None
@@ -58,7 +63,7 @@ def _decide(pod: PodView, container: ContainerView | None, policy: Policy) -> De
     priority = classifier.priority(
         pod.labels, qos.value, None if usable is None else usable.resource_names
     )
-    trace = [qos.detail, priority.detail]
+    trace: list[TraceStep] = [qos, priority]
     match = policy.chain.select(priority.value, qos.value, pod.namespace)
     trace += match.reasons
     tier = match.tier
@@ -71,26 +76,25 @@ def _decide(pod: PodView, container: ContainerView | None, policy: Policy) -> De
 
     if isinstance(spec, SpecError):
         if tier is None:
-            trace.append(f"ignored, as no tier applies: {spec}")
+            trace.append(SpecIgnored(str(spec)))
             return done()
         return done(error=str(spec), kind=ErrorKind.SPEC)
     if tier is None:
         return done()
     if usable is None:
-        trace.append(f"no containers in annotation {policy.spec_annotation}: left untouched")
+        trace.append(Untouched(UntouchedReason.NO_CONTAINERS, annotation=policy.spec_annotation))
         return done()
 
+    steps: list[Step] = []
     if container is None:
-        values = pod_values(usable.containers, tier, policy.rules, pod.native, trace)
+        values = pod_values(usable.containers, tier, policy.rules, pod.native, steps)
     else:
         entry = usable.containers.get(container.name)
         if entry is None:
-            trace.append(
-                f"container {container.name!r} not listed in the extended-resource spec: "
-                "left untouched"
-            )
+            trace.append(Untouched(UntouchedReason.NOT_LISTED, container=container.name))
             return done()
-        values = container_values(entry, tier, policy.rules, container.native, trace)
+        values = container_values(entry, tier, policy.rules, container.native, steps)
+    trace += steps
 
     if values.cpu_quota > _INT64_MAX or values.memory_limit > _INT64_MAX:
         return done(error=f"computed {values} does not fit in int64", kind=ErrorKind.OVERFLOW)

@@ -74,8 +74,6 @@ class Classification:
     priority: PriorityClass | None
     qos: QoSClass | None
     tier: Tier | None
-    # Trace lines: where the classes came from and how the tier chain went.
-    trace: tuple[str, ...]
     # The priority-class label is present with a value Koordinator does not know.
     unknown_priority_label: str | None = None
     # The QoS class came from the QoS label (not from the Kubernetes QoS class).
@@ -226,33 +224,23 @@ def classify(pod: PodFacts, policy: Policy) -> Classification:
     classifier = policy.classifier
     settings = classifier.settings
     qos = classifier.qos(pod.labels, cgroup_parent(pod))
-    trace = [qos.detail]
     unknown_label = None
     label = pod.labels.get(settings.priority_class_label)
     if label is not None:
         # Exactly the plugin's reading of the label; an unknown value is no class, no fallback.
         found = classifier.priority(pod.labels, qos.value, None)
         priority = found.value
-        trace.append(found.detail)
         if priority is None:
             unknown_label = label
     elif pod.priority is not None:
         priority = priority_class_from_value(pod.priority)
-        trace.append(
-            f"priority {priority or 'none'} from spec.priority {pod.priority}"
-            + ("" if priority else " (outside every Koordinator range)")
-        )
     else:
         priority = None
-        trace.append(
-            f"priority none: label {settings.priority_class_label} and spec.priority absent"
-        )
     match = policy.chain.select(priority, qos.value, pod.namespace)
     return Classification(
         priority,
         qos.value,
         match.tier,
-        (*trace, *match.reasons),
         unknown_label,
         qos.source is Source.LABEL,
     )

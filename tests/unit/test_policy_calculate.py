@@ -21,6 +21,7 @@ from nri_midbatch.policy.calculate import (
     pod_values,
 )
 from nri_midbatch.policy.spec import ContainerSpec
+from nri_midbatch.policy.trace import Step, render
 
 CPU = "kubernetes.io/batch-cpu"
 MEMORY = "kubernetes.io/batch-memory"
@@ -53,15 +54,15 @@ def entry(
 def container(
     spec: ContainerSpec, rules: Rules = KOORDINATOR, native: NativeLimits = UNSET
 ) -> tuple[CgroupValues, list[str]]:
-    trace: list[str] = []
-    return container_values(spec, BATCH, rules, native, trace), trace
+    trace: list[Step] = []
+    return container_values(spec, BATCH, rules, native, trace), list(render(trace))
 
 
 def pod(
     containers: dict[str, ContainerSpec], rules: Rules = KOORDINATOR, native: NativeLimits = UNSET
 ) -> tuple[CgroupValues, list[str]]:
-    trace: list[str] = []
-    return pod_values(containers, BATCH, rules, native, trace), trace
+    trace: list[Step] = []
+    return pod_values(containers, BATCH, rules, native, trace), list(render(trace))
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ from nri_midbatch.policy import (
     compile_policy,
     decide_container,
     decide_pod,
+    render,
 )
 from nri_midbatch.policy.chain import Chain
 
@@ -117,7 +118,7 @@ def test_mid_ignores_batch_resources() -> None:
 def test_prod_ls_is_left_alone() -> None:
     decision = decide(pod("LS", "koord-prod", batch_spec(main=("500", "1k", "2Gi"))))
     assert (decision.tier, decision.values, decision.error) == (None, None, None)
-    assert decision.trace[2:] == (
+    assert render(decision.trace)[2:] == (
         "tier batch: priority koord-prod not in [koord-batch, koord-free]",
         "tier mid: priority koord-prod not in [koord-mid]",
         "no tier matched: pod left alone",
@@ -127,7 +128,7 @@ def test_prod_ls_is_left_alone() -> None:
 def test_batch_priority_with_ls_qos_is_left_alone() -> None:
     decision = decide(pod("LS", "koord-batch", batch_spec(main=("500", "1k", "2Gi"))))
     assert decision.tier is None
-    assert "tier batch: qos LS not in [BE]" in decision.trace
+    assert "tier batch: qos LS not in [BE]" in render(decision.trace)
 
 
 def test_be_without_priority_label_and_batch_resources_is_batch() -> None:
@@ -149,7 +150,7 @@ def test_be_without_priority_label_or_spec_defaults_to_batch_and_stays_untouched
     assert decision.tier == "batch"
     assert decision.priority.source is Source.QOS_DEFAULT
     assert decision.values is None
-    assert decision.trace[-1] == f"no containers in annotation {SPEC}: left untouched"
+    assert render(decision.trace)[-1] == f"no containers in annotation {SPEC}: left untouched"
 
 
 def test_ls_without_priority_label() -> None:
@@ -158,7 +159,7 @@ def test_ls_without_priority_label() -> None:
     # Batch resources make it koord-batch, but the batch tier takes only BE.
     batch = decide(pod("LS", None, batch_spec(main=("1", "1", "1"))))
     assert (batch.priority.value, batch.tier) == (PriorityClass.BATCH, None)
-    assert "tier batch: qos LS not in [BE]" in batch.trace
+    assert "tier batch: qos LS not in [BE]" in render(batch.trace)
     # Mid resources make it koord-mid, and mid takes LS.
     mid = decide(pod("LS", None, mid_spec(main=("1", "1", "1"))))
     assert (mid.priority.value, mid.tier) == (PriorityClass.MID, "mid")
@@ -173,7 +174,7 @@ def test_invalid_priority_label_matches_no_tier() -> None:
 def test_no_qos_label_matches_no_tier() -> None:
     decision = decide(pod(None, "koord-batch", batch_spec(main=("500", "1k", "2Gi"))))
     assert decision.tier is None
-    assert "tier batch: qos none not in [BE]" in decision.trace
+    assert "tier batch: qos none not in [BE]" in render(decision.trace)
 
 
 def test_namespace_limited_tier() -> None:
@@ -192,7 +193,7 @@ tiers:
     assert inside.values == CgroupValues(512, 100_000, 2 * GI)
     outside = decide(pod("BE", "koord-batch", annotation, namespace="default"), policy=p)
     assert (outside.tier, outside.values) == (None, None)
-    assert "tier batch: namespace 'default' not in [etl, jobs]" in outside.trace
+    assert "tier batch: namespace 'default' not in [etl, jobs]" in render(outside.trace)
 
 
 def test_third_tier_from_config_alone() -> None:
@@ -269,14 +270,16 @@ def test_malformed_annotation_on_pod_outside_every_tier_is_not_an_error() -> Non
     decision = decide(pod("LS", "koord-prod", "{not json"))
     assert (decision.tier, decision.values, decision.error) == (None, None, None)
     assert decision.error_kind is None
-    assert decision.trace[-1].startswith("ignored, as no tier applies: extended-resource spec")
+    assert render(decision.trace)[-1].startswith(
+        "ignored, as no tier applies: extended-resource spec"
+    )
 
 
 def test_container_not_listed_in_spec_is_left_untouched() -> None:
     annotation = batch_spec(main=("500", "1k", "2Gi"))
     decision = decide(pod("BE", "koord-batch", annotation), ContainerView("c1", "sidecar"))
     assert (decision.tier, decision.values, decision.error) == ("batch", None, None)
-    assert decision.trace[-1] == (
+    assert render(decision.trace)[-1] == (
         "container 'sidecar' not listed in the extended-resource spec: left untouched"
     )
 
@@ -337,7 +340,7 @@ def test_chain_walks_tiers_in_order() -> None:
     match = chain.select(PriorityClass.MID, QoSClass.LS, "any")
     assert match.tier is not None
     assert match.tier.name == "mid"
-    assert match.reasons == (
+    assert render(match.reasons) == (
         "tier batch: priority koord-mid not in [koord-batch, koord-free]",
         "tier mid: matched",
     )
@@ -346,4 +349,4 @@ def test_chain_walks_tiers_in_order() -> None:
 
 def test_chain_without_tiers_matches_nothing() -> None:
     match = Chain(()).select(PriorityClass.BATCH, QoSClass.BE, "ns")
-    assert (match.tier, match.reasons) == (None, ("no tier matched: pod left alone",))
+    assert (match.tier, render(match.reasons)) == (None, ("no tier matched: pod left alone",))

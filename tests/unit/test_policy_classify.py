@@ -17,6 +17,7 @@ from nri_midbatch.policy import (
     Source,
     compile_policy,
     decide_container,
+    render,
 )
 from nri_midbatch.policy.classify import qos_from_cgroup_parent
 
@@ -185,5 +186,5 @@ def test_decision_records_sources() -> None:
     decision = decide_container(pod, ContainerView("id", "c"), FROM_CGROUP)
     assert decision.qos.source is Source.CGROUP_PARENT
     assert decision.priority.source is Source.SPEC_RESOURCES
-    assert decision.trace[:2] == (decision.qos.detail, decision.priority.detail)
+    assert render(decision.trace)[:2] == (decision.qos.detail, decision.priority.detail)
     assert decision.tier == "mid"
