@@ -20,8 +20,9 @@ demo: $(STAMP)
 test: lint
 	$(BIN)/python -m pytest
 
+# The behaviour suite: no real containerd, no generated-code, packaging, docs or benchmark checks.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m 'not e2e'
+	$(BIN)/python -m pytest -m 'not (e2e or generated or packaging or docs or bench)'
 
 lint: $(STAMP)
 	$(BIN)/ruff check nri_midbatch tests scripts bench

@@ -16,6 +16,8 @@ from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescript
 
 from nri_midbatch.api import nri_pb2, rpc_status_pb2, ttrpc_pb2
 
+pytestmark = pytest.mark.generated
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "nri.pkg.api.v1alpha1"
 

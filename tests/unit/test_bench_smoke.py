@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.bench
+
 ROOT = Path(__file__).resolve().parents[2]
 
 #: Prefixes of the figures every run reports (some names carry the run's counts).

@@ -17,6 +17,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
+
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.app import App
 from nri_midbatch.cli import _parser
@@ -25,6 +27,8 @@ from nri_midbatch.nri.loopback import LoopbackRuntime, socketpair_streams
 from nri_midbatch.record import Recorder
 
 from .nri_fixtures import STEP_TIMEOUT, run
+
+pytestmark = pytest.mark.docs
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"

@@ -26,6 +26,8 @@ from nri_midbatch import __version__
 from nri_midbatch.cli import DEFAULT_NAME, DEFAULT_SOCKET
 from nri_midbatch.config import Config, load_config_file, load_config_text
 
+pytestmark = pytest.mark.packaging
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"

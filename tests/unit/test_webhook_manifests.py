@@ -23,6 +23,8 @@ from nri_midbatch.cli import _parser
 from nri_midbatch.config import Config
 from nri_midbatch.webhook.server import _ENDPOINTS, WebhookServer
 
+pytestmark = pytest.mark.packaging
+
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "examples" / "kubernetes"
 WEBHOOK = K8S / "webhook"
