@@ -213,7 +213,7 @@ class App:
         if self.recorder is not None:
             yield (
                 "nri_midbatch_records_dropped",
-                "Recording lines dropped because the recording queue was full",
+                "Recording lines lost: queue full, over the size cap, or a failed write",
                 (),
                 {(): self.recorder.dropped},
             )

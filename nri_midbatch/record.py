@@ -18,6 +18,7 @@ with request and response as protobuf JSON (`MessageToDict`, proto field names).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO, Protocol
+from typing import Any, Protocol
 
 import structlog
 from google.protobuf.json_format import MessageToDict
@@ -43,6 +44,8 @@ RECORD_VERSION = 1
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 DEFAULT_BACKUPS = 3
 DEFAULT_QUEUE_SIZE = 1024
+#: While writes keep failing, how often to log how many records were lost.
+FAILURE_SUMMARY_EVERY = 60.0
 #: Records converted and written per hop to the writer thread.
 _BATCH = 256
 
@@ -170,12 +173,19 @@ def json_line(document: dict[str, Any]) -> bytes:
 # -- the file ----------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class Written:
+    """What became of a batch of lines handed to a LineSink."""
+
+    lines: int  # written whole
+    refused: int  # longer than the size cap on their own
+    error: Exception | None = None  # why the rest were lost
+
+
 class LineSink(Protocol):
     """Where the writer thread puts encoded lines; only ever called from that thread."""
 
-    def write(self, lines: Sequence[bytes]) -> int:
-        """Write the lines; returns how many were refused."""
-        ...
+    def write(self, lines: Sequence[bytes]) -> Written: ...
 
     def close(self) -> None: ...
 
@@ -185,6 +195,11 @@ class RotatingFile:
 
     A line longer than the cap on its own is refused: writing it would break the cap.
     With no backups, rotation starts FILE afresh.
+
+    FILE is followed by name: when it is renamed away or removed (logrotate without
+    copytruncate), the next write opens a new FILE. Lines are written with unbuffered
+    writes, and a write that fails part-way is cut back to the last whole line, so a full
+    disk costs the lines it refused and never leaves half a line before the next one.
     """
 
     def __init__(self, path: Path, max_bytes: int = DEFAULT_MAX_BYTES, backups: int = 0) -> None:
@@ -195,46 +210,109 @@ class RotatingFile:
         self.path = path
         self.max_bytes = max_bytes
         self.backups = backups
+        self._fd = -1
+        self._size = 0
+        self._identity = (0, 0)
         # Opened here, at start-up, so an unwritable path fails the command at once.
-        self._file: BinaryIO = open(path, "ab")  # noqa: SIM115 - closed by close()
-        self._size = self._file.tell()
+        self._open()
 
-    def write(self, lines: Sequence[bytes]) -> int:
-        refused = 0
-        for line in lines:
-            if len(line) > self.max_bytes:
-                refused += 1
-                continue
-            if self._size + len(line) > self.max_bytes:
-                self._rotate()
-            self._file.write(line)
-            self._size += len(line)
-        self._file.flush()
-        return refused
+    def _open(self) -> None:
+        # 0o600 for a new file: a recording holds what the pods were started with.
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        stat = os.fstat(fd)
+        self._fd, self._size, self._identity = fd, stat.st_size, (stat.st_dev, stat.st_ino)
+
+    def _close_fd(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+
+    def _follow_path(self) -> None:
+        """Reopen FILE if the path no longer names the file we hold open."""
+        try:
+            stat = os.stat(self.path)
+            if self._fd >= 0 and (stat.st_dev, stat.st_ino) == self._identity:
+                return
+        except FileNotFoundError:
+            pass
+        if self._fd >= 0:
+            log.info("recording file moved or removed; opening a new one", path=str(self.path))
+        self._close_fd()
+        self._open()
+
+    def write(self, lines: Sequence[bytes]) -> Written:
+        written = refused = 0
+        try:
+            self._follow_path()
+            chunk: list[bytes] = []
+            chunk_size = 0
+            for line in lines:
+                if len(line) > self.max_bytes:
+                    refused += 1
+                    continue
+                if self._size + chunk_size + len(line) > self.max_bytes:
+                    self._append(chunk, chunk_size)
+                    written += len(chunk)
+                    chunk, chunk_size = [], 0
+                    self._rotate()
+                chunk.append(line)
+                chunk_size += len(line)
+            self._append(chunk, chunk_size)
+            written += len(chunk)
+        except OSError as exc:
+            return Written(written, refused, exc)
+        return Written(written, refused)
+
+    def _append(self, chunk: Sequence[bytes], size: int) -> None:
+        """Write whole lines or none: a failed write is cut back to where it started."""
+        if not chunk:
+            return
+        data = memoryview(b"".join(chunk))
+        try:
+            while data:
+                data = data[os.write(self._fd, data) :]
+        except OSError:
+            with contextlib.suppress(OSError):  # not a regular file (/dev/full): nothing to cut
+                os.ftruncate(self._fd, self._size)
+            raise
+        self._size += size
 
     def _rotate(self) -> None:
-        self._file.close()
-        for index in range(self.backups - 1, 0, -1):
-            older = self._backup(index)
-            if older.exists():
-                os.replace(older, self._backup(index + 1))
-        if self.backups:
-            os.replace(self.path, self._backup(1))
-        self._file = open(self.path, "wb")  # noqa: SIM115 - closed by close()
-        self._size = 0
+        """Make room at FILE.1 and move FILE there; a failure loses no backup.
+
+        Only the backups below the first free slot move, so a rotation that fails part-way
+        leaves a gap the next one fills instead of pushing another backup out.
+        """
+        if not self.backups:
+            os.ftruncate(self._fd, 0)
+            self._size = 0
+            return
+        free = next(
+            (n for n in range(1, self.backups) if not self._backup(n).exists()), self.backups
+        )
+        for index in range(free - 1, 0, -1):
+            os.replace(self._backup(index), self._backup(index + 1))
+        os.replace(self.path, self._backup(1))
+        self._close_fd()
+        self._open()
 
     def _backup(self, index: int) -> Path:
         return self.path.with_name(f"{self.path.name}.{index}")
 
     def close(self) -> None:
-        self._file.close()
+        self._close_fd()
 
 
 # -- the recorder ------------------------------------------------------------
 
 
 class Recorder:
-    """A session's CallRecorder writing to a LineSink; use as `async with recorder:`."""
+    """A session's CallRecorder writing to a LineSink; use as `async with recorder:`.
+
+    A failing sink (a full disk, say) is logged once when it starts failing, then summed up
+    every `failure_summary_every` seconds while it lasts, and once more when a write succeeds
+    again; every record lost meanwhile is counted in `dropped`.
+    """
 
     def __init__(
         self,
@@ -242,6 +320,7 @@ class Recorder:
         *,
         queue_size: int = DEFAULT_QUEUE_SIZE,
         flush_timeout: float = 10.0,
+        failure_summary_every: float = FAILURE_SUMMARY_EVERY,
     ) -> None:
         self._sink = sink
         self._queue: asyncio.Queue[CallRecord] = asyncio.Queue(maxsize=queue_size)
@@ -251,6 +330,9 @@ class Recorder:
         #: Records lost: queue full, refused by the file, or a failed write.
         self.dropped = 0
         self._burst = 0  # drops since the queue last had room
+        self._summary_every = failure_summary_every
+        self._failed: int | None = None  # records lost since writes began failing; None: fine
+        self._summary_due = 0.0
 
     def begin(self, method: str, request: Message) -> Call:
         return Call(method, request, self._enqueue)
@@ -283,12 +365,19 @@ class Recorder:
     ) -> None:
         await self.close()
 
+    async def drained(self) -> None:
+        """Wait until every record queued so far is written or counted as dropped."""
+        await self._queue.join()
+
     async def close(self) -> None:
-        """Write what is queued (for at most flush_timeout), then close the file."""
+        """Write what is queued (for at most flush_timeout), then close the file.
+
+        Never raises for the file: a plugin stopping on a full disk still exits cleanly.
+        """
         flushed = True
         try:
             async with asyncio.timeout(self._flush_timeout):
-                await self._queue.join()
+                await self.drained()
         except TimeoutError:
             flushed = False
             self.dropped += self._queue.qsize()
@@ -298,7 +387,10 @@ class Recorder:
             await asyncio.gather(self._writer, return_exceptions=True)
         # A write still stuck in the thread owns the file; the process exit closes it.
         if flushed:
-            await asyncio.to_thread(self._sink.close)
+            try:
+                await asyncio.to_thread(self._sink.close)
+            except OSError as exc:
+                log.error("recording file not closed cleanly", error=str(exc))
         log.info("recording closed", written=self.written, dropped=self.dropped)
 
     async def _write_loop(self) -> None:
@@ -308,21 +400,43 @@ class Recorder:
             while len(batch) < _BATCH and not queue.empty():
                 batch.append(queue.get_nowait())
             try:
-                lost = await asyncio.to_thread(self._write, batch)
+                written = await asyncio.to_thread(self._write, batch)
             finally:
                 for _ in batch:
                     queue.task_done()
-            # Counted here, on the event loop, where _enqueue counts too.
-            self.dropped += lost
-            self.written += len(batch) - lost
+            # Counted and logged here, on the event loop, where _enqueue counts too.
+            self.written += written.lines
+            self.dropped += len(batch) - written.lines
+            if written.refused:
+                log.warning("record larger than the size cap dropped", count=written.refused)
+            self._note_failure(written.error, len(batch) - written.lines - written.refused)
 
-    def _write(self, batch: Sequence[CallRecord]) -> int:
-        """Runs in the writer thread (JSON conversion is the costly part); returns records lost."""
+    def _note_failure(self, error: Exception | None, lost: int) -> None:
+        """Log the start of a spell of failed writes, a summary now and then, and its end."""
+        if error is None:
+            if self._failed is not None:
+                log.warning("recording resumed", lost=self._failed, dropped_total=self.dropped)
+                self._failed = None
+            return
+        now = time.monotonic()
+        if self._failed is None:
+            self._failed = lost
+            self._summary_due = now + self._summary_every
+            log.error(
+                "recording write failed; dropping records until a write succeeds",
+                error=str(error),
+                lost=lost,
+            )
+            return
+        self._failed += lost
+        if now >= self._summary_due:
+            self._summary_due = now + self._summary_every
+            log.error("recording writes still failing", error=str(error), lost=self._failed)
+
+    def _write(self, batch: Sequence[CallRecord]) -> Written:
+        """Runs in the writer thread (JSON conversion is the costly part)."""
         try:
-            refused = self._sink.write([json_line(record_json(record)) for record in batch])
-        except Exception as exc:  # a failing disk costs records, never the plugin
-            log.error("recording write failed", error=str(exc), lost=len(batch))
-            return len(batch)
-        if refused:
-            log.warning("record larger than the size cap dropped", count=refused)
-        return refused
+            lines = [json_line(record_json(record)) for record in batch]
+        except Exception as exc:  # a record that cannot be converted costs itself only
+            return Written(0, 0, exc)
+        return self._sink.write(lines)

@@ -24,7 +24,7 @@ from nri_midbatch.app import App
 from nri_midbatch.cli import _parser
 from nri_midbatch.config import load_config_text
 from nri_midbatch.nri.loopback import LoopbackRuntime, socketpair_streams
-from nri_midbatch.record import Recorder
+from nri_midbatch.record import Recorder, Written
 
 from .nri_fixtures import STEP_TIMEOUT, run
 
@@ -81,8 +81,8 @@ def test_configuration_reference_is_generated_from_the_models() -> None:
 
 
 class _NullSink:
-    def write(self, lines: Sequence[bytes]) -> int:
-        return 0
+    def write(self, lines: Sequence[bytes]) -> Written:
+        return Written(len(lines), 0)
 
     def close(self) -> None:
         pass

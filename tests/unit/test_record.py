@@ -4,7 +4,13 @@ rotation under a size cap."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -24,7 +30,7 @@ from nri_midbatch.config import Config, load_config_text
 from nri_midbatch.nri.loopback import LoopbackRuntime, socketpair_streams
 from nri_midbatch.nri.session import Session
 from nri_midbatch.plugin import MidBatchPlugin
-from nri_midbatch.record import Recorder, RotatingFile, note_decision
+from nri_midbatch.record import Recorder, RotatingFile, Written, note_decision
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.wire.status import Code
 from tests.unit.nri_fixtures import run
@@ -171,11 +177,11 @@ class BlockedSink:
         self.release = threading.Event()
         self.lines: list[bytes] = []
 
-    def write(self, lines: Sequence[bytes]) -> int:
+    def write(self, lines: Sequence[bytes]) -> Written:
         self.entered.set()
         self.release.wait(timeout=10)
         self.lines.extend(lines)
-        return 0
+        return Written(len(lines), 0)
 
     def close(self) -> None:
         pass
@@ -221,12 +227,20 @@ def test_a_full_queue_drops_records_never_events() -> None:
     assert events.count("recording resumed") == 1
 
 
+def write_ok(sink: RotatingFile, lines: Sequence[bytes]) -> int:
+    """Write without an error; returns how many lines were refused."""
+    written = sink.write(lines)
+    assert written.error is None
+    assert written.lines + written.refused == len(lines)
+    return written.refused
+
+
 def test_rotation_keeps_k_backups_under_the_cap(tmp_path: Path) -> None:
     path = tmp_path / "calls.jsonl"
     sink = RotatingFile(path, max_bytes=100, backups=2)
     lines = [f"{n:039d}\n".encode() for n in range(20)]  # 40 bytes each: two per file
     for line in lines:
-        assert sink.write([line]) == 0
+        assert write_ok(sink, [line]) == 0
     sink.close()
     files = [path, path.with_name("calls.jsonl.1"), path.with_name("calls.jsonl.2")]
     assert not path.with_name("calls.jsonl.3").exists()
@@ -243,10 +257,10 @@ def test_rotation_refuses_a_line_over_the_cap_and_appends_to_an_existing_file(
     path = tmp_path / "calls.jsonl"
     path.write_bytes(b"x" * 60 + b"\n")
     sink = RotatingFile(path, max_bytes=100, backups=0)
-    assert sink.write([b"y" * 101 + b"\n", b"z" * 30 + b"\n"]) == 1
+    assert write_ok(sink, [b"y" * 101 + b"\n", b"z" * 30 + b"\n"]) == 1
     assert path.read_bytes() == b"x" * 60 + b"\n" + b"z" * 30 + b"\n"
     # Without backups, rotation starts the file afresh.
-    assert sink.write([b"w" * 50 + b"\n"]) == 0
+    assert write_ok(sink, [b"w" * 50 + b"\n"]) == 0
     sink.close()
     assert path.read_bytes() == b"w" * 50 + b"\n"
     assert list(tmp_path.iterdir()) == [path]
@@ -265,3 +279,190 @@ def test_run_rejects_a_zero_size_cap(capsys: pytest.CaptureFixture[str]) -> None
         main(["run", "--record", "x", "--record-max-bytes", "0"])
     assert exited.value.code == 2
     assert "--record-max-bytes" in capsys.readouterr().err
+
+
+# -- logrotate, full disks ---------------------------------------------------
+
+
+def test_a_recording_renamed_away_is_reopened_at_its_path(tmp_path: Path) -> None:
+    # logrotate without copytruncate: rename the file, and maybe create an empty one.
+    path = tmp_path / "calls.jsonl"
+    sink = RotatingFile(path, max_bytes=1000, backups=2)
+    assert write_ok(sink, [b"first\n"]) == 0
+    path.rename(tmp_path / "calls.jsonl-20261201")
+    assert write_ok(sink, [b"second\n"]) == 0
+    path.rename(tmp_path / "calls.jsonl-20261202")
+    path.write_bytes(b"")  # logrotate's `create`
+    assert write_ok(sink, [b"third\n"]) == 0
+    sink.close()
+    assert (tmp_path / "calls.jsonl-20261201").read_bytes() == b"first\n"
+    assert (tmp_path / "calls.jsonl-20261202").read_bytes() == b"second\n"
+    assert path.read_bytes() == b"third\n"
+
+
+def test_a_rename_before_rotation_loses_no_backup(tmp_path: Path) -> None:
+    path = tmp_path / "calls.jsonl"
+    backups = [path.with_name(f"calls.jsonl.{n}") for n in (1, 2)]
+    for n, backup in enumerate(backups, start=1):
+        backup.write_bytes(f"backup {n}\n".encode())
+    sink = RotatingFile(path, max_bytes=100, backups=3)
+    line = b"x" * 39 + b"\n"
+    assert write_ok(sink, [line, line]) == 0
+    path.rename(tmp_path / "moved.jsonl")
+    for _ in range(2):  # each would take the old file past the cap
+        assert write_ok(sink, [line]) == 0
+    sink.close()
+    assert (tmp_path / "moved.jsonl").read_bytes() == line * 2
+    assert path.read_bytes() == line * 2
+    assert [backup.read_bytes() for backup in backups] == [b"backup 1\n", b"backup 2\n"]
+    assert not path.with_name("calls.jsonl.3").exists()
+
+
+def test_rotation_fills_a_gap_in_the_backups_before_dropping_one(tmp_path: Path) -> None:
+    path = tmp_path / "calls.jsonl"
+    # A rotation that failed half-way (or a backup removed by hand) leaves a gap at .1.
+    path.with_name("calls.jsonl.2").write_bytes(b"two\n")
+    path.with_name("calls.jsonl.3").write_bytes(b"three\n")
+    sink = RotatingFile(path, max_bytes=10, backups=3)
+    assert write_ok(sink, [b"now12345\n", b"next\n"]) == 0
+    sink.close()
+    assert path.read_bytes() == b"next\n"
+    assert path.with_name("calls.jsonl.1").read_bytes() == b"now12345\n"
+    assert path.with_name("calls.jsonl.2").read_bytes() == b"two\n"
+    assert path.with_name("calls.jsonl.3").read_bytes() == b"three\n"
+
+
+def _recorder_logs(logs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [log for log in logs if str(log["event"]).startswith("recording")]
+
+
+def _create_calls(runtime: LoopbackRuntime, count: int) -> Any:
+    pod = batch_pod()
+    create = api.CreateContainerRequest(pod=pod, container=main_container(pod))
+
+    async def calls() -> None:
+        for _ in range(count):
+            await runtime.call("CreateContainer", create, api.CreateContainerResponse)
+
+    return calls()
+
+
+def test_a_full_disk_logs_once_counts_every_drop_and_closes_quietly() -> None:
+    recorder = Recorder(RotatingFile(Path("/dev/full")))
+    calls = 400
+
+    async def scenario() -> list[dict[str, Any]]:
+        with capture_logs() as logs:
+            async with recorded_plugin(recorder) as runtime:
+                await runtime.start()
+                await _create_calls(runtime, calls)
+        return logs
+
+    logs = run(scenario(), timeout=30.0)
+    assert recorder.written == 0
+    assert recorder.dropped == 2 + calls
+    recording_logs = _recorder_logs(logs)
+    failures = [log for log in recording_logs if log["log_level"] == "error"]
+    assert len(failures) == 1, failures
+    assert "No space left on device" in failures[0]["error"]
+    # The first failure, at most a summary, and the closing line: not one line per event.
+    assert len(recording_logs) <= 4, recording_logs
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 64 KiB tmpfs, unmounted afterwards; needs root."""
+    mount_point = tmp_path / "small"
+    mount_point.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "recording-test", str(mount_point)], check=True
+    )
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=True)
+
+
+def _fill(path: Path) -> None:
+    with path.open("wb", buffering=0) as filler:
+        try:
+            while True:
+                filler.write(b"f" * 4096)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+        try:
+            while True:
+                filler.write(b"f")
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+
+
+def test_recording_resumes_with_whole_lines_when_space_returns(small_fs: Path) -> None:
+    path = small_fs / "calls.jsonl"
+    recorder = Recorder(RotatingFile(path))
+    filler = small_fs / "filler"
+
+    async def scenario() -> list[dict[str, Any]]:
+        with capture_logs() as logs:
+            async with recorded_plugin(recorder) as runtime:
+                await runtime.start()
+                await recorder.drained()
+                _fill(filler)
+                await _create_calls(runtime, 300)
+                await recorder.drained()
+                dropped_while_full = recorder.dropped
+                filler.unlink()
+                await _create_calls(runtime, 5)
+        assert dropped_while_full >= 250  # the last page of the file still takes a few
+        return logs
+
+    logs = run(scenario(), timeout=30.0)
+    events = [log["event"] for log in _recorder_logs(logs)]
+    assert len(events) <= 5, events
+    assert "recording resumed" in events
+    # Every line in the file is whole, and each written record is there once.
+    lines = read_lines(path)
+    assert len(lines) == recorder.written
+    assert [line["method"] for line in lines[:2]] == ["Configure", "Synchronize"]
+    assert [line["method"] for line in lines[-5:]] == ["CreateContainer"] * 5
+    assert recorder.written + recorder.dropped == 2 + 300 + 5
+
+
+def test_sigterm_with_the_recording_disk_full_exits_0(tmp_path: Path) -> None:
+    plugin_end, runtime_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    fd = plugin_end.fileno()
+    log_file = tmp_path / "plugin.log"
+    command = [str(Path(sys.executable).parent / "nri-midbatch"), "run", "--record", "/dev/full"]
+    process = subprocess.Popen(
+        [*command, "--metrics-address", "", "--log-file", str(log_file)],
+        env={"NRI_PLUGIN_NAME": "midbatch", "NRI_PLUGIN_IDX": "10", "NRI_PLUGIN_SOCKET": str(fd)},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        pass_fds=[fd],
+    )
+    plugin_end.close()
+
+    async def scenario() -> None:
+        reader, writer = await asyncio.open_unix_connection(sock=runtime_end)
+        runtime = LoopbackRuntime(reader, writer)
+        await runtime.start(registration_timeout=4.0)
+        await _create_calls(runtime, 20)
+        process.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(process.wait, 5.0)
+        await runtime.close()
+
+    try:
+        run(scenario(), timeout=10.0)
+        _, stderr = process.communicate(timeout=5.0)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert b"Traceback" not in stderr, stderr.decode()
+    assert process.returncode == 0
+    logged = log_file.read_text()
+    assert "Traceback" not in logged
+    assert logged.count("recording write failed") == 1
