@@ -126,6 +126,12 @@ def _parser() -> argparse.ArgumentParser:
         help="keep FILE.1 .. FILE.K when rotating (default %(default)s)",
     )
 
+    run.add_argument(
+        "--record-raw",
+        action="store_true",
+        help="record environment values and mount sources as they are (default: redacted)",
+    )
+
     check = commands.add_parser("check-config", help="validate a configuration file")
     check.add_argument("file", metavar="FILE")
 
@@ -264,7 +270,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         except OSError as exc:
             print(f"nri-midbatch: {args.record}: {exc.strerror or exc}", file=sys.stderr)
             return 2
-        recorder = Recorder(sink)
+        recorder = Recorder(sink, raw=args.record_raw)
 
     def make_app(metrics_address: str | None) -> App:
         return App(

@@ -12,7 +12,8 @@ file rotates at a size cap so a long recording cannot fill the disk.
 One line per call:
     {"v": 1, "ts": RFC 3339 UTC, "method": "...", "request": {...}, "response": {...} | null,
      "error": {"code": int, "message": str} | null, "decisions": [{...}, ...]}
-with request and response as protobuf JSON (`MessageToDict`, proto field names).
+with request and response as protobuf JSON (`MessageToDict`, proto field names), environment
+values and mount sources replaced by "<redacted>" unless the recorder is raw.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import structlog
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
+from nri_midbatch.api import nri_pb2
 from nri_midbatch.policy import CgroupValues, ContainerView, Decision, PodView, render
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.wire.status import Code
@@ -119,6 +121,82 @@ def message_json(message: Message) -> dict[str, Any]:
     return MessageToDict(message, preserving_proto_field_name=True)
 
 
+# -- redaction ---------------------------------------------------------------
+
+REDACTED = "<redacted>"
+
+
+def _redact_env(entries: list[str]) -> list[str]:
+    """ "KEY=VALUE" -> "KEY=<redacted>"; an entry without "=" is only a key."""
+    return [
+        f"{key}={REDACTED}" if sep else key
+        for key, sep, _ in (entry.partition("=") for entry in entries)
+    ]
+
+
+def _redact_key_values(pairs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{**pair, "value": REDACTED} if "value" in pair else pair for pair in pairs]
+
+
+def _redact_value(_value: object) -> str:
+    return REDACTED
+
+
+_PACKAGE = "nri.pkg.api.v1alpha1"
+#: (message, field) -> how its JSON value is redacted: what a container is started with that
+#: may carry secrets and that no decision reads.
+_REDACT: dict[tuple[str, str], Callable[[Any], Any]] = {
+    (f"{_PACKAGE}.Container", "env"): _redact_env,
+    (f"{_PACKAGE}.Hook", "env"): _redact_env,
+    (f"{_PACKAGE}.ContainerAdjustment", "env"): _redact_key_values,
+    (f"{_PACKAGE}.Mount", "source"): _redact_value,
+}
+
+
+def _holding_secrets() -> frozenset[str]:
+    """The message types that hold a redacted field, directly or through their fields."""
+    holders = {message for message, _ in _REDACT}
+    messages = list(nri_pb2.DESCRIPTOR.message_types_by_name.values())
+    grew = True
+    while grew:  # a fixpoint: the NRI types are few and not recursive
+        grew = False
+        for message in messages:
+            if message.full_name not in holders and any(
+                field.message_type is not None and field.message_type.full_name in holders
+                for field in message.fields
+            ):
+                holders.add(message.full_name)
+                grew = True
+    return frozenset(holders)
+
+
+_HOLDING_SECRETS = _holding_secrets()
+
+
+def redacted_json(message: Message) -> dict[str, Any]:
+    """message_json with environment values and mount sources replaced by REDACTED."""
+    document = message_json(message)
+    _redact(message, document)
+    return document
+
+
+def _redact(message: Message, document: dict[str, Any]) -> None:
+    owner = message.DESCRIPTOR.full_name
+    for field, value in message.ListFields():
+        redact = _REDACT.get((owner, field.name))
+        if redact is not None:
+            document[field.name] = redact(document[field.name])
+            continue
+        nested = field.message_type
+        if nested is None or nested.full_name not in _HOLDING_SECRETS:
+            continue
+        if field.is_repeated:
+            for item, item_document in zip(value, document[field.name], strict=True):
+                _redact(item, item_document)
+        else:
+            _redact(value, document[field.name])
+
+
 def values_json(values: CgroupValues | None) -> dict[str, int] | None:
     if values is None:
         return None
@@ -153,14 +231,16 @@ def rfc3339(timestamp: float) -> str:
     return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
-def record_json(record: CallRecord) -> dict[str, Any]:
+def record_json(record: CallRecord, *, raw: bool = False) -> dict[str, Any]:
+    """The record's line; raw keeps environment values and mount sources."""
     error = record.error
+    as_json = message_json if raw else redacted_json
     return {
         "v": RECORD_VERSION,
         "ts": rfc3339(record.started),
         "method": record.method,
-        "request": message_json(record.request),
-        "response": None if record.response is None else message_json(record.response),
+        "request": as_json(record.request),
+        "response": None if record.response is None else as_json(record.response),
         "error": None if error is None else {"code": error[0], "message": error[1]},
         "decisions": [decision_json(noted) for noted in record.decisions],
     }
@@ -321,8 +401,10 @@ class Recorder:
         queue_size: int = DEFAULT_QUEUE_SIZE,
         flush_timeout: float = 10.0,
         failure_summary_every: float = FAILURE_SUMMARY_EVERY,
+        raw: bool = False,
     ) -> None:
         self._sink = sink
+        self._raw = raw
         self._queue: asyncio.Queue[CallRecord] = asyncio.Queue(maxsize=queue_size)
         self._flush_timeout = flush_timeout
         self._writer: asyncio.Task[None] | None = None
@@ -436,7 +518,7 @@ class Recorder:
     def _write(self, batch: Sequence[CallRecord]) -> Written:
         """Runs in the writer thread (JSON conversion is the costly part)."""
         try:
-            lines = [json_line(record_json(record)) for record in batch]
+            lines = [json_line(record_json(record, raw=self._raw)) for record in batch]
         except Exception as exc:  # a record that cannot be converted costs itself only
             return Written(0, 0, exc)
         return self._sink.write(lines)

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
@@ -31,6 +31,7 @@ from nri_midbatch.nri.loopback import LoopbackRuntime, socketpair_streams
 from nri_midbatch.nri.session import Session
 from nri_midbatch.plugin import MidBatchPlugin
 from nri_midbatch.record import Recorder, RotatingFile, Written, note_decision
+from nri_midbatch.replay import load_recording, replay
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.wire.status import Code
 from tests.unit.nri_fixtures import run
@@ -430,11 +431,17 @@ def test_recording_resumes_with_whole_lines_when_space_returns(small_fs: Path) -
     assert recorder.written + recorder.dropped == 2 + 300 + 5
 
 
-def test_sigterm_with_the_recording_disk_full_exits_0(tmp_path: Path) -> None:
+def run_plugin_process(
+    tmp_path: Path, args: Sequence[str], scenario: Callable[[LoopbackRuntime], Awaitable[None]]
+) -> tuple[int, bytes, str]:
+    """A pre-launched `nri-midbatch run ARGS` through the scenario, then SIGTERM.
+
+    Returns the exit status, stderr and the plugin's log.
+    """
     plugin_end, runtime_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     fd = plugin_end.fileno()
     log_file = tmp_path / "plugin.log"
-    command = [str(Path(sys.executable).parent / "nri-midbatch"), "run", "--record", "/dev/full"]
+    command = [str(Path(sys.executable).parent / "nri-midbatch"), "run", *args]
     process = subprocess.Popen(
         [*command, "--metrics-address", "", "--log-file", str(log_file)],
         env={"NRI_PLUGIN_NAME": "midbatch", "NRI_PLUGIN_IDX": "10", "NRI_PLUGIN_SOCKET": str(fd)},
@@ -445,24 +452,132 @@ def test_sigterm_with_the_recording_disk_full_exits_0(tmp_path: Path) -> None:
     )
     plugin_end.close()
 
-    async def scenario() -> None:
+    async def drive() -> None:
         reader, writer = await asyncio.open_unix_connection(sock=runtime_end)
         runtime = LoopbackRuntime(reader, writer)
-        await runtime.start(registration_timeout=4.0)
-        await _create_calls(runtime, 20)
+        await scenario(runtime)
         process.send_signal(signal.SIGTERM)
         await asyncio.to_thread(process.wait, 5.0)
         await runtime.close()
 
     try:
-        run(scenario(), timeout=10.0)
+        run(drive(), timeout=10.0)
         _, stderr = process.communicate(timeout=5.0)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
+    return process.returncode, stderr, log_file.read_text()
+
+
+def test_sigterm_with_the_recording_disk_full_exits_0(tmp_path: Path) -> None:
+    async def scenario(runtime: LoopbackRuntime) -> None:
+        await runtime.start(registration_timeout=4.0)
+        await _create_calls(runtime, 20)
+
+    status, stderr, logged = run_plugin_process(tmp_path, ["--record", "/dev/full"], scenario)
     assert b"Traceback" not in stderr, stderr.decode()
-    assert process.returncode == 0
-    logged = log_file.read_text()
+    assert status == 0
     assert "Traceback" not in logged
     assert logged.count("recording write failed") == 1
+
+
+# -- redaction ---------------------------------------------------------------
+
+SECRETS = ("hunter2-db-password", "s3cr3t-token-value", "/var/lib/secret-volume-7f3a", "hook-key")
+
+
+def secret_container(pod: api.PodSandbox) -> api.Container:
+    return api.Container(
+        id=f"ctr-{pod.name}",
+        pod_sandbox_id=pod.id,
+        name="main",
+        env=["PATH=/usr/bin", "DB_PASSWORD=hunter2-db-password", "TOKEN=s3cr3t-token-value"],
+        mounts=[
+            api.Mount(destination="/etc/creds", type="bind", source="/var/lib/secret-volume-7f3a")
+        ],
+        hooks=api.Hooks(prestart=[api.Hook(path="/bin/hook", env=["HOOK_KEY=hook-key"])]),
+    )
+
+
+def record_secrets(path: Path, *, raw: bool) -> api.CreateContainerResponse:
+    pod = batch_pod()
+    container = secret_container(pod)
+
+    async def scenario() -> api.CreateContainerResponse:
+        async with recorded_plugin(Recorder(RotatingFile(path), raw=raw)) as runtime:
+            await runtime.start(pods=[pod], containers=[container])
+            await runtime.call(
+                "UpdateContainer",
+                api.UpdateContainerRequest(pod=pod, container=container),
+                api.UpdateContainerResponse,
+            )
+            return await runtime.call(
+                "CreateContainer",
+                api.CreateContainerRequest(pod=pod, container=container),
+                api.CreateContainerResponse,
+            )
+
+    return run(scenario())
+
+
+def test_recordings_keep_environment_keys_but_no_values_or_mount_sources(tmp_path: Path) -> None:
+    path = tmp_path / "calls.jsonl"
+    record_secrets(path, raw=False)
+    recorded = path.read_bytes()
+    for secret in SECRETS:
+        assert secret.encode() not in recorded
+    lines = read_lines(path)
+    assert [line["method"] for line in lines] == [
+        "Configure",
+        "Synchronize",
+        "UpdateContainer",
+        "CreateContainer",
+    ]
+    for container in (
+        lines[1]["request"]["containers"][0],
+        lines[2]["request"]["container"],
+        lines[3]["request"]["container"],
+    ):
+        assert container["env"] == ["PATH=<redacted>", "DB_PASSWORD=<redacted>", "TOKEN=<redacted>"]
+        assert container["mounts"] == [
+            {"destination": "/etc/creds", "type": "bind", "source": "<redacted>"}
+        ]
+        assert container["hooks"]["prestart"][0]["env"] == ["HOOK_KEY=<redacted>"]
+    # What the decisions rest on is all there.
+    assert lines[3]["request"]["pod"]["annotations"] == batch_pod().annotations
+
+
+def test_record_raw_keeps_the_values(tmp_path: Path) -> None:
+    path = tmp_path / "calls.jsonl"
+    record_secrets(path, raw=True)
+    recorded = path.read_bytes()
+    for secret in SECRETS:
+        assert secret.encode() in recorded
+
+
+def test_a_redacted_recording_replays_to_its_own_replies(tmp_path: Path) -> None:
+    path = tmp_path / "calls.jsonl"
+    reply = record_secrets(path, raw=False)
+    assert reply.adjust.linux.resources.cpu.shares.value == 512
+    entries, problems = load_recording(path)
+    assert problems == []
+    outcomes = replay(entries, Config(), runtime_config=True, via_socket=False)
+    assert [outcome.response_changed for outcome in outcomes] == [False] * 4
+    assert outcomes[-1].response == reply
+
+
+@pytest.mark.parametrize("raw", [False, True], ids=["default", "--record-raw"])
+def test_run_records_redacted_unless_asked_for_raw(tmp_path: Path, raw: bool) -> None:
+    path = tmp_path / "calls.jsonl"
+    pod = batch_pod()
+
+    async def scenario(runtime: LoopbackRuntime) -> None:
+        await runtime.start(pods=[pod], containers=[secret_container(pod)])
+
+    args = ["--record", str(path), *(["--record-raw"] if raw else [])]
+    status, _, _ = run_plugin_process(tmp_path, args, scenario)
+    assert status == 0
+    recorded = path.read_bytes()
+    assert b'"containers":[' in recorded
+    assert all((secret.encode() in recorded) == raw for secret in SECRETS)
