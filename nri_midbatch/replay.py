@@ -5,8 +5,10 @@ in process, straight into the Session's Plugin service; or `via_socket`, from a 
 over a socket pair, through the same mux and ttrpc code a runtime talks to. The plugin runs in
 dry-run mode, so pod-level cgroup values are decided and reported, never written.
 
-A line that cannot be replayed (bad JSON, unknown method, protobuf JSON that does not parse) is
-reported with its file and line and skipped; the rest still replays. Lines are read by their
+A line that cannot be replayed (bad JSON, unknown method, protobuf JSON that does not parse,
+longer than MAX_LINE_BYTES, nested deeper than MAX_NESTING, a request too large for ttrpc) is
+reported with its file and line and skipped; the rest still replays. Lines are read, replayed
+and reported one at a time, so memory does not grow with the recording. Lines are read by their
 format version `v` (absent: 1); unknown keys and unknown protobuf fields are ignored, so older
 recordings keep replaying.
 
@@ -18,12 +20,22 @@ ignored). Responses are compared as serialized protobuf.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import difflib
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 from google.protobuf.json_format import ParseDict, ParseError
 from google.protobuf.message import Message
@@ -52,6 +64,7 @@ from nri_midbatch.record import (
 )
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.rpc.service import CallContext
+from nri_midbatch.wire.ttrpc import MESSAGE_LENGTH_MAX
 
 #: Plugin-service method -> (request type, response type), from the NRI proto itself.
 PLUGIN_METHODS: Mapping[str, tuple[type[Message], type[Message]]] = {
@@ -64,6 +77,15 @@ PLUGIN_METHODS: Mapping[str, tuple[type[Message], type[Message]]] = {
 SYNTHETIC_CONFIGURE = api.ConfigureRequest(runtime_name="replay", runtime_version="v0.0.0")
 
 REGISTRATION_WAIT = 5.0
+
+#: The longest recording or golden line read; a longer one is skipped without being held.
+MAX_LINE_BYTES = 16 << 20
+#: The deepest JSON nesting of a line; NRI's deepest message needs about a dozen levels.
+MAX_NESTING = 64
+#: The largest request replayed: what fits in a ttrpc message with its envelope (service and
+#: method names, a timeout), which a runtime cannot exceed either.
+MAX_REQUEST_BYTES = MESSAGE_LENGTH_MAX - 1024
+_REASON_MAX = 200
 
 Status = tuple[int, str]
 
@@ -98,33 +120,74 @@ class Entry:
 # -- reading -------------------------------------------------------------------
 
 
-def read_lines(path: Path) -> Iterator[tuple[int, dict[str, Any] | LineError]]:
-    """(line number, JSON object or why not) for every non-blank line."""
-    with path.open(encoding="utf-8", errors="replace") as lines:
-        for number, text in enumerate(lines, start=1):
-            if not text.strip():
-                continue
-            try:
-                document = json.loads(text)
-            except ValueError as exc:
-                yield number, LineError(f"not valid JSON: {exc}")
-                continue
-            if not isinstance(document, dict):
-                yield number, LineError("not a JSON object")
-                continue
-            yield number, document
+def read_lines(lines: BinaryIO) -> Iterator[tuple[int, dict[str, Any] | LineError]]:
+    """(line number, JSON object or why not) for every non-blank line.
+
+    A line over MAX_LINE_BYTES is skipped without being held, and JSON nested deeper than
+    MAX_NESTING is refused, so no line can exhaust memory or the stack.
+    """
+    number = 0
+    while raw := lines.readline(MAX_LINE_BYTES + 1):
+        number += 1
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            while (rest := lines.readline(1 << 20)) and not rest.endswith(b"\n"):
+                pass
+            yield number, LineError(f"longer than {MAX_LINE_BYTES} bytes")
+            continue
+        text = raw.decode("utf-8", errors="replace")
+        if text.strip():
+            yield number, _parse_line(text)
+
+
+def _parse_line(text: str) -> dict[str, Any] | LineError:
+    try:
+        document = json.loads(text)
+    except RecursionError:
+        return LineError(f"nested deeper than {MAX_NESTING} levels")
+    except ValueError as exc:
+        return LineError(f"not valid JSON: {exc}")
+    if _too_deep(document):
+        return LineError(f"nested deeper than {MAX_NESTING} levels")
+    if not isinstance(document, dict):
+        return LineError("not a JSON object")
+    return document
+
+
+def _too_deep(document: object) -> bool:
+    stack: list[tuple[Any, int]] = [(document, 1)] if isinstance(document, dict | list) else []
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node
+        for child in children:
+            if isinstance(child, dict | list):
+                if depth >= MAX_NESTING:
+                    return True
+                stack.append((child, depth + 1))
+    return False
+
+
+def read_recording(lines: BinaryIO, name: str) -> Iterator[Entry | Problem]:
+    """Each line of a recording, as an entry to replay or the problem that keeps it out."""
+    for number, document in read_lines(lines):
+        try:
+            if isinstance(document, LineError):
+                raise document
+            entry = parse_entry(number, document)
+        except LineError as exc:
+            yield Problem(name, number, str(exc))
+            continue
+        yield entry
 
 
 def load_recording(path: Path) -> tuple[list[Entry], list[Problem]]:
     entries: list[Entry] = []
     problems: list[Problem] = []
-    for number, document in read_lines(path):
-        try:
-            if isinstance(document, LineError):
-                raise document
-            entries.append(parse_entry(number, document))
-        except LineError as exc:
-            problems.append(Problem(str(path), number, str(exc)))
+    with path.open("rb") as lines:
+        for item in read_recording(lines, str(path)):
+            if isinstance(item, Problem):
+                problems.append(item)
+            else:
+                entries.append(item)
     return entries, problems
 
 
@@ -145,10 +208,17 @@ def parse_entry(number: int, document: Mapping[str, Any]) -> Entry:
         isinstance(decisions, list) and all(isinstance(d, dict) for d in decisions)
     ):
         raise LineError("decisions must be a list of objects")
+    request = _message(document["request"], request_type, "request")
+    size = request.ByteSize()
+    if size > MAX_REQUEST_BYTES:
+        raise LineError(
+            f"request is {size} bytes, over ttrpc's message limit ({MAX_REQUEST_BYTES} for a "
+            "request): no runtime can have sent it"
+        )
     return Entry(
         line=number,
         method=method,
-        request=_message(document["request"], request_type, "request"),
+        request=request,
         response=None
         if document.get("response") is None
         else _message(document["response"], response_type, "response"),
@@ -163,7 +233,10 @@ def _message(value: object, message_type: type[Message], what: str) -> Message:
     try:
         return ParseDict(value, message_type(), ignore_unknown_fields=True)
     except ParseError as exc:
-        raise LineError(f"{what} is not a valid {message_type.__name__}: {exc}") from None
+        reason = str(exc)
+        if len(reason) > _REASON_MAX:  # the reason can quote the value, of any size
+            reason = reason[:_REASON_MAX] + "..."
+        raise LineError(f"{what} is not a valid {message_type.__name__}: {reason}") from None
 
 
 def _status(value: object) -> Status | None:
@@ -200,44 +273,71 @@ def _wire(message: Message | None) -> bytes | None:
 
 
 class _Collector:
-    """The replay's CallRecorder: keeps each call's decisions in memory."""
+    """The replay's CallRecorder: holds the records of the call being replayed."""
 
     def __init__(self) -> None:
-        self.records: list[CallRecord] = []
+        self._records: list[CallRecord] = []
 
     def begin(self, method: str, request: Message) -> Call:
-        return Call(method, request, self.records.append)
+        return Call(method, request, self._records.append)
+
+    def take(self) -> list[CallRecord]:
+        records, self._records = self._records, []
+        return records
+
+
+Reply = tuple[Message | None, Status | None]
+Caller = Callable[[str, Message], Awaitable[Reply]]
 
 
 def replay(
-    entries: Sequence[Entry], config: Config, *, runtime_config: bool, via_socket: bool
+    entries: Iterable[Entry], config: Config, *, runtime_config: bool, via_socket: bool
 ) -> list[Outcome]:
     """Replay the entries through a fresh plugin.
 
     runtime_config: apply the config string of recorded Configure requests, as the plugin would
     have; false when the caller's configuration must stand.
     """
-    return asyncio.run(_replay(entries, config, runtime_config, via_socket))
+    outcomes: list[Outcome] = []
+
+    def keep(item: Outcome | Problem) -> None:
+        if isinstance(item, Outcome):
+            outcomes.append(item)
+
+    asyncio.run(replay_each(entries, config, keep, runtime_config, via_socket))
+    return outcomes
 
 
-async def _replay(
-    entries: Sequence[Entry], config: Config, runtime_config: bool, via_socket: bool
-) -> list[Outcome]:
+async def replay_each(
+    items: Iterable[Entry | Problem],
+    config: Config,
+    report: Callable[[Outcome | Problem], None],
+    runtime_config: bool,
+    via_socket: bool,
+) -> None:
+    """Replay each entry in turn and hand its outcome (or a problem, as met) to report.
+
+    Nothing of a call is kept once it is reported, so memory stays flat in the length of
+    the recording.
+    """
     collector = _Collector()
     plugin = MidBatchPlugin(config, dry_run=True, on_decision=note_decision)
     session = Session(plugin, "midbatch", "10", recorders=(collector,))
-    calls = [(entry.method, _request(entry, runtime_config)) for entry in entries]
-    if not entries or entries[0].method != "Configure":
-        calls.insert(0, ("Configure", SYNTHETIC_CONFIGURE))
     drive = _through_socket if via_socket else _in_process
-    replies = await drive(session, calls, collector)
-    await plugin.after_reply.settle()
-    synthetic = len(calls) - len(entries)
-    outcomes = []
-    for entry, (response, error, records) in zip(entries, replies[synthetic:], strict=True):
-        decisions = tuple(d for record in records for d in record.decisions)
-        outcomes.append(Outcome(entry, response, error, decisions))
-    return outcomes
+    async with drive(session) as call:
+        configured = False
+        for item in items:
+            if isinstance(item, Problem):
+                report(item)
+                continue
+            if not configured and item.method != "Configure":
+                await call("Configure", SYNTHETIC_CONFIGURE)
+                collector.take()
+            configured = True
+            response, error = await call(item.method, _request(item, runtime_config))
+            decisions = tuple(d for record in collector.take() for d in record.decisions)
+            report(Outcome(item, response, error, decisions))
+        await plugin.after_reply.settle()
 
 
 def _request(entry: Entry, runtime_config: bool) -> Message:
@@ -249,50 +349,41 @@ def _request(entry: Entry, runtime_config: bool) -> Message:
     return request
 
 
-Reply = tuple[Message | None, Status | None, list[CallRecord]]
-
-
-async def _in_process(
-    session: Session, calls: Sequence[tuple[str, Message]], collector: _Collector
-) -> list[Reply]:
+@asynccontextmanager
+async def _in_process(session: Session) -> AsyncIterator[Caller]:
     service = session.service()
-    replies: list[Reply] = []
-    for method, request in calls:
+
+    async def call(method: str, request: Message) -> Reply:
         handler = service.methods[method].handler
         context = CallContext(PLUGIN_SERVICE, method, 0, None)
-        seen = len(collector.records)
         try:
             # A task per call, as the connection runs them: each call gets its own context.
-            response = await asyncio.ensure_future(handler(request, context))
-            replies.append((response, None, collector.records[seen:]))
+            return await asyncio.ensure_future(handler(request, context)), None
         except Exception as exc:
-            replies.append((None, error_status(exc), collector.records[seen:]))
-    return replies
+            return None, error_status(exc)
+
+    yield call
 
 
-async def _through_socket(
-    session: Session, calls: Sequence[tuple[str, Message]], collector: _Collector
-) -> list[Reply]:
+@asynccontextmanager
+async def _through_socket(session: Session) -> AsyncIterator[Caller]:
     (plugin_reader, plugin_writer), (runtime_reader, runtime_writer) = await socketpair_streams()
     serving = asyncio.create_task(session.run(plugin_reader, plugin_writer))
     runtime = LoopbackRuntime(runtime_reader, runtime_writer)
-    replies: list[Reply] = []
+
+    async def call(method: str, request: Message) -> Reply:
+        try:
+            return await runtime.call(method, request, PLUGIN_METHODS[method][1]), None
+        except RpcError as exc:
+            return None, (int(exc.code), exc.message)
+
     try:
         async with asyncio.timeout(REGISTRATION_WAIT):
             await runtime.record.registered.wait()
-        for method, request in calls:
-            seen = len(collector.records)
-            response_type = PLUGIN_METHODS[method][1]
-            try:
-                response = await runtime.call(method, request, response_type)
-            except RpcError as exc:
-                replies.append((None, (int(exc.code), exc.message), collector.records[seen:]))
-            else:
-                replies.append((response, None, collector.records[seen:]))
+        yield call
     finally:
         await runtime.close()
         await asyncio.gather(serving, return_exceptions=True)
-    return replies
 
 
 # -- comparing -----------------------------------------------------------------
@@ -419,25 +510,6 @@ _HEADER = (
 )
 
 
-def render_table(outcomes: Sequence[Outcome]) -> str:
-    table: list[tuple[str, ...]] = [_HEADER]
-    for outcome in outcomes:
-        call_rows = rows(outcome)
-        for row in call_rows:
-            table.append(_table_row(row))
-        if outcome.error is not None:
-            code, message = outcome.error
-            table.append(_call_row(outcome, f"error {code}: {message}"))
-        elif not call_rows and outcome.response_changed:
-            table.append(_call_row(outcome, "reply differs from the recording"))
-    widths = [max(len(cells[i]) for cells in table) for i in range(len(table[0]))]
-    lines = [
-        "  ".join(cell.ljust(w) for cell, w in zip(cells, widths, strict=True)).rstrip()
-        for cells in table
-    ]
-    return "\n".join(lines) + "\n"
-
-
 def method_label(entry: Entry) -> str:
     """The method, with the event a StateChange carries (NRI before v0.12 sends events so)."""
     request = entry.request
@@ -488,16 +560,14 @@ def _call_row(outcome: Outcome, note: str) -> tuple[str, ...]:
     return (str(entry.line), method_label(entry), "-", "-", "-", "-", "-", "-", "-", change, note)
 
 
-def summary(outcomes: Sequence[Outcome], problems: Sequence[Problem]) -> dict[str, int]:
-    all_rows = [row for outcome in outcomes for row in rows(outcome)]
-    return {
-        "calls": len(outcomes),
-        "malformed_lines": len(problems),
-        "replies_changed": sum(1 for o in outcomes if o.response_changed),
-        "errors": sum(1 for o in outcomes if o.error is not None),
-        "containers_changed": sum(1 for r in all_rows if r.changed and r.noted.container),
-        "pods_changed": sum(1 for r in all_rows if r.changed and r.noted.container is None),
-    }
+SUMMARY_KEYS = (
+    "calls",
+    "malformed_lines",
+    "replies_changed",
+    "errors",
+    "containers_changed",
+    "pods_changed",
+)
 
 
 def summary_text(counts: Mapping[str, int]) -> str:
@@ -509,37 +579,25 @@ def summary_text(counts: Mapping[str, int]) -> str:
     )
 
 
-def render_json(
-    outcomes: Sequence[Outcome], problems: Sequence[Problem], *, via_socket: bool
-) -> str:
-    calls = []
-    for outcome in outcomes:
-        entry = outcome.entry
-        decisions = []
-        for row in rows(outcome):
-            document = decision_json(row.noted)
-            document["recorded_values"] = values_json(row.recorded) if row.comparable else None
-            document["sent_values"] = values_json(row.now)
-            document["changed"] = row.changed if row.comparable else None
-            decisions.append(document)
-        calls.append(
-            {
-                "line": entry.line,
-                "method": entry.method,
-                "response": None if outcome.response is None else message_json(outcome.response),
-                "error": _status_json(outcome.error),
-                "recorded_error": _status_json(entry.error),
-                "response_changed": outcome.response_changed,
-                "decisions": decisions,
-            }
-        )
-    document = {
-        "mode": "socket" if via_socket else "in-process",
-        "calls": calls,
-        "problems": [{"line": p.line, "message": p.message} for p in problems],
-        "summary": summary(outcomes, problems),
+def call_json(outcome: Outcome, call_rows: Sequence[Row]) -> dict[str, Any]:
+    """One call of `--format json`."""
+    entry = outcome.entry
+    decisions = []
+    for row in call_rows:
+        document = decision_json(row.noted)
+        document["recorded_values"] = values_json(row.recorded) if row.comparable else None
+        document["sent_values"] = values_json(row.now)
+        document["changed"] = row.changed if row.comparable else None
+        decisions.append(document)
+    return {
+        "line": entry.line,
+        "method": entry.method,
+        "response": None if outcome.response is None else message_json(outcome.response),
+        "error": _status_json(outcome.error),
+        "recorded_error": _status_json(entry.error),
+        "response_changed": outcome.response_changed,
+        "decisions": decisions,
     }
-    return json.dumps(document, indent=2) + "\n"
 
 
 def _status_json(status: Status | None) -> dict[str, Any] | None:
@@ -579,39 +637,6 @@ class _Reply:
         )
 
 
-def compare_expected(path: Path, outcomes: Sequence[Outcome]) -> tuple[list[Problem], str]:
-    """Problems reading the golden file, and a unified diff; both empty when the replies match.
-
-    Each differing call gets a diff of its own, named by its position and recording line.
-    """
-    expected: list[_Reply] = []
-    problems: list[Problem] = []
-    for number, document in read_lines(path):
-        try:
-            if isinstance(document, LineError):
-                raise document
-            expected.append(_parse_expected(document))
-        except LineError as exc:
-            problems.append(Problem(str(path), number, str(exc)))
-    replayed = [_Reply(o.entry.method, o.response, o.error) for o in outcomes]
-    diffs = []
-    for index in range(max(len(expected), len(replayed))):
-        want = expected[index] if index < len(expected) else None
-        got = replayed[index] if index < len(replayed) else None
-        if want is not None and got is not None and want.same(got):
-            continue
-        where = f"call {index + 1}"
-        line = f", recording line {outcomes[index].entry.line}" if got is not None else ""
-        diff = difflib.unified_diff(
-            _canonical(want),
-            _canonical(got),
-            fromfile=f"{path} ({where}: {want.method if want else 'missing'})",
-            tofile=f"replay ({where}: {got.method if got else 'missing'}{line})",
-        )
-        diffs.append("".join(diff))
-    return problems, "".join(diffs)
-
-
 def _parse_expected(document: Mapping[str, Any]) -> _Reply:
     method = document.get("method")
     if not isinstance(method, str) or method not in PLUGIN_METHODS:
@@ -636,12 +661,204 @@ def _canonical(reply: _Reply | None) -> list[str]:
     return [f"{line}\n" for line in json.dumps(document, indent=2, sort_keys=True).split("\n")]
 
 
+class GoldenComparison:
+    """Compares each reply with the next one of a golden file, as the replies come.
+
+    Golden lines that cannot be read are reported on `err` and skipped. Each differing call
+    gets a unified diff of its own on `err`, named by its position and recording line.
+    """
+
+    def __init__(self, lines: BinaryIO, name: str, err: TextIO) -> None:
+        self._golden = read_lines(lines)
+        self._name = name
+        self._err = err
+        self._calls = 0
+        self.differs = False
+
+    def add(self, outcome: Outcome) -> None:
+        self._calls += 1
+        want = self._next()
+        got = _Reply(outcome.entry.method, outcome.response, outcome.error)
+        if want is None or not want.same(got):
+            self._diff(want, got, outcome.entry.line)
+
+    def finish(self) -> None:
+        """Golden replies left over when the recording is done differ too."""
+        while (want := self._next()) is not None:
+            self._calls += 1
+            self._diff(want, None, None)
+
+    def _next(self) -> _Reply | None:
+        for number, document in self._golden:
+            try:
+                if isinstance(document, LineError):
+                    raise document
+                return _parse_expected(document)
+            except LineError as exc:
+                self._err.write(f"{Problem(self._name, number, str(exc))}\n")
+        return None
+
+    def _diff(self, want: _Reply | None, got: _Reply | None, line: int | None) -> None:
+        if not self.differs:
+            self._err.write(f"replies differ from {self._name}:\n")
+            self.differs = True
+        where = f"call {self._calls}"
+        at = "" if line is None else f", recording line {line}"
+        self._err.writelines(
+            difflib.unified_diff(
+                _canonical(want),
+                _canonical(got),
+                fromfile=f"{self._name} ({where}: {want.method if want else 'missing'})",
+                tofile=f"replay ({where}: {got.method if got else 'missing'}{at})",
+            )
+        )
+
+
+class GoldenWriter:
+    """`--write-expected`: one golden line per reply, as they come; keeps the first error."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self._file = file
+        self.error: OSError | None = None
+
+    def add(self, outcome: Outcome) -> None:
+        if self.error is None:
+            try:
+                self._file.write(json_line(expected_json(outcome)))
+            except OSError as exc:
+                self.error = exc
+
+    def close(self) -> None:
+        try:
+            self._file.close()
+        except OSError as exc:
+            self.error = self.error or exc
+
+
 # -- the command ---------------------------------------------------------------
 
 #: Exit status bits; 2 stays argparse's "cannot run".
 EXIT_EXPECT_DIFFERS = 1
 EXIT_CANNOT_RUN = 2
 EXIT_MALFORMED_LINES = 4
+
+
+#: Problems listed in `--format json` (stderr names them all; the summary counts them all).
+MAX_LISTED_PROBLEMS = 1000
+#: Table rows held to size the columns; a longer table is printed in blocks this long.
+TABLE_BLOCK_ROWS = 1000
+
+
+class _JsonReport:
+    """`--format json`, written call by call: the same text as json.dumps(indent=2) of the
+    whole document, without ever holding it."""
+
+    def __init__(self, out: TextIO, via_socket: bool) -> None:
+        self._out = out
+        self._calls = 0
+        self._problems: list[dict[str, Any]] = []
+        mode = "socket" if via_socket else "in-process"
+        out.write(f'{{\n  "mode": {json.dumps(mode)},\n  "calls": [')
+
+    def add(self, outcome: Outcome, call_rows: Sequence[Row]) -> None:
+        call = _indented(call_json(outcome, call_rows), 2)
+        self._out.write(("," if self._calls else "") + "\n    " + call)
+        self._calls += 1
+
+    def problem(self, problem: Problem) -> None:
+        if len(self._problems) < MAX_LISTED_PROBLEMS:
+            self._problems.append({"line": problem.line, "message": problem.message})
+
+    def finish(self, counts: Mapping[str, int]) -> None:
+        problems, summary = _indented(self._problems, 1), _indented(counts, 1)
+        self._out.write(
+            ("\n  ]" if self._calls else "]")
+            + f',\n  "problems": {problems},\n  "summary": {summary}\n}}\n'
+        )
+
+
+def _indented(value: object, depth: int) -> str:
+    """value as json.dumps(indent=2) prints it `depth` levels into a document."""
+    return json.dumps(value, indent=2).replace("\n", "\n" + "  " * depth)
+
+
+class _TableReport:
+    """The table: each column as wide as its widest cell, in blocks of TABLE_BLOCK_ROWS
+    (a later block keeps the widths of the earlier ones and may widen them)."""
+
+    def __init__(self, out: TextIO, recording: Path, via_socket: bool) -> None:
+        self._out = out
+        self._rows: list[tuple[str, ...]] = [_HEADER]
+        self._widths = [0] * len(_HEADER)
+        mode = "through a socket pair (mux + ttrpc)" if via_socket else "in process"
+        out.write(f"Replay of {recording}, {mode}; pod-level values are decided, not written.\n\n")
+
+    def add(self, outcome: Outcome, call_rows: Sequence[Row]) -> None:
+        self._rows.extend(_table_row(row) for row in call_rows)
+        if outcome.error is not None:
+            code, message = outcome.error
+            self._rows.append(_call_row(outcome, f"error {code}: {message}"))
+        elif not call_rows and outcome.response_changed:
+            self._rows.append(_call_row(outcome, "reply differs from the recording"))
+        if len(self._rows) >= TABLE_BLOCK_ROWS:
+            self._flush()
+
+    def problem(self, _problem: Problem) -> None:
+        pass  # on stderr only
+
+    def _flush(self) -> None:
+        for cells in self._rows:
+            self._widths = [max(w, len(cell)) for w, cell in zip(self._widths, cells, strict=True)]
+        self._out.writelines(
+            "  ".join(cell.ljust(w) for cell, w in zip(cells, self._widths, strict=True)).rstrip()
+            + "\n"
+            for cells in self._rows
+        )
+        self._rows = []
+
+    def finish(self, counts: Mapping[str, int]) -> None:
+        self._flush()
+        self._out.write(f"\n{TABLE_LEGEND}\n" + summary_text(counts))
+
+
+class _Report:
+    """What replay_command makes of each outcome and problem, as they come; it keeps no call."""
+
+    def __init__(
+        self,
+        err: TextIO,
+        output: _JsonReport | _TableReport,
+        comparison: GoldenComparison | None,
+        writer: GoldenWriter | None,
+    ) -> None:
+        self._err = err
+        self._output = output
+        self._comparison = comparison
+        self._writer = writer
+        self.counts = dict.fromkeys(SUMMARY_KEYS, 0)
+
+    def __call__(self, item: Outcome | Problem) -> None:
+        if isinstance(item, Problem):
+            self._err.write(f"{item}: line skipped\n")
+            self.counts["malformed_lines"] += 1
+            self._output.problem(item)
+            return
+        call_rows = rows(item)
+        self._count(item, call_rows)
+        self._output.add(item, call_rows)
+        if self._comparison is not None:
+            self._comparison.add(item)
+        if self._writer is not None:
+            self._writer.add(item)
+
+    def _count(self, outcome: Outcome, call_rows: Sequence[Row]) -> None:
+        counts = self.counts
+        counts["calls"] += 1
+        counts["replies_changed"] += bool(outcome.response_changed)
+        counts["errors"] += outcome.error is not None
+        for row in call_rows:
+            if row.changed:
+                counts["containers_changed" if row.noted.container else "pods_changed"] += 1
 
 
 def replay_command(
@@ -657,33 +874,48 @@ def replay_command(
     err: TextIO,
 ) -> int:
     """`nri-midbatch replay`: the table (or JSON) on `out`, problems and the diff on `err`."""
-    try:
-        entries, problems = load_recording(recording)
-    except OSError as exc:
-        err.write(f"nri-midbatch: {recording}: cannot read: {exc.strerror or exc}\n")
-        return EXIT_CANNOT_RUN
-    for problem in problems:
-        err.write(f"{problem}: line skipped\n")
-    outcomes = replay(entries, config, runtime_config=runtime_config, via_socket=via_socket)
-    if fmt == "json":
-        out.write(render_json(outcomes, problems, via_socket=via_socket))
-    else:
-        mode = "through a socket pair (mux + ttrpc)" if via_socket else "in process"
-        out.write(f"Replay of {recording}, {mode}; pod-level values are decided, not written.\n\n")
-        out.write(render_table(outcomes))
-        out.write(f"\n{TABLE_LEGEND}\n" + summary_text(summary(outcomes, problems)))
-    status = EXIT_MALFORMED_LINES if problems else 0
-    if write_expected_to is not None:
-        write_expected(write_expected_to, outcomes)
-    if expect is not None:
+    with contextlib.ExitStack() as files:
         try:
-            golden_problems, diff = compare_expected(expect, outcomes)
+            lines = files.enter_context(recording.open("rb"))
+            golden = None if expect is None else files.enter_context(expect.open("rb"))
         except OSError as exc:
-            err.write(f"nri-midbatch: {expect}: cannot read: {exc.strerror or exc}\n")
+            err.write(f"nri-midbatch: {exc.filename}: cannot read: {exc.strerror or exc}\n")
             return EXIT_CANNOT_RUN
-        for problem in golden_problems:
-            err.write(f"{problem}\n")
-        if diff:
-            err.write(f"replies differ from {expect}:\n{diff}")
-            status |= EXIT_EXPECT_DIFFERS
+        try:
+            writer = (
+                None if write_expected_to is None else GoldenWriter(write_expected_to.open("wb"))
+            )
+        except OSError as exc:
+            err.write(f"nri-midbatch: {write_expected_to}: cannot write: {exc.strerror or exc}\n")
+            return EXIT_CANNOT_RUN
+        comparison = None if golden is None else GoldenComparison(golden, str(expect), err)
+        output = (
+            _JsonReport(out, via_socket)
+            if fmt == "json"
+            else _TableReport(out, recording, via_socket)
+        )
+        report = _Report(err, output, comparison, writer)
+        try:
+            asyncio.run(
+                replay_each(
+                    read_recording(lines, str(recording)),
+                    config,
+                    report,
+                    runtime_config,
+                    via_socket,
+                )
+            )
+        finally:
+            if writer is not None:
+                writer.close()
+        if comparison is not None:
+            comparison.finish()
+    output.finish(report.counts)
+    status = EXIT_MALFORMED_LINES if report.counts["malformed_lines"] else 0
+    if comparison is not None and comparison.differs:
+        status |= EXIT_EXPECT_DIFFERS
+    if writer is not None and writer.error is not None:
+        problem = writer.error.strerror or writer.error
+        err.write(f"nri-midbatch: {write_expected_to}: cannot write: {problem}\n")
+        status |= EXIT_CANNOT_RUN
     return status

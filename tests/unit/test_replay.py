@@ -3,7 +3,11 @@ the socket; configuration changes; malformed and older lines; --expect."""
 
 from __future__ import annotations
 
+import gc
+import io
 import json
+import os
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,15 +16,20 @@ import pytest
 import structlog
 from google.protobuf.json_format import ParseDict
 
+import nri_midbatch.replay
 from nri_midbatch.cli import main
 from nri_midbatch.config import Config, load_config_text
 from nri_midbatch.replay import (
+    EXIT_CANNOT_RUN,
     EXIT_EXPECT_DIFFERS,
     EXIT_MALFORMED_LINES,
+    MAX_LINE_BYTES,
+    MAX_NESTING,
     PLUGIN_METHODS,
     Outcome,
     load_recording,
     replay,
+    replay_command,
     rows,
 )
 
@@ -270,3 +279,157 @@ def test_replay_writes_no_pod_cgroup(tmp_path: Path) -> None:
     assert any(row.now is not None for row in pod_decisions)
     for path, content in files:
         assert path.read_text() == content, path
+
+
+# -- hostile input -----------------------------------------------------------------
+
+
+def _no_traceback(err: str) -> None:
+    assert "Traceback" not in err
+
+
+def test_deeply_nested_lines_are_refused_with_their_line_number(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = RECORDING.read_text().splitlines()
+    created = json.loads(text[3])
+    created["request"]["pod"]["unknown"] = json.loads(
+        "[" * (MAX_NESTING + 1) + "]" * (MAX_NESTING + 1)
+    )
+    bad = [
+        "[" * 200_000 + "]" * 200_000,  # past Python's own recursion limit
+        '{"v": 1, "method": "CreateContainer", "request": ' + '{"a": ' * 100_000,
+        json.dumps(created),  # within the recursion limit, past ours
+    ]
+    recording = tmp_path / "nested.jsonl"
+    recording.write_text("\n".join(text[:3] + bad + text[3:]) + "\n")
+
+    status = main(["replay", str(recording)])
+    captured = capsys.readouterr()
+    _no_traceback(captured.err)
+    assert status == EXIT_MALFORMED_LINES
+    for number in (4, 5, 6):
+        assert f"{recording}:{number}: nested deeper than {MAX_NESTING} levels" in captured.err
+    assert "13 calls replayed, 3 malformed lines skipped; 0 replies differ" in captured.out
+
+
+def test_a_deeply_nested_golden_file_is_reported_not_a_crash(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    golden = EXPECTED.read_text().splitlines()
+    golden[2] = '{"a": ' * 100_000 + "1" + "}" * 100_000
+    nested = tmp_path / "nested.expected.jsonl"
+    nested.write_text("\n".join(golden) + "\n")
+
+    status = main(["replay", str(RECORDING), "--expect", str(nested)])
+    err = capsys.readouterr().err
+    _no_traceback(err)
+    assert f"{nested}:3: nested deeper than {MAX_NESTING} levels" in err
+    assert status & EXIT_EXPECT_DIFFERS
+
+
+def test_a_line_over_the_length_bound_is_skipped_unread(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = RECORDING.read_text().splitlines()
+    created = json.loads(text[3])
+    created["request"]["pod"]["annotations"]["huge"] = "x" * MAX_LINE_BYTES
+    recording = tmp_path / "long.jsonl"
+    recording.write_text("\n".join([*text[:3], json.dumps(created), *text[3:]]) + "\n")
+
+    status = main(["replay", str(recording), "--format", "json"])
+    captured = capsys.readouterr()
+    _no_traceback(captured.err)
+    assert status == EXIT_MALFORMED_LINES
+    assert f"{recording}:4: longer than {MAX_LINE_BYTES} bytes" in captured.err
+    report = json.loads(captured.out)
+    assert [call["line"] for call in report["calls"]] == [1, 2, 3, *range(5, 15)]
+    assert not any(call["response_changed"] for call in report["calls"])
+
+
+@pytest.mark.parametrize("via_socket", [[], ["--via-socket"]], ids=["in-process", "via-socket"])
+def test_a_request_too_large_for_ttrpc_is_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], via_socket: list[str]
+) -> None:
+    text = RECORDING.read_text().splitlines()
+    created = json.loads(text[3])
+    created["request"]["pod"]["annotations"]["big"] = "x" * (5 << 20)
+    recording = tmp_path / "big.jsonl"
+    recording.write_text("\n".join([*text[:3], json.dumps(created), *text[3:]]) + "\n")
+
+    status = main(["replay", str(recording), *via_socket])
+    captured = capsys.readouterr()
+    _no_traceback(captured.err)
+    assert status == EXIT_MALFORMED_LINES
+    assert f"{recording}:4: request is 524" in captured.err
+    assert "over ttrpc's message limit" in captured.err
+    assert "13 calls replayed, 1 malformed lines skipped; 0 replies differ" in captured.out
+
+
+def test_write_expected_to_a_full_disk_is_an_error_not_a_crash(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status = main(["replay", str(RECORDING), "--write-expected", "/dev/full"])
+    err = capsys.readouterr().err
+    _no_traceback(err)
+    assert status == EXIT_CANNOT_RUN
+    assert "/dev/full: cannot write: No space left on device" in err
+
+
+class RetainedSampler(io.TextIOBase):
+    """An output that, every few writes and at the first, measures the bytes still held
+    (after a full collection, so garbage not yet collected is not counted)."""
+
+    def __init__(self, every: int = 25) -> None:
+        self.every = every
+        self.writes = 0
+        self.most = 0
+
+    def write(self, text: str) -> int:
+        if self.writes % self.every == 0:
+            gc.collect()
+            self.most = max(self.most, tracemalloc.get_traced_memory()[0])
+        self.writes += 1
+        return len(text)
+
+
+@pytest.mark.parametrize("fmt", ["json", "table"])
+def test_replay_memory_stays_flat_in_the_number_of_lines(
+    tmp_path: Path, fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The table holds a block of rows to size its columns: make the block small next to N.
+    monkeypatch.setattr(nri_midbatch.replay, "TABLE_BLOCK_ROWS", 100)
+    text = RECORDING.read_text().splitlines()
+    configure, run_pod, create = (json.loads(text[n]) for n in (0, 2, 3))
+    assert (run_pod["method"], create["method"]) == ("StateChange", "CreateContainer")
+
+    def retained(calls: int) -> int:
+        recording = tmp_path / f"{calls}.jsonl"
+        recording.write_text(
+            "".join(json.dumps(line) + "\n" for line in [configure, run_pod, *[create] * calls])
+        )
+        out = RetainedSampler()
+        with open(os.devnull, "w") as err:
+            tracemalloc.start()
+            try:
+                status = replay_command(
+                    recording,
+                    Config(),
+                    runtime_config=True,
+                    via_socket=False,
+                    fmt=fmt,
+                    expect=None,
+                    write_expected_to=None,
+                    out=out,
+                    err=err,
+                )
+                out.write("")  # a last sample, after the whole recording
+            finally:
+                tracemalloc.stop()
+        assert status == 0
+        return out.most
+
+    retained(50)  # first use: imports, caches and interned strings, whatever the length
+    small, large = retained(50), retained(550)
+    # 500 more lines: about 11 MB when every call's reply and decisions were kept to the end.
+    assert large - small < 400_000, (small, large)
