@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -432,18 +433,21 @@ def test_recording_resumes_with_whole_lines_when_space_returns(small_fs: Path) -
 
 
 def run_plugin_process(
-    tmp_path: Path, args: Sequence[str], scenario: Callable[[LoopbackRuntime], Awaitable[None]]
+    tmp_path: Path,
+    args: Sequence[str],
+    scenario: Callable[[LoopbackRuntime, Path], Awaitable[None]],
 ) -> tuple[int, bytes, str]:
-    """A pre-launched `nri-midbatch run ARGS` through the scenario, then SIGTERM.
+    """A pre-launched `nri-midbatch run ARGS` through scenario(runtime, log file), then SIGTERM.
 
-    Returns the exit status, stderr and the plugin's log.
+    Metrics are served on an ephemeral port (see `metrics`). Returns the exit status, stderr
+    and the plugin's log.
     """
     plugin_end, runtime_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     fd = plugin_end.fileno()
     log_file = tmp_path / "plugin.log"
     command = [str(Path(sys.executable).parent / "nri-midbatch"), "run", *args]
     process = subprocess.Popen(
-        [*command, "--metrics-address", "", "--log-file", str(log_file)],
+        [*command, "--metrics-address", "127.0.0.1:0", "--log-file", str(log_file)],
         env={"NRI_PLUGIN_NAME": "midbatch", "NRI_PLUGIN_IDX": "10", "NRI_PLUGIN_SOCKET": str(fd)},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
@@ -455,7 +459,7 @@ def run_plugin_process(
     async def drive() -> None:
         reader, writer = await asyncio.open_unix_connection(sock=runtime_end)
         runtime = LoopbackRuntime(reader, writer)
-        await scenario(runtime)
+        await scenario(runtime, log_file)
         process.send_signal(signal.SIGTERM)
         await asyncio.to_thread(process.wait, 5.0)
         await runtime.close()
@@ -470,10 +474,31 @@ def run_plugin_process(
     return process.returncode, stderr, log_file.read_text()
 
 
+def metrics(log_file: Path) -> dict[str, float]:
+    """The plugin's /metrics, unlabelled samples only, from the port its log names."""
+    (port,) = [
+        json.loads(line)["port"]
+        for line in log_file.read_text().splitlines()
+        if '"serving metrics and health"' in line
+    ]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    samples = (line.split() for line in text.splitlines() if line and not line.startswith("#"))
+    return {sample[0]: float(sample[1]) for sample in samples if len(sample) == 2}
+
+
 def test_sigterm_with_the_recording_disk_full_exits_0(tmp_path: Path) -> None:
-    async def scenario(runtime: LoopbackRuntime) -> None:
+    calls = 20
+
+    async def scenario(runtime: LoopbackRuntime, log_file: Path) -> None:
         await runtime.start(registration_timeout=4.0)
-        await _create_calls(runtime, 20)
+        await _create_calls(runtime, calls)
+        # Every record is lost, and counted, once the writer has been through them.
+        async with asyncio.timeout(5.0):
+            while (await asyncio.to_thread(metrics, log_file)).get(
+                "nri_midbatch_records_dropped_total"
+            ) != 2 + calls:
+                await asyncio.sleep(0.05)
 
     status, stderr, logged = run_plugin_process(tmp_path, ["--record", "/dev/full"], scenario)
     assert b"Traceback" not in stderr, stderr.decode()
@@ -572,7 +597,7 @@ def test_run_records_redacted_unless_asked_for_raw(tmp_path: Path, raw: bool) ->
     path = tmp_path / "calls.jsonl"
     pod = batch_pod()
 
-    async def scenario(runtime: LoopbackRuntime) -> None:
+    async def scenario(runtime: LoopbackRuntime, _log_file: Path) -> None:
         await runtime.start(pods=[pod], containers=[secret_container(pod)])
 
     args = ["--record", str(path), *(["--record-raw"] if raw else [])]
