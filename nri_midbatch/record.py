@@ -35,8 +35,8 @@ import structlog
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
-from nri_midbatch.api import nri_pb2
 from nri_midbatch.policy import CgroupValues, ContainerView, Decision, PodView, render
+from nri_midbatch.redact import redact
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.wire.status import Code
 
@@ -121,82 +121,6 @@ def message_json(message: Message) -> dict[str, Any]:
     return MessageToDict(message, preserving_proto_field_name=True)
 
 
-# -- redaction ---------------------------------------------------------------
-
-REDACTED = "<redacted>"
-
-
-def _redact_env(entries: list[str]) -> list[str]:
-    """ "KEY=VALUE" -> "KEY=<redacted>"; an entry without "=" is only a key."""
-    return [
-        f"{key}={REDACTED}" if sep else key
-        for key, sep, _ in (entry.partition("=") for entry in entries)
-    ]
-
-
-def _redact_key_values(pairs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{**pair, "value": REDACTED} if "value" in pair else pair for pair in pairs]
-
-
-def _redact_value(_value: object) -> str:
-    return REDACTED
-
-
-_PACKAGE = "nri.pkg.api.v1alpha1"
-#: (message, field) -> how its JSON value is redacted: what a container is started with that
-#: may carry secrets and that no decision reads.
-_REDACT: dict[tuple[str, str], Callable[[Any], Any]] = {
-    (f"{_PACKAGE}.Container", "env"): _redact_env,
-    (f"{_PACKAGE}.Hook", "env"): _redact_env,
-    (f"{_PACKAGE}.ContainerAdjustment", "env"): _redact_key_values,
-    (f"{_PACKAGE}.Mount", "source"): _redact_value,
-}
-
-
-def _holding_secrets() -> frozenset[str]:
-    """The message types that hold a redacted field, directly or through their fields."""
-    holders = {message for message, _ in _REDACT}
-    messages = list(nri_pb2.DESCRIPTOR.message_types_by_name.values())
-    grew = True
-    while grew:  # a fixpoint: the NRI types are few and not recursive
-        grew = False
-        for message in messages:
-            if message.full_name not in holders and any(
-                field.message_type is not None and field.message_type.full_name in holders
-                for field in message.fields
-            ):
-                holders.add(message.full_name)
-                grew = True
-    return frozenset(holders)
-
-
-_HOLDING_SECRETS = _holding_secrets()
-
-
-def redacted_json(message: Message) -> dict[str, Any]:
-    """message_json with environment values and mount sources replaced by REDACTED."""
-    document = message_json(message)
-    _redact(message, document)
-    return document
-
-
-def _redact(message: Message, document: dict[str, Any]) -> None:
-    owner = message.DESCRIPTOR.full_name
-    for field, value in message.ListFields():
-        redact = _REDACT.get((owner, field.name))
-        if redact is not None:
-            document[field.name] = redact(document[field.name])
-            continue
-        nested = field.message_type
-        if nested is None or nested.full_name not in _HOLDING_SECRETS:
-            continue
-        if field.is_repeated:
-            for item, item_document in zip(value, document[field.name], strict=True):
-                _redact(item, item_document)
-        else:
-            _redact(value, document[field.name])
-
-
 def values_json(values: CgroupValues | None) -> dict[str, int] | None:
     if values is None:
         return None
@@ -229,6 +153,13 @@ def decision_json(noted: NotedDecision) -> dict[str, Any]:
 def rfc3339(timestamp: float) -> str:
     moment = datetime.fromtimestamp(timestamp, UTC)
     return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def redacted_json(message: Message) -> dict[str, Any]:
+    """message_json with environment values and mount sources replaced (redact.py)."""
+    document = message_json(message)
+    redact(message, document)
+    return document
 
 
 def record_json(record: CallRecord, *, raw: bool = False) -> dict[str, Any]:
