@@ -4,8 +4,8 @@ Environment values (a container's, an OCI hook's, an adjustment's) and mount sou
 hold secrets or name them, and no decision reads them. Keys stay, values become REDACTED,
 so a redacted recording still shows what was there and replays to the same replies.
 
-The walk follows the message descriptors, and only into the message types that can hold a
-redacted field, so a large Synchronize costs little more than its conversion to JSON.
+The walk follows the JSON document, guided by paths worked out once from the message
+descriptors, and only into the fields that can lead to a redacted one.
 """
 
 from __future__ import annotations
@@ -47,39 +47,52 @@ _REDACT: dict[tuple[str, str], Callable[[Any], Any]] = {
 }
 
 
-def _holding_secrets() -> frozenset[str]:
-    """The message types that hold a redacted field, directly or through their fields."""
-    holders = {message for message, _ in _REDACT}
+#: message type -> its fields whose message type holds a redacted field, at any depth:
+#: (field name, that type, repeated). Map fields are left out: none holds one.
+_Paths = dict[str, list[tuple[str, str, bool]]]
+
+
+def _paths_to_secrets() -> _Paths:
     messages = list(nri_pb2.DESCRIPTOR.message_types_by_name.values())
+    holders = {message for message, _ in _REDACT}
+    paths: _Paths = {}
     grew = True
     while grew:  # until no type is added: the NRI types are few
         grew = False
         for message in messages:
-            if message.full_name not in holders and any(
-                field.message_type is not None and field.message_type.full_name in holders
+            found = [
+                (field.name, field.message_type.full_name, field.is_repeated)
                 for field in message.fields
-            ):
+                if field.message_type is not None
+                and not field.message_type.GetOptions().map_entry
+                and field.message_type.full_name in holders
+            ]
+            if len(found) > len(paths.get(message.full_name, [])):
+                paths[message.full_name] = found
                 holders.add(message.full_name)
                 grew = True
-    return frozenset(holders)
+    return paths
 
 
-_HOLDING_SECRETS = _holding_secrets()
+_PATHS = _paths_to_secrets()
+_RULES: dict[str, list[tuple[str, Callable[[Any], Any]]]] = {}
+for (_owner, _field), _replace in _REDACT.items():
+    _RULES.setdefault(_owner, []).append((_field, _replace))
 
 
 def redact(message: Message, document: dict[str, Any]) -> None:
     """Redact `document`, the protobuf JSON of `message` with proto field names, in place."""
-    owner = message.DESCRIPTOR.full_name
-    for field, value in message.ListFields():
-        replace = _REDACT.get((owner, field.name))
-        if replace is not None:
-            document[field.name] = replace(document[field.name])
+    _redact(message.DESCRIPTOR.full_name, document)
+
+
+def _redact(message_type: str, document: dict[str, Any]) -> None:
+    # Only the JSON is walked, and only along the paths that lead to a redacted field.
+    for name, replace in _RULES.get(message_type, ()):
+        if name in document:
+            document[name] = replace(document[name])
+    for name, nested, repeated in _PATHS.get(message_type, ()):
+        value = document.get(name)
+        if value is None:
             continue
-        nested = field.message_type
-        if nested is None or nested.full_name not in _HOLDING_SECRETS:
-            continue
-        if field.is_repeated:
-            for item, item_document in zip(value, document[field.name], strict=True):
-                redact(item, item_document)
-        else:
-            redact(value, document[field.name])
+        for item in value if repeated else (value,):
+            _redact(nested, item)

@@ -31,7 +31,14 @@ from nri_midbatch.config import Config, load_config_text
 from nri_midbatch.nri.loopback import LoopbackRuntime, socketpair_streams
 from nri_midbatch.nri.session import Session
 from nri_midbatch.plugin import MidBatchPlugin
-from nri_midbatch.record import Recorder, RotatingFile, Written, note_decision
+from nri_midbatch.record import (
+    Recorder,
+    RotatingFile,
+    Written,
+    message_json,
+    note_decision,
+    redacted_json,
+)
 from nri_midbatch.replay import load_recording, replay
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.wire.status import Code
@@ -606,3 +613,24 @@ def test_run_records_redacted_unless_asked_for_raw(tmp_path: Path, raw: bool) ->
     recorded = path.read_bytes()
     assert b'"containers":[' in recorded
     assert all((secret.encode() in recorded) == raw for secret in SECRETS)
+
+
+def test_redaction_reaches_adjustments_and_hooks_and_leaves_the_rest() -> None:
+    reply = api.CreateContainerResponse(
+        adjust=api.ContainerAdjustment(
+            annotations={"env": "kept", "source": "kept"},
+            env=[api.KeyValue(key="API_KEY", value="s3cr3t-token-value")],
+            mounts=[api.Mount(destination="/d", source="/var/lib/secret-volume-7f3a")],
+            hooks=api.Hooks(poststop=[api.Hook(path="/h", env=["HOOK_KEY=hook-key", "BARE"])]),
+            args=["/bin/app", "--verbose"],
+        )
+    )
+    document = redacted_json(reply)
+    adjust = document["adjust"]
+    assert adjust["env"] == [{"key": "API_KEY", "value": "<redacted>"}]
+    assert adjust["mounts"] == [{"destination": "/d", "source": "<redacted>"}]
+    assert adjust["hooks"]["poststop"][0]["env"] == ["HOOK_KEY=<redacted>", "BARE"]
+    assert adjust["annotations"] == {"env": "kept", "source": "kept"}
+    assert adjust["args"] == ["/bin/app", "--verbose"]
+    # The message itself, which the plugin answered with, is untouched.
+    assert message_json(reply)["adjust"]["env"][0]["value"] == "s3cr3t-token-value"
