@@ -301,7 +301,7 @@ def test_a_recording_renamed_away_is_reopened_at_its_path(tmp_path: Path) -> Non
     path.rename(tmp_path / "calls.jsonl-20261201")
     assert write_ok(sink, [b"second\n"]) == 0
     path.rename(tmp_path / "calls.jsonl-20261202")
-    path.write_bytes(b"")  # logrotate's `create`
+    path.write_bytes(b"")  # logrotate's `create`, with its own mode
     assert write_ok(sink, [b"third\n"]) == 0
     sink.close()
     assert (tmp_path / "calls.jsonl-20261201").read_bytes() == b"first\n"
@@ -376,6 +376,31 @@ def test_a_full_disk_logs_once_counts_every_drop_and_closes_quietly() -> None:
     assert "No space left on device" in failures[0]["error"]
     # The first failure, at most a summary, and the closing line: not one line per event.
     assert len(recording_logs) <= 4, recording_logs
+
+
+def test_a_long_failure_is_summed_up_with_the_records_it_lost() -> None:
+    recorder = Recorder(RotatingFile(Path("/dev/full")), failure_summary_every=0.0)
+
+    async def scenario() -> list[dict[str, Any]]:
+        with capture_logs() as logs:
+            async with recorded_plugin(recorder) as runtime:
+                await runtime.start()
+                await recorder.drained()
+                await _create_calls(runtime, 3)
+        return logs
+
+    logs = run(scenario())
+    first = [log for log in logs if log["event"].startswith("recording write failed")]
+    summaries = [log for log in logs if log["event"] == "recording writes still failing"]
+    assert len(first) == 1 and summaries
+    # Each summary counts every record lost since the failure began.
+    assert summaries[-1]["lost"] == recorder.dropped == 2 + 3
+
+
+def test_a_new_recording_is_private_to_the_plugin(tmp_path: Path) -> None:
+    path = tmp_path / "calls.jsonl"
+    RotatingFile(path).close()
+    assert path.stat().st_mode & 0o777 == 0o600
 
 
 @pytest.fixture
