@@ -35,7 +35,8 @@ from nri_midbatch.policy import (
 )
 from nri_midbatch.policy.calculate import CFS_BASE_PERIOD, UNLIMITED
 from nri_midbatch.policy.chain import check_tier
-from nri_midbatch.policy.quantity import QuantityError, parse_quantity
+from nri_midbatch.policy.qos import ContainerResourceLists, kubernetes_qos, qos_cgroup_parent
+from nri_midbatch.policy.quantity import Quantity, QuantityError, parse_quantity
 from nri_midbatch.policy.spec import ExtendedSpec, load_spec
 from nri_midbatch.policy.trace import NoTier, TierCheck
 from nri_midbatch.record import NotedDecision, decision_json
@@ -94,25 +95,30 @@ def _from_manifest(document: dict[str, Any], path: Path) -> PodInput:
     uid = str(metadata.get("uid", ""))
     containers: list[ContainerView] = []
     limits: list[NativeLimits] = []
-    resources: list[tuple[dict[str, int], dict[str, int]]] = []
+    resources: list[ContainerResourceLists] = []
     raw_containers = spec.get("containers")
     if not isinstance(raw_containers, list):
         raise PodInputError(f"{path}: spec.containers must be a list")
-    for index, raw in enumerate(raw_containers):
-        entry = _mapping(raw, f"spec.containers[{index}]", path)
-        where = f"spec.containers[{index}]"
-        name = entry.get("name")
-        if not isinstance(name, str) or not name:
-            raise PodInputError(f"{path}: {where}.name must be a non-empty string")
-        declared = _mapping(entry.get("resources") or {}, f"{where}.resources", path)
-        requests = _resource_list(declared.get("requests"), f"{where}.resources.requests", path)
-        limit = _resource_list(declared.get("limits"), f"{where}.resources.limits", path)
-        native = _native(limit)
-        containers.append(ContainerView(id="", name=name, native=native))
-        limits.append(native)
-        resources.append((requests, limit))
-    qos = _kubernetes_qos(resources)
-    parent = f"/kubepods/pod{uid}" if qos == "guaranteed" else f"/kubepods/{qos}/pod{uid}"
+    raw_init = spec.get("initContainers") or []
+    if not isinstance(raw_init, list):
+        raise PodInputError(f"{path}: spec.initContainers must be a list")
+    for field, entries in (("initContainers", raw_init), ("containers", raw_containers)):
+        for index, raw in enumerate(entries):
+            where = f"spec.{field}[{index}]"
+            entry = _mapping(raw, where, path)
+            name = entry.get("name")
+            if not isinstance(name, str) or not name:
+                raise PodInputError(f"{path}: {where}.name must be a non-empty string")
+            declared = _mapping(entry.get("resources") or {}, f"{where}.resources", path)
+            requests = _resource_list(declared.get("requests"), f"{where}.resources.requests", path)
+            limit = _resource_list(declared.get("limits"), f"{where}.resources.limits", path)
+            # Init containers count for the QoS class only: they are gone when the app runs.
+            resources.append((requests, limit))
+            if field == "containers":
+                native = _native(limit)
+                containers.append(ContainerView(id="", name=name, native=native))
+                limits.append(native)
+    parent = qos_cgroup_parent(kubernetes_qos(resources), uid)
     pod = PodView(
         uid=uid,
         namespace=str(metadata.get("namespace", "default")),
@@ -139,21 +145,21 @@ def _strings(value: object, where: str, path: Path) -> dict[str, str]:
     return {str(key): str(item) for key, item in mapping.items()}
 
 
-def _resource_list(value: object, where: str, path: Path) -> dict[str, int]:
-    """cpu in milli-cores, everything else by Quantity.Value()."""
-    parsed: dict[str, int] = {}
+def _resource_list(value: object, where: str, path: Path) -> dict[str, Quantity]:
+    parsed: dict[str, Quantity] = {}
     for name, raw in _strings(value, where, path).items():
         try:
-            quantity = parse_quantity(raw)
+            parsed[name] = parse_quantity(raw)
         except QuantityError as exc:
             raise PodInputError(f"{path}: {where}.{name}: {exc}") from None
-        parsed[name] = quantity.milli_value() if name == "cpu" else quantity.value()
     return parsed
 
 
-def _native(limits: Mapping[str, int]) -> NativeLimits:
+def _native(limits: Mapping[str, Quantity]) -> NativeLimits:
     """What kubelet asks the runtime for: quota = milli-cores x period / 1000 (at least 1000)."""
-    cpu, memory = limits.get("cpu"), limits.get("memory")
+    cpu_limit, memory_limit = limits.get("cpu"), limits.get("memory")
+    cpu = None if cpu_limit is None else cpu_limit.milli_value()
+    memory = None if memory_limit is None else memory_limit.value()
     quota = None if not cpu else max(cpu * CFS_BASE_PERIOD // 1000, 1000)
     return NativeLimits(
         cpu_quota=quota,
@@ -173,17 +179,6 @@ def _pod_native(limits: Sequence[NativeLimits]) -> NativeLimits:
         cpu_period=None if quota is None else CFS_BASE_PERIOD,
         memory_limit=memory,
     )
-
-
-def _kubernetes_qos(resources: Sequence[tuple[Mapping[str, int], Mapping[str, int]]]) -> str:
-    """Kubernetes' QoS class (GetPodQOS) from cpu and memory; requests default to limits."""
-    names = ("cpu", "memory")
-    if not any(r.get(n) or lim.get(n) for r, lim in resources for n in names):
-        return "besteffort"
-    guaranteed = all(
-        lim.get(n) and r.get(n, lim[n]) == lim[n] for r, lim in resources for n in names
-    )
-    return "guaranteed" if guaranteed else "burstable"
 
 
 # -- explaining --------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Prometheus metrics of one plugin process, on a registry of its own.
 
 Hot-path code does not touch prometheus objects: the plugin keeps plain
-counters, and `PluginCollector` turns them into metric families when scraped.
+counters, and a `CountersCollector` (registered by the App) turns them into
+metric families when scraped.
 Per-call latency and results come from a session call observer, which costs
 one clock read and one histogram observation per call.
 """

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any
 
+from nri_midbatch.policy.qos import kubernetes_qos, qos_cgroup_parent
 from nri_midbatch.policy.quantity import Quantity, QuantityError, parse_quantity
 
-__all__ = ["ContainerResources", "PodError", "PodFacts", "kubernetes_qos", "read_pod"]
+__all__ = ["ContainerResources", "PodError", "PodFacts", "cgroup_parent", "pod_qos", "read_pod"]
 
 
 class PodError(ValueError):
@@ -75,45 +75,14 @@ def read_pod(obj: object, namespace: str, where: str = "object") -> PodFacts:
     )
 
 
-def kubernetes_qos(pod: PodFacts) -> str:
-    """Kubernetes' QoS class (GetPodQOS) as kubelet's cgroup directory name.
-
-    From cpu and memory of init and app containers, positive quantities only: nothing
-    requested or limited -> besteffort; every container limits both and the summed requests
-    equal the summed limits -> guaranteed; else burstable. (Pod-level resources, a newer
-    Kubernetes feature, are not considered.)
-    """
-    requests: dict[str, Fraction] = {}
-    limits: dict[str, Fraction] = {}
-    guaranteed = True
-    for container in (*pod.init_containers, *pod.containers):
-        found: set[str] = set()
-        for source, totals, seen in (
-            (container.requests, requests, None),
-            (container.limits, limits, found),
-        ):
-            for name in _QOS_RESOURCES:
-                quantity = source.get(name)
-                if quantity is not None and quantity.amount > 0:
-                    totals[name] = totals.get(name, Fraction(0)) + quantity.amount
-                    if seen is not None:
-                        seen.add(name)
-        if found != _QOS_RESOURCES:
-            guaranteed = False
-    if not requests and not limits:
-        return "besteffort"
-    if guaranteed and requests == limits:
-        return "guaranteed"
-    return "burstable"
-
-
-_QOS_RESOURCES = frozenset({"cpu", "memory"})
+def pod_qos(pod: PodFacts) -> str:
+    """Kubernetes' QoS class of the pod, init containers included."""
+    return kubernetes_qos((c.requests, c.limits) for c in (*pod.init_containers, *pod.containers))
 
 
 def cgroup_parent(pod: PodFacts, uid: str = "") -> str:
     """The cgroupfs parent kubelet gives the pod, for classification by QoS directory."""
-    qos = kubernetes_qos(pod)
-    return f"/kubepods/pod{uid}" if qos == "guaranteed" else f"/kubepods/{qos}/pod{uid}"
+    return qos_cgroup_parent(pod_qos(pod), uid)
 
 
 def _containers(value: object, where: str, required: bool) -> tuple[ContainerResources, ...]:

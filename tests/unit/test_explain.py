@@ -127,3 +127,49 @@ def test_an_unreadable_pod_file(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "expected a Pod manifest or a PodSandbox object" in capsys.readouterr().err
     assert main(["explain", "--pod", str(tmp_path / "missing.yaml")]) == 1
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_an_init_container_without_resources_makes_the_pod_burstable_as_in_the_webhook(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Explain and the webhook share one QoS function: both see the init container."""
+    from nri_midbatch.config import load_config_file
+    from nri_midbatch.policy import compile_policy
+    from nri_midbatch.webhook.admission import classify
+    from nri_midbatch.webhook.pods import cgroup_parent, read_pod
+
+    config = tmp_path / "config.yaml"
+    config.write_text("classification:\n  qosFromCgroupParent: true\n")
+    both = {"cpu": "1", "memory": "1Gi", "kubernetes.io/mid-cpu": "1k"}
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "init-without-resources",
+            "namespace": "default",
+            "uid": "u1",
+            "labels": {"koordinator.sh/priority-class": "koord-mid"},
+        },
+        "spec": {
+            "initContainers": [{"name": "setup", "image": "busybox"}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox",
+                    "resources": {"requests": both, "limits": both},
+                }
+            ],
+        },
+    }
+    pod_file = tmp_path / "pod.json"
+    pod_file.write_text(json.dumps(manifest))
+    policy = compile_policy(load_config_file(config))
+    facts = read_pod(manifest, "default")
+    webhook_tier = classify(facts, policy).tier
+    assert cgroup_parent(facts, "u1") == "/kubepods/burstable/podu1"
+    assert webhook_tier is not None and webhook_tier.name == "mid"
+
+    out = explain(capsys, "--pod", str(pod_file), "--config", str(config))
+    assert "cgroup parent  /kubepods/burstable/podu1" in out
+    assert "qos LS from cgroup parent /kubepods/burstable/podu1" in out
+    assert "Tier: mid" in out

@@ -21,7 +21,7 @@ from nri_midbatch.policy.classes import (
 )
 from nri_midbatch.webhook.admission import derive_spec, handle, tier_resources
 from nri_midbatch.webhook.jsonpatch import pointer
-from nri_midbatch.webhook.pods import PodError, kubernetes_qos, read_pod
+from nri_midbatch.webhook.pods import PodError, pod_qos, read_pod
 
 from .test_webhook import (
     MID_CPU,
@@ -203,7 +203,9 @@ def test_spec_priority_must_not_be_a_boolean() -> None:
         ([container("a", requests={MID_CPU: "1k"})], [], "besteffort"),  # extended: no QoS
         ([container("a", requests={"cpu": "0"})], [], "besteffort"),  # zero counts as unset
         ([container("a", requests={"cpu": "100m"})], [], "burstable"),
-        ([container("a", limits={"cpu": "1", "memory": "1Gi"})], [], "burstable"),
+        # Requests default to limits, as the API server's defaulting sets them.
+        ([container("a", limits={"cpu": "1", "memory": "1Gi"})], [], "guaranteed"),
+        ([container("a", limits={"cpu": "1"})], [], "burstable"),
         (
             [
                 container(
@@ -246,7 +248,7 @@ def test_kubernetes_qos(
     obj = pod(*containers)
     if init:
         obj["spec"]["initContainers"] = init
-    assert kubernetes_qos(read_pod(obj, "default")) == expected
+    assert pod_qos(read_pod(obj, "default")) == expected
 
 
 def test_derive_spec_only_lists_tier_resources_of_app_containers() -> None:
