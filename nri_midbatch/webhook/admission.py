@@ -23,7 +23,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from nri_midbatch.policy import Policy, PriorityClass, QoSClass, Source, Tier
+from nri_midbatch.policy import (
+    ContainerView,
+    ErrorKind,
+    PodView,
+    Policy,
+    PriorityClass,
+    QoSClass,
+    Source,
+    Tier,
+    decide_container,
+    decide_pod,
+)
 from nri_midbatch.policy.classes import forbidden_combination, priority_class_from_value
 
 from . import jsonpatch
@@ -296,6 +307,11 @@ def mutate(pod: PodFacts, policy: Policy) -> Verdict:
     tier = found.tier
     if tier is None or found.priority is None:
         return Verdict(True, warnings=tuple(warnings))
+    unusable = node_errors(pod, found, policy)
+    if unusable:
+        # Validation denies the pod; a patch would only carry the values to a node that
+        # refuses them.
+        return Verdict(True, warnings=(*warnings, *unusable), tier=tier.name)
     ops: list[Op] = []
     _set_entry(
         ops,
@@ -341,6 +357,43 @@ def _load(text: str) -> object:
         return _UNREADABLE
 
 
+def node_errors(pod: PodFacts, found: Classification, policy: Policy) -> list[str]:
+    """Why the node would refuse the tier values of the pod's containers, if it would.
+
+    The node's own policy core decides, on the annotation mutation writes: a quantity beyond
+    int64, or a cgroup value computed from it beyond int64 (1e18 cores), is an error there.
+    Native limits are taken as absent, which can only find more errors than the node.
+    """
+    spec = derive_spec(pod, tier_resources(policy))
+    if spec is None or found.tier is None or found.priority is None:
+        return []
+    settings = policy.classifier.settings
+    view = PodView(
+        uid="",
+        namespace=pod.namespace,
+        name=pod.name,
+        labels={**pod.labels, settings.priority_class_label: found.priority.value},
+        annotations={settings.spec_annotation: encode_spec(spec)},
+        cgroup_parent=cgroup_parent(pod),
+    )
+    decisions = [
+        (f"container {name!r}: ", decide_container(view, ContainerView("", name), policy))
+        for name in sorted(spec["containers"])
+    ]
+    decisions.append(("pod level: ", decide_pod(view, policy)))
+    errors: list[str] = []
+    for where, decision in decisions:
+        if decision.error is None:
+            continue
+        # A spec error names its container already; an overflow does not.
+        error = (
+            where + decision.error if decision.error_kind is ErrorKind.OVERFLOW else decision.error
+        )
+        if error not in errors:
+            errors.append(error)
+    return [f"the node cannot use the tier resources: {error}" for error in errors]
+
+
 def _names_containers(text: str) -> bool:
     """False for an annotation the plugin reads as "no spec": null, {} or empty containers."""
     document = _load(text)
@@ -382,6 +435,11 @@ def validate(pod: PodFacts, policy: Policy) -> Verdict:
     if problems:
         return Verdict(
             False, message="; ".join(problems), code=403, reason="Forbidden", tier=_name(found)
+        )
+    unusable = node_errors(pod, found, policy)
+    if unusable:
+        return Verdict(
+            False, message="; ".join(unusable), code=400, reason="BadRequest", tier=_name(found)
         )
     return Verdict(True, tier=_name(found))
 

@@ -454,3 +454,47 @@ def test_any_body_gets_an_answer(body: bytes) -> None:
     answer = handle(body, "mutate", DEFAULT)
     assert answer.status in (200, 400)
     assert isinstance(answer.body, dict)
+
+
+# -------------------------------------------------------------------------- absurd quantities
+
+
+def absurd_pod(resource: str, quantity: str) -> dict[str, Any]:
+    return pod(
+        container("main", requests={resource: quantity}, limits={resource: quantity}),
+        labels={QOS: "BE", PRIORITY: "koord-mid"},
+    )
+
+
+ABSURD = [
+    (MID_CPU, "1e18"),  # fits int64 as a quantity; the CFS quota computed from it does not
+    (MID_MEMORY, "99999999999999999999"),  # does not fit int64 even as a quantity
+]
+
+
+@pytest.mark.parametrize(("resource", "quantity"), ABSURD)
+def test_a_quantity_the_node_cannot_use_is_denied_with_the_reason(
+    resource: str, quantity: str
+) -> None:
+    response = run("validate", review(absurd_pod(resource, quantity)))
+    assert response["allowed"] is False
+    status = response["status"]
+    assert status["code"] == 400
+    message = status["message"]
+    assert "container 'main'" in message
+    assert "int64" in message
+
+
+@pytest.mark.parametrize(("resource", "quantity"), ABSURD)
+def test_a_quantity_the_node_cannot_use_is_never_patched(resource: str, quantity: str) -> None:
+    response = run("mutate", review(absurd_pod(resource, quantity)))
+    assert response["allowed"] is True
+    assert "patch" not in response
+    assert any("int64" in warning for warning in response.get("warnings", []))
+
+
+def test_large_quantities_that_fit_are_still_admitted() -> None:
+    obj = absurd_pod(MID_MEMORY, "1Ei")
+    assert run("validate", review(obj))["allowed"] is True
+    patched = apply(obj, run("mutate", review(obj)))
+    assert "1Ei" in patched["metadata"]["annotations"][SPEC]
