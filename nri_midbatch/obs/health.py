@@ -1,22 +1,34 @@
 """The HTTP endpoint for Prometheus and kubelet probes.
 
-It runs in a thread of its own, not on the event loop: a wedged loop must make
-`/healthz` fail with a reason, which a server on that same loop could never
-answer. The loop proves it is alive by updating a heartbeat.
+It runs on a loop in a thread of its own (`obs.httpd`), not on the plugin's event loop: a
+wedged loop must make `/healthz` fail with a reason, which a server on that same loop could
+never answer. The loop proves it is alive by updating a heartbeat.
+
+The DaemonSet binds it on all interfaces, so it is bounded like any server facing a network:
+at most `MAX_CONNECTIONS` connections (the oldest waiting one is evicted for a new one), a
+whole request within `REQUEST_DEADLINE` seconds, a request head of at most 16 KiB and no body.
 """
 
 from __future__ import annotations
 
 import asyncio
-import socket
-import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import generate_latest
 
+from nri_midbatch.obs.httpd import BoundedHTTPServer, Request, Response, parse_address
 from nri_midbatch.obs.metrics import Metrics
+
+__all__ = [
+    "DEFAULT_STALL_AFTER",
+    "MAX_CONNECTIONS",
+    "METRICS_CONTENT_TYPE",
+    "REQUEST_DEADLINE",
+    "HealthServer",
+    "Readiness",
+    "parse_address",
+]
 
 HEARTBEAT_INTERVAL = 1.0
 #: A loop that has not run for this long is wedged: the runtime would already
@@ -25,25 +37,12 @@ DEFAULT_STALL_AFTER = 10.0
 #: What `generate_latest` writes. Not prometheus_client's CONTENT_TYPE_LATEST,
 #: which names text format 1.0.0 since 0.22 while the body stays 0.0.4.
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: Prometheus and kubelet's two probes need a handful; the rest is room for a second scraper.
+MAX_CONNECTIONS = 16
+#: For a whole request, and for an idle keep-alive connection to send its next one.
+REQUEST_DEADLINE = 10.0
 
 Readiness = Callable[[], tuple[bool, str]]
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """`host:port`, `[v6]:port` or `:port` (all interfaces)."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"metrics address {address!r} must be HOST:PORT")
-    host = host.strip("[]") or "0.0.0.0"
-    return host, int(port)
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-
-class _Server6(_Server):
-    address_family = socket.AF_INET6
 
 
 class HealthServer:
@@ -54,6 +53,8 @@ class HealthServer:
         readiness: Readiness,
         *,
         stall_after: float = DEFAULT_STALL_AFTER,
+        max_connections: int = MAX_CONNECTIONS,
+        deadline: float = REQUEST_DEADLINE,
     ) -> None:
         self._metrics = metrics
         self._readiness = readiness
@@ -61,23 +62,24 @@ class HealthServer:
         # Beat well within stall_after, or an idle loop would look stalled.
         self._interval = min(HEARTBEAT_INTERVAL, stall_after / 4)
         self._beat = time.monotonic()
-        host, port = parse_address(address)
-        server_type = _Server6 if ":" in host else _Server
-        self._server = server_type((host, port), self._handler())
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="nri-midbatch-http", daemon=True
+        self.http = BoundedHTTPServer(
+            address,
+            self._handle,
+            name="nri-midbatch-http",
+            max_connections=max_connections,
+            deadline=deadline,
+            max_body=0,
         )
 
     @property
     def port(self) -> int:
-        return int(self._server.server_address[1])
+        return self.http.port
 
     def start(self) -> None:
-        self._thread.start()
+        self.http.start()
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self.http.stop()
 
     async def heartbeat(self) -> None:
         while True:
@@ -87,38 +89,20 @@ class HealthServer:
     def _health(self) -> tuple[int, str]:
         stalled = time.monotonic() - self._beat
         if stalled > self._stall_after:
-            return 500, f"event loop stalled for {stalled:.1f}s\n"
-        return 200, "ok\n"
+            return 500, f"event loop stalled for {stalled:.1f}s"
+        return 200, "ok"
 
     def _ready(self) -> tuple[int, str]:
         ready, reason = self._readiness()
-        return (200, "ok\n") if ready else (503, f"{reason}\n")
+        return (200, "ok") if ready else (503, reason)
 
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                path = self.path.split("?", 1)[0]
-                if path == "/metrics":
-                    self._send(200, generate_latest(server._metrics.registry), METRICS_CONTENT_TYPE)
-                elif path == "/healthz":
-                    status, text = server._health()
-                    self._send(status, text.encode(), "text/plain; charset=utf-8")
-                elif path == "/readyz":
-                    status, text = server._ready()
-                    self._send(status, text.encode(), "text/plain; charset=utf-8")
-                else:
-                    self._send(404, b"not found\n", "text/plain; charset=utf-8")
-
-            def _send(self, status: int, body: bytes, content_type: str) -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass  # probes every few seconds would drown the plugin's own log
-
-        return Handler
+    def _handle(self, request: Request) -> Response:
+        if request.method != "GET":
+            return Response.text(405, "only GET is served")
+        if request.path == "/metrics":
+            return Response(200, generate_latest(self._metrics.registry), METRICS_CONTENT_TYPE)
+        if request.path == "/healthz":
+            return Response.text(*self._health())
+        if request.path == "/readyz":
+            return Response.text(*self._ready())
+        return Response.text(404, "not found")

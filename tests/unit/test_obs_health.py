@@ -8,19 +8,23 @@ can still be reported, so the wedge here is a real blocking call on the loop.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import select
 import socket
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from http.client import HTTPConnection
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from nri_midbatch import __version__
 from nri_midbatch.obs.health import HealthServer, parse_address
+from nri_midbatch.obs.httpd import MAX_HEAD_BYTES
 from nri_midbatch.obs.metrics import Metrics
 
 from .nri_fixtures import run
@@ -29,10 +33,10 @@ STALL_AFTER = 0.5
 WEDGE = 1.0
 
 
-def http_get(url: str) -> tuple[int, str, str]:
+def http_get(url: str, timeout: float = 2) -> tuple[int, str, str]:
     """(status, Content-Type, body) for any status, 5xx and 404 included."""
     try:
-        with urllib.request.urlopen(url, timeout=2) as reply:
+        with urllib.request.urlopen(url, timeout=timeout) as reply:
             return reply.status, reply.headers["Content-Type"], reply.read().decode()
     except urllib.error.HTTPError as error:
         with error:
@@ -214,6 +218,98 @@ def test_serves_on_an_ipv6_address(readiness: Readiness) -> None:
         assert http_get(f"http://[::1]:{health.port}/readyz")[0] == 503
     finally:
         stop_in_background(health)
+
+
+# ---------------------------------------------------------------------------
+# Bounds: connections, deadline, request size
+# ---------------------------------------------------------------------------
+
+IDLE_CLIENTS = 100  # far over the cap; the old threaded server spent a thread and fd on each
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def closed_by_peer(sock: socket.socket, wait: float) -> bool:
+    """Whether the server has closed the connection (EOF or reset) within `wait` seconds."""
+    readable, _, _ = select.select([sock], [], [], wait)
+    if not readable:
+        return False
+    try:
+        return sock.recv(4096) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_idle_connections_beyond_the_cap_cost_no_thread_and_lock_out_no_one(
+    readiness: Readiness,
+) -> None:
+    # No heartbeat runs here: a long stall_after keeps /healthz about the connections.
+    health = HealthServer("127.0.0.1:0", Metrics(), readiness, stall_after=3600)
+    health.start()
+    threads, fds = threading.active_count(), open_fds()
+    idle = [socket.create_connection(("127.0.0.1", health.port)) for _ in range(IDLE_CLIENTS)]
+    try:
+        # A real client gets its answers while every idle connection is still open (they never
+        # reach the deadline here: the newest connection evicts the oldest idle one).
+        assert http_get(url(health, "/healthz"), timeout=10)[0::2] == (200, "ok\n")
+        status, _, body = http_get(url(health, "/metrics"), timeout=10)
+        assert status == 200
+        assert "nri_midbatch_build_info" in body
+        assert threading.active_count() <= threads
+        server_fds = open_fds() - fds - len(idle)
+        assert server_fds <= health.http.max_connections
+        # The evicted ones were closed, oldest first; the newest are still being waited for.
+        assert closed_by_peer(idle[0], 5.0)
+        assert not closed_by_peer(idle[-1], 0.0)
+    finally:
+        for sock in idle:
+            sock.close()
+        stop_in_background(health)
+
+
+def test_a_trickled_request_is_cut_at_the_deadline(readiness: Readiness) -> None:
+    health = HealthServer("127.0.0.1:0", Metrics(), readiness, deadline=0.5)
+    health.start()
+    request = b"GET /metrics HTTP/1.1\r\nX-Slow: " + b"a" * 200 + b"\r\n\r\n"
+    sent = 0
+    try:
+        with socket.create_connection(("127.0.0.1", health.port)) as sock:
+            # One byte every 50 ms: each arrives well within any per-read timeout, and the
+            # whole request would take 11 s. Bounded: the loop ends when the bytes do.
+            while sent < len(request):
+                try:
+                    sock.sendall(request[sent : sent + 1])
+                except OSError:
+                    break
+                sent += 1
+                if closed_by_peer(sock, 0.05):
+                    break
+        assert sent < len(request)
+    finally:
+        stop_in_background(health)
+
+
+def test_requests_over_the_size_bounds_are_refused(server: HealthServer) -> None:
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nX-Big: " + b"a" * (MAX_HEAD_BYTES + 1))
+        assert sock.recv(4096).startswith(b"HTTP/1.1 431 ")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nContent-Length: 5\r\n\r\n")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 413 ")
+
+
+def test_keep_alive_serves_many_requests_on_one_connection(server: HealthServer) -> None:
+    connection = HTTPConnection("127.0.0.1", server.port, timeout=10)
+    try:
+        for _ in range(3):
+            connection.request("GET", "/metrics")
+            reply = connection.getresponse()
+            assert reply.status == 200
+            assert b"nri_midbatch_build_info" in reply.read()
+    finally:
+        connection.close()
 
 
 # ---------------------------------------------------------------------------
