@@ -28,6 +28,13 @@ EVENT_BUCKETS = (
 )  # fmt: skip
 
 
+def build_info(registry: CollectorRegistry) -> None:
+    build = Gauge(
+        "nri_midbatch_build_info", "Build information", ["version", "python"], registry=registry
+    )
+    build.labels(__version__, platform.python_version()).set(1)
+
+
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -64,19 +71,53 @@ class Metrics:
             registry=r,
         )
         # Configuration reloads are counted by the App's CountersCollector.
-        build = Gauge(
-            "nri_midbatch_build_info",
-            "Build information",
-            ["version", "python"],
-            registry=r,
-        )
-        build.labels(__version__, platform.python_version()).set(1)
+        build_info(r)
 
     def observer(self) -> CallObserver:
         return CallObserver(self)
 
     def add_collector(self, collector: Collector) -> None:
         self.registry.register(collector)
+
+
+#: The API server waits timeoutSeconds (at most 30 s, 5 s in the examples) for a review.
+WEBHOOK_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+)  # fmt: skip
+
+
+class WebhookMetrics:
+    """The admission webhook's families, on a registry of its own (it is another process)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.reviews = Counter(
+            "nri_midbatch_webhook_requests",
+            "AdmissionReviews answered, by endpoint and result",
+            ["endpoint", "result"],
+            registry=r,
+        )
+        self.review_duration = Histogram(
+            "nri_midbatch_webhook_request_duration_seconds",
+            "Time to decide an AdmissionReview, from its body read to its answer ready",
+            ["endpoint"],
+            buckets=WEBHOOK_BUCKETS,
+            registry=r,
+        )
+        self.certificate_reloads = Counter(
+            "nri_midbatch_webhook_certificate_reloads",
+            "Changed TLS certificate and key files: loaded (ok) or kept the previous (failed)",
+            ["result"],
+            registry=r,
+        )
+        for endpoint in ("mutate", "validate"):
+            self.review_duration.labels(endpoint)
+            for result in ("allowed", "denied", "patched", "error"):
+                self.reviews.labels(endpoint, result)
+        for result in ("ok", "failed"):
+            self.certificate_reloads.labels(result)
+        build_info(r)
 
 
 class _ObservedCall:

@@ -1,33 +1,36 @@
-"""The HTTPS server: stdlib http.server in threads, TLS per connection, bounded and timed.
+"""The HTTPS server: one thread and event loop (`obs.httpd`), TLS per connection, bounded and timed.
 
-- Each accepted connection gets a thread (at most `max_connections` at once; more are closed
-  at once). The TLS handshake runs in that thread, under the connection timeout, so a slow or
-  silent client never holds up accept().
+- At most `max_connections` connections at once; a new one evicts the connection that has
+  waited longest for its request, so silent or trickling clients cannot lock out the API
+  server. A whole request, the TLS handshake included, must arrive within `timeout` seconds,
+  however its bytes trickle in.
 - Bodies need a Content-Length of at most `max_body` bytes (413 otherwise, unread).
 - The certificate and key are re-read when their files change (cert-manager and the Secret
   volume rotate them in place), and so is the configuration file; a file that does not load
   keeps the previous one in force and is logged once per change.
 - POST /mutate and /validate answer AdmissionReviews; GET /healthz and /readyz serve probes
-  (/readyz fails while draining, so the Service stops sending work before the server stops).
+  (/readyz fails while draining, so the Service stops sending work before the server stops);
+  GET /metrics serves the webhook's own Prometheus families.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import ssl
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import structlog
+from prometheus_client import generate_latest
 
 from nri_midbatch.config import Config, ConfigError, load_config_file
-from nri_midbatch.obs.health import parse_address
+from nri_midbatch.obs.health import METRICS_CONTENT_TYPE
+from nri_midbatch.obs.httpd import BoundedHTTPServer, Request, Response
+from nri_midbatch.obs.metrics import WebhookMetrics
 from nri_midbatch.policy import Policy, compile_policy
 
 from .admission import Answer, Endpoint, handle
@@ -43,8 +46,9 @@ __all__ = [
 DEFAULT_ADDRESS = "0.0.0.0:9443"
 #: The API server's own request body limit (3 MiB); a Pod review is far smaller.
 MAX_BODY_BYTES = 3 * 1024 * 1024
-#: Per socket operation: the TLS handshake, reading a request, idle keep-alive. The API
-#: server gives a webhook timeoutSeconds (5 in the examples) for the whole call.
+#: For a whole request, TLS handshake included, and for an idle keep-alive connection to send
+#: its next one. The API server gives a webhook timeoutSeconds (5 in the examples) for the
+#: whole call, so a real review never comes near it.
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_MAX_CONNECTIONS = 128
 DEFAULT_RELOAD_INTERVAL = 10.0
@@ -85,10 +89,11 @@ class _Watched:
         self._loaded = _signature(paths)
         self._failed: Signature | None = None
 
-    def poll(self) -> bool:
+    def poll(self) -> bool | None:
+        """True when reloaded, False when a change did not load, None when nothing changed."""
         current = _signature(self.paths)
         if current == self._loaded or None in current:
-            return False
+            return None
         try:
             self._load()
         except Exception as error:  # any loader error keeps the old state
@@ -98,63 +103,11 @@ class _Watched:
                     error=str(error),
                     files=[str(p) for p in self.paths],
                 )
-            self._failed = current
-            return False
+            retried, self._failed = current == self._failed, current
+            return None if retried else False
         self._loaded, self._failed = current, None
         log.info(f"{self.what} reloaded", files=[str(p) for p in self.paths])
         return True
-
-
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    block_on_close = False
-    request_queue_size = 64
-
-    def __init__(
-        self,
-        address: tuple[str, int],
-        handler: type[BaseHTTPRequestHandler],
-        owner: WebhookServer,
-        family: socket.AddressFamily,
-    ) -> None:
-        self.address_family = family
-        self.owner = owner
-        super().__init__(address, handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.owner._slots.acquire(blocking=False):
-            log.warning("too many connections; closing one", client=str(client_address[0]))
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self.owner._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.owner._slots.release()
-
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        request.settimeout(self.owner.timeout)
-        try:
-            # The handshake runs here, in this connection's thread, under the timeout.
-            tls = self.owner.tls_context.wrap_socket(request, server_side=True)
-        except (OSError, ValueError) as error:  # ssl.SSLError and timeouts are OSErrors
-            log.debug("TLS handshake failed", client=str(client_address[0]), error=str(error))
-            return
-        try:
-            self.RequestHandlerClass(tls, client_address, self)  # type: ignore[arg-type]
-        except OSError as error:  # the peer went away or timed out mid-request
-            log.debug("connection ended", client=str(client_address[0]), error=str(error))
-        finally:
-            tls.close()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        log.exception("unexpected error serving a connection", client=str(client_address[0]))
 
 
 class WebhookServer:
@@ -176,32 +129,39 @@ class WebhookServer:
         self.reload_interval = reload_interval
         self.tls_context = load_tls_context(cert, key)
         self.policy: Policy = compile_policy(config)
+        self.metrics = WebhookMetrics()
         self.draining = False
-        self._slots = threading.BoundedSemaphore(max_connections)
         self._stopping = threading.Event()
-        self._watched = [
-            _Watched("TLS certificate", (Path(cert), Path(key)), lambda: self._load_tls(cert, key))
-        ]
+        self._certificate = _Watched(
+            "TLS certificate", (Path(cert), Path(key)), lambda: self._load_tls(cert, key)
+        )
+        self._watched = [self._certificate]
         if config_path is not None:
             path = Path(config_path)
             self._watched.append(
                 _Watched("configuration", (path,), lambda: self._load_config(path))
             )
-        host, port = parse_address(address)
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._server = _HTTPServer((host, port), _handler(self), self, family)
-        self._threads = [
-            threading.Thread(target=self._server.serve_forever, name="webhook-http", daemon=True),
-            threading.Thread(target=self._watch, name="webhook-reload", daemon=True),
-        ]
+        self.http = BoundedHTTPServer(
+            address,
+            self._handle,
+            name="webhook-http",
+            max_connections=max_connections,
+            deadline=timeout,
+            max_body=max_body,
+            tls=lambda: self.tls_context,
+            server_header="nri-midbatch-webhook",
+        )
+        self._reload_thread = threading.Thread(
+            target=self._watch, name="webhook-reload", daemon=True
+        )
 
     @property
     def port(self) -> int:
-        return int(self._server.server_address[1])
+        return self.http.port
 
     def start(self) -> None:
-        for thread in self._threads:
-            thread.start()
+        self.http.start()
+        self._reload_thread.start()
         log.info("webhook serving", port=self.port)
 
     def drain(self) -> None:
@@ -210,16 +170,15 @@ class WebhookServer:
 
     def stop(self) -> None:
         self._stopping.set()
-        if self._threads[0].is_alive():  # shutdown() waits for a serve_forever that runs
-            self._server.shutdown()
-        self._server.server_close()
-        for thread in self._threads:
-            if thread.is_alive():
-                thread.join(timeout=5)
+        self.http.stop()
+        if self._reload_thread.is_alive():
+            self._reload_thread.join(timeout=5)
 
     def poll_files(self) -> None:
         for watched in self._watched:
-            watched.poll()
+            reloaded = watched.poll()
+            if watched is self._certificate and reloaded is not None:
+                self.metrics.certificate_reloads.labels("ok" if reloaded else "failed").inc()
 
     def _watch(self) -> None:
         while not self._stopping.wait(self.reload_interval):
@@ -241,9 +200,43 @@ class WebhookServer:
             answer = handle(body, endpoint, self.policy)
         except Exception:  # handle() never raises; this keeps a bug from dropping the call
             log.exception("admission handler failed", endpoint=endpoint)
-            return Answer(500, {"error": "internal error"})
-        _log_answer(endpoint, answer, time.perf_counter() - started)
+            answer = Answer(500, {"error": "internal error"})
+        elapsed = time.perf_counter() - started
+        self.metrics.review_duration.labels(endpoint).observe(elapsed)
+        self.metrics.reviews.labels(endpoint, _result(answer)).inc()
+        if answer.status != 500:
+            _log_answer(endpoint, answer, elapsed)
         return answer
+
+    def _handle(self, request: Request) -> Response:
+        if request.method == "POST":
+            endpoint = _ENDPOINTS.get(request.path)
+            if endpoint is None:
+                return Response.text(404, "not found")
+            media = (request.headers.get("content-type") or "application/json").split(";")[0]
+            if media.strip().lower() != "application/json":
+                self.metrics.reviews.labels(endpoint, "error").inc()
+                return Response.text(415, "Content-Type must be application/json")
+            answer = self.answer(endpoint, request.body)
+            return Response(answer.status, json.dumps(answer.body).encode(), "application/json")
+        if request.method != "GET":
+            return Response.text(405, "only GET and POST are served")
+        if request.path == "/healthz":
+            return Response.text(200, "ok")
+        if request.path == "/readyz":
+            return Response.text(503, "draining") if self.draining else Response.text(200, "ok")
+        if request.path == "/metrics":
+            return Response(200, generate_latest(self.metrics.registry), METRICS_CONTENT_TYPE)
+        return Response.text(404, "not found")
+
+
+def _result(answer: Answer) -> str:
+    verdict = answer.verdict
+    if verdict is None:
+        return "error"
+    if not verdict.allowed:
+        return "denied"
+    return "patched" if verdict.patch else "allowed"
 
 
 def _log_answer(endpoint: Endpoint, answer: Answer, seconds: float) -> None:
@@ -270,73 +263,3 @@ def _log_answer(endpoint: Endpoint, answer: Answer, seconds: float) -> None:
         log.info("pod mutated", **fields)
     else:
         log.debug("pod admitted", **fields)
-
-
-def _handler(server: WebhookServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive: the API server reuses connections
-        timeout = server.timeout
-        server_version = "nri-midbatch-webhook"
-        sys_version = ""
-
-        def do_POST(self) -> None:
-            endpoint = _ENDPOINTS.get(self.path.split("?", 1)[0])
-            if endpoint is None:
-                self._plain(404, "not found")
-                return
-            if self.headers.get("Transfer-Encoding"):
-                self._plain(411, "send the body with a Content-Length", close=True)
-                return
-            raw_length = self.headers.get("Content-Length")
-            if raw_length is None:
-                self._plain(411, "Content-Length is required", close=True)
-                return
-            if not raw_length.strip().isdigit():
-                self._plain(400, "Content-Length is not a number", close=True)
-                return
-            length = int(raw_length)
-            if length > server.max_body:
-                # Not read: the connection closes instead.
-                self._plain(413, f"body over {server.max_body} bytes", close=True)
-                return
-            body = self.rfile.read(length)
-            if len(body) < length:
-                self.close_connection = True
-                return
-            media = (self.headers.get("Content-Type") or "application/json").split(";")[0]
-            if media.strip().lower() != "application/json":
-                self._plain(415, "Content-Type must be application/json")
-                return
-            answer = server.answer(endpoint, body)
-            self._send(answer.status, json.dumps(answer.body).encode(), "application/json")
-
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/healthz":
-                self._plain(200, "ok")
-            elif path == "/readyz":
-                if server.draining:
-                    self._plain(503, "draining")
-                else:
-                    self._plain(200, "ok")
-            else:
-                self._plain(404, "not found")
-
-        def _plain(self, status: int, text: str, close: bool = False) -> None:
-            if close:
-                self.close_connection = True
-            self._send(status, (text + "\n").encode(), "text/plain; charset=utf-8")
-
-        def _send(self, status: int, body: bytes, content_type: str) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            if self.close_connection:
-                self.send_header("Connection", "close")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:
-            pass  # every review is logged by WebhookServer.answer; probes are not worth it
-
-    return Handler

@@ -24,6 +24,7 @@ from nri_midbatch.app import App
 from nri_midbatch.cli import _parser
 from nri_midbatch.config import load_config_text
 from nri_midbatch.nri.loopback import LoopbackRuntime, socketpair_streams
+from nri_midbatch.obs.metrics import WebhookMetrics
 from nri_midbatch.record import Recorder, Written
 
 from .nri_fixtures import STEP_TIMEOUT, run
@@ -154,10 +155,15 @@ def exposed_families(tmp_path: Path) -> dict[str, tuple[str, frozenset[str]]]:
     return families
 
 
-def documented_families() -> dict[str, tuple[str, frozenset[str]]]:
-    """The rows of the metrics table in docs/metrics.md."""
+WEBHOOK_METRICS_HEADING = "## The admission webhook's metrics"
+
+
+def documented_families(webhook: bool = False) -> dict[str, tuple[str, frozenset[str]]]:
+    """The rows of the plugin's (or the webhook's) metrics table in docs/metrics.md."""
+    plugin, _, rest = METRICS_DOC.read_text().partition(WEBHOOK_METRICS_HEADING)
+    section = rest.split("\n## ", 1)[0] if webhook else plugin
     rows: dict[str, tuple[str, frozenset[str]]] = {}
-    for line in METRICS_DOC.read_text().splitlines():
+    for line in section.splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
         if len(cells) < 4 or not cells[0].startswith("`nri_midbatch_"):
             continue
@@ -175,6 +181,17 @@ def test_metrics_doc_lists_exactly_the_exposed_families(tmp_path: Path) -> None:
     assert set(documented) - set(exposed) == set(), "in docs/metrics.md but not exposed"
     for name, type_and_labels in exposed.items():
         assert documented[name] == type_and_labels, name
+
+
+def test_metrics_doc_lists_exactly_the_webhooks_families() -> None:
+    exposed: dict[str, tuple[str, frozenset[str]]] = {}
+    for family in WebhookMetrics().registry.collect():
+        name = family.name + ("_total" if family.type == "counter" else "")
+        labels = frozenset(
+            label for sample in family.samples for label in sample.labels if label != "le"
+        )
+        exposed[name] = (family.type, labels)
+    assert documented_families(webhook=True) == exposed
 
 
 # ---------------------------------------------------------------------------

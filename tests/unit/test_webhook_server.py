@@ -1,0 +1,247 @@
+"""The webhook's server under slow clients, and its metrics, over real sockets on 127.0.0.1.
+
+Deadlines are short here so that the tests are quick; the loops that trickle bytes are bounded
+by the bytes they have to send, never by the clock.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import ssl
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from nri_midbatch.config import Config
+from nri_midbatch.webhook.server import WebhookServer
+
+from .test_webhook import (
+    PRIORITY,
+    QOS,
+    Client,
+    Tls,
+    container,
+    issue_tls,
+    mid_pod,
+    pod,
+    read_reply,
+    review,
+)
+
+CAP = 8
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> Tls:
+    return issue_tls(tmp_path_factory.mktemp("tls"))
+
+
+def serve(tls: Tls, **options: float) -> WebhookServer:
+    webhook = WebhookServer(
+        "127.0.0.1:0", tls.cert, tls.key, Config(), reload_interval=3600, **options
+    )
+    webhook.start()
+    return webhook
+
+
+def closed_by_peer(sock: socket.socket, wait: float) -> bool:
+    """Whether the server closed the connection (EOF, reset, TLS error) within `wait` s.
+
+    Never blocks past `wait`: a TLS 1.3 session ticket makes the socket readable with no data.
+    """
+    pending = isinstance(sock, ssl.SSLSocket) and sock.pending() > 0
+    if not pending and not select.select([sock], [], [], wait)[0]:
+        return False
+    timeout = sock.gettimeout()
+    sock.setblocking(False)
+    try:
+        return sock.recv(4096) == b""
+    except (ssl.SSLWantReadError, BlockingIOError):
+        return False
+    except (ConnectionError, ssl.SSLError):
+        return True
+    finally:
+        sock.settimeout(timeout)
+
+
+def trickle(sock: socket.socket, data: bytes, every: float = 0.05) -> int:
+    """Sends one byte every `every` s until the server closes; returns how many were sent."""
+    sent = 0
+    while sent < len(data):
+        try:
+            sock.sendall(data[sent : sent + 1])
+        except (OSError, ssl.SSLError):
+            break
+        sent += 1
+        if closed_by_peer(sock, every):
+            break
+    return sent
+
+
+# ----------------------------------------------------------------------- slow clients
+
+
+def test_slow_clients_at_the_cap_do_not_keep_real_reviews_out(tls: Tls) -> None:
+    # A deadline far beyond the test: only fairness at the cap can let the reviews in.
+    webhook = serve(tls, max_connections=CAP, timeout=120)
+    slow: list[socket.socket] = []
+    try:
+        # TLS clients that started a request and then stall, one byte sent ...
+        for _ in range(CAP):
+            sock = tls.client().wrap_socket(
+                socket.create_connection(("127.0.0.1", webhook.port), timeout=10),
+                server_hostname="localhost",
+            )
+            sock.sendall(b"P")
+            slow.append(sock)
+        # ... and as many silent TCP connections that never start the handshake.
+        slow += [socket.create_connection(("127.0.0.1", webhook.port)) for _ in range(CAP)]
+        client = Client(webhook, tls)
+        for index in range(3):
+            reply = client.admit("/mutate", review(mid_pod(), uid=f"uid-{index}"))
+            assert reply["response"]["allowed"] is True
+        assert webhook.http.open_connections <= CAP
+        # The oldest slow ones were evicted for them.
+        assert closed_by_peer(slow[0], 5.0)
+    finally:
+        for sock in slow:
+            sock.close()
+        webhook.stop()
+
+
+def test_a_trickled_tls_handshake_is_cut_at_the_deadline(tls: Tls) -> None:
+    webhook = serve(tls, timeout=0.5)
+    try:
+        with socket.create_connection(("127.0.0.1", webhook.port), timeout=10) as sock:
+            # A TLS handshake record announcing 512 bytes, then its bytes one by one: every
+            # byte arrives long before any per-read timeout, the whole would take 26 s.
+            hello = b"\x16\x03\x01\x02\x00" + b"\x01" * 512
+            assert trickle(sock, hello) < len(hello)
+    finally:
+        webhook.stop()
+
+
+def test_a_trickled_request_is_cut_at_the_deadline(tls: Tls) -> None:
+    webhook = serve(tls, timeout=0.5)
+    try:
+        raw = socket.create_connection(("127.0.0.1", webhook.port), timeout=10)
+        with tls.client().wrap_socket(raw, server_hostname="localhost") as sock:
+            head = b"POST /mutate HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 400 + b"\r\n\r\n"
+            assert trickle(sock, head) < len(head)
+    finally:
+        webhook.stop()
+
+
+def test_an_idle_keep_alive_connection_is_closed_at_the_deadline(tls: Tls) -> None:
+    webhook = serve(tls, timeout=0.5)
+    try:
+        raw = socket.create_connection(("127.0.0.1", webhook.port), timeout=10)
+        with tls.client().wrap_socket(raw, server_hostname="localhost") as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert read_reply(sock).startswith(b"HTTP/1.1 200 ")
+            # Bounded: the deadline is 0.5 s; anything but a close within 10 s fails.
+            closed = False
+            for _ in range(100):
+                closed = closed_by_peer(sock, 0.1)
+                if closed:
+                    break
+            assert closed
+    finally:
+        webhook.stop()
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+@pytest.fixture
+def webhook(tls: Tls) -> Iterator[WebhookServer]:
+    server = serve(tls)
+    yield server
+    server.stop()
+
+
+def scrape(client: Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    status, content_type, body = client.raw("GET", "/metrics")
+    assert status == 200
+    assert content_type.startswith("text/plain; version=0.0.4")
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(body.decode())
+        for sample in family.samples
+    }
+
+
+def requests(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> dict[str, float]:
+    return {
+        f"{dict(labels)['endpoint']}/{dict(labels)['result']}": value
+        for (name, labels), value in samples.items()
+        if name == "nri_midbatch_webhook_requests_total"
+    }
+
+
+def test_reviews_are_counted_by_endpoint_and_result(webhook: WebhookServer, tls: Tls) -> None:
+    client = Client(webhook, tls)
+    assert set(requests(scrape(client)).values()) == {0.0}
+    no_tier = pod(container("c"))
+    forbidden = pod(container("c"), labels={QOS: "BE", PRIORITY: "koord-prod"})
+    client.admit("/mutate", review(mid_pod()))  # patched
+    client.admit("/mutate", review(mid_pod()))
+    client.admit("/mutate", review(no_tier))  # allowed
+    client.admit("/validate", review(mid_pod()))  # allowed
+    client.admit("/validate", review(forbidden))  # denied
+    assert client.post("/validate", b"not json")[0] == 400  # error
+    assert client.raw("POST", "/mutate", b"{}", {"Content-Type": "text/plain"})[0] == 415
+    samples = scrape(client)
+    assert requests(samples) == {
+        "mutate/patched": 2,
+        "mutate/allowed": 1,
+        "mutate/denied": 0,
+        "mutate/error": 1,
+        "validate/allowed": 1,
+        "validate/denied": 1,
+        "validate/patched": 0,
+        "validate/error": 1,
+    }
+    histogram = "nri_midbatch_webhook_request_duration_seconds_count"
+    assert samples[(histogram, (("endpoint", "mutate"),))] == 3
+    assert samples[(histogram, (("endpoint", "validate"),))] == 3
+
+
+def test_certificate_reloads_are_counted(tmp_path: Path) -> None:
+    first = issue_tls(tmp_path / "live")
+    webhook = serve(first)
+    try:
+        client = Client(webhook, first)
+
+        def reloads() -> dict[str, float]:
+            return {
+                dict(labels)["result"]: value
+                for (name, labels), value in scrape(client).items()
+                if name == "nri_midbatch_webhook_certificate_reloads_total"
+            }
+
+        assert reloads() == {"ok": 0, "failed": 0}
+        second = issue_tls(tmp_path / "next")
+        first.cert.write_bytes(second.cert.read_bytes())  # does not match the old key
+        webhook.poll_files()
+        webhook.poll_files()  # the same broken pair is not counted twice
+        assert reloads() == {"ok": 0, "failed": 1}
+        first.key.write_bytes(second.key.read_bytes())
+        webhook.poll_files()
+        client = Client(webhook, second)
+        assert reloads() == {"ok": 1, "failed": 1}
+    finally:
+        webhook.stop()
+
+
+def test_the_webhook_families_are_documented() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    for family in (
+        "nri_midbatch_webhook_requests_total",
+        "nri_midbatch_webhook_request_duration_seconds",
+        "nri_midbatch_webhook_certificate_reloads_total",
+    ):
+        assert f"`{family}`" in text
