@@ -39,9 +39,15 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> Tls:
     return issue_tls(tmp_path_factory.mktemp("tls"))
 
 
-def serve(tls: Tls, **options: float) -> WebhookServer:
+def serve(tls: Tls, *, timeout: float = 10.0, max_connections: int = 128) -> WebhookServer:
     webhook = WebhookServer(
-        "127.0.0.1:0", tls.cert, tls.key, Config(), reload_interval=3600, **options
+        "127.0.0.1:0",
+        tls.cert,
+        tls.key,
+        Config(),
+        reload_interval=3600,
+        timeout=timeout,
+        max_connections=max_connections,
     )
     webhook.start()
     return webhook
@@ -91,12 +97,12 @@ def test_slow_clients_at_the_cap_do_not_keep_real_reviews_out(tls: Tls) -> None:
     try:
         # TLS clients that started a request and then stall, one byte sent ...
         for _ in range(CAP):
-            sock = tls.client().wrap_socket(
+            tls_sock = tls.client().wrap_socket(
                 socket.create_connection(("127.0.0.1", webhook.port), timeout=10),
                 server_hostname="localhost",
             )
-            sock.sendall(b"P")
-            slow.append(sock)
+            tls_sock.sendall(b"P")
+            slow.append(tls_sock)
         # ... and as many silent TCP connections that never start the handshake.
         slow += [socket.create_connection(("127.0.0.1", webhook.port)) for _ in range(CAP)]
         client = Client(webhook, tls)
