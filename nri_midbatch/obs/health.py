@@ -69,6 +69,7 @@ class HealthServer:
             max_connections=max_connections,
             deadline=deadline,
             max_body=0,
+            on_drop=lambda reason: metrics.http_dropped.labels(reason).inc(),
         )
 
     @property

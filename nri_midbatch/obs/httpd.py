@@ -100,10 +100,11 @@ class _Refused(Exception):
 
 
 class _Connection:
-    __slots__ = ("task", "waiting_since", "writer")
+    __slots__ = ("answered", "task", "waiting_since", "writer")
 
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self.writer = writer
+        self.answered = 0
         self.task = asyncio.current_task()
         #: When it started waiting for a request; None while it is being answered.
         self.waiting_since: float | None = time.monotonic()
@@ -128,7 +129,11 @@ class BoundedHTTPServer:
         max_body: int,
         tls: Callable[[], ssl.SSLContext] | None = None,
         server_header: str = "nri-midbatch",
+        on_drop: Callable[[str], None] = lambda reason: None,
     ) -> None:
+        """`on_drop(reason)` counts each connection the bounds end early: `evicted` for a newer
+        one at the cap, `refused` at the cap, `deadline` (no answer yet when it passed), or
+        `bad_request` (over a size bound, or not HTTP/1.x)."""
         if max_connections < 1:
             raise ValueError("max_connections must be at least 1")
         self.max_connections = max_connections
@@ -136,6 +141,7 @@ class BoundedHTTPServer:
         self.max_body = max_body
         self._handler = handler
         self._tls = tls
+        self._on_drop = on_drop
         self._server_header = server_header
         host, port = parse_address(address)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -190,6 +196,7 @@ class BoundedHTTPServer:
             oldest = min(waiting, key=lambda c: c.waiting_since or 0.0)
             self._connections.discard(oldest)
             oldest.drop()
+            self._on_drop("evicted")
         self._connections.add(connection)
         return True
 
@@ -197,11 +204,16 @@ class BoundedHTTPServer:
         connection = _Connection(writer)
         if not self._admit(connection):
             log.warning("connection refused: every connection is busy", limit=self.max_connections)
+            self._on_drop("refused")
             writer.transport.abort()
             return
         try:
             await self._serve_connection(connection, reader, writer)
-        except (OSError, EOFError, asyncio.IncompleteReadError, TimeoutError) as error:
+        except TimeoutError:
+            # An idle keep-alive connection closed after its answers is the normal end.
+            if not connection.answered:
+                self._on_drop("deadline")
+        except (OSError, EOFError, asyncio.IncompleteReadError) as error:
             log.debug("connection ended", error=repr(error))
         except asyncio.CancelledError:
             pass  # evicted or stopping; the task ends here either way
@@ -219,11 +231,13 @@ class BoundedHTTPServer:
         while request is not None:
             connection.waiting_since = None
             if isinstance(request, Response):
+                self._on_drop("bad_request")
                 await self._write(writer, request)
                 return
             response = self._answer(request)
             close = response.close or not request.keep_alive
             await self._write(writer, response, close)
+            connection.answered += 1
             if close:
                 return
             connection.waiting_since = time.monotonic()

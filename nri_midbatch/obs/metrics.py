@@ -35,6 +35,23 @@ def build_info(registry: CollectorRegistry) -> None:
     build.labels(__version__, platform.python_version()).set(1)
 
 
+#: Why the HTTP server ended a connection early (obs.httpd's on_drop).
+DROP_REASONS = ("evicted", "refused", "deadline", "bad_request")
+
+
+def connections_dropped(name: str, registry: CollectorRegistry) -> Counter:
+    counter = Counter(
+        name,
+        "Connections ended by the server's bounds: evicted at the cap for a newer one, refused "
+        "at the cap, past the request deadline, or a bad request",
+        ["reason"],
+        registry=registry,
+    )
+    for reason in DROP_REASONS:
+        counter.labels(reason)
+    return counter
+
+
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -70,6 +87,7 @@ class Metrics:
             buckets=EVENT_BUCKETS,
             registry=r,
         )
+        self.http_dropped = connections_dropped("nri_midbatch_http_connections_dropped", r)
         # Configuration reloads are counted by the App's CountersCollector.
         build_info(r)
 
@@ -117,6 +135,7 @@ class WebhookMetrics:
                 self.reviews.labels(endpoint, result)
         for result in ("ok", "failed"):
             self.certificate_reloads.labels(result)
+        self.dropped = connections_dropped("nri_midbatch_webhook_connections_dropped", r)
         build_info(r)
 
 

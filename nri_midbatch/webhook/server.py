@@ -150,6 +150,7 @@ class WebhookServer:
             max_body=max_body,
             tls=lambda: self.tls_context,
             server_header="nri-midbatch-webhook",
+            on_drop=lambda reason: self.metrics.dropped.labels(reason).inc(),
         )
         self._reload_thread = threading.Thread(
             target=self._watch, name="webhook-reload", daemon=True

@@ -242,6 +242,16 @@ def closed_by_peer(sock: socket.socket, wait: float) -> bool:
         return True
 
 
+def dropped(exposition: str) -> dict[str, float]:
+    return {
+        sample.labels["reason"]: sample.value
+        for family in text_string_to_metric_families(exposition)
+        if family.name == "nri_midbatch_http_connections_dropped"
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    }
+
+
 def test_idle_connections_beyond_the_cap_cost_no_thread_and_lock_out_no_one(
     readiness: Readiness,
 ) -> None:
@@ -263,6 +273,7 @@ def test_idle_connections_beyond_the_cap_cost_no_thread_and_lock_out_no_one(
         # The evicted ones were closed, oldest first; the newest are still being waited for.
         assert closed_by_peer(idle[0], 5.0)
         assert not closed_by_peer(idle[-1], 0.0)
+        assert dropped(body)["evicted"] >= IDLE_CLIENTS - health.http.max_connections
     finally:
         for sock in idle:
             sock.close()
@@ -287,6 +298,7 @@ def test_a_trickled_request_is_cut_at_the_deadline(readiness: Readiness) -> None
                 if closed_by_peer(sock, 0.05):
                     break
         assert sent < len(request)
+        assert dropped(http_get(url(health, "/metrics"))[2])["deadline"] == 1
     finally:
         stop_in_background(health)
 

@@ -110,8 +110,10 @@ def test_slow_clients_at_the_cap_do_not_keep_real_reviews_out(tls: Tls) -> None:
             reply = client.admit("/mutate", review(mid_pod(), uid=f"uid-{index}"))
             assert reply["response"]["allowed"] is True
         assert webhook.http.open_connections <= CAP
-        # The oldest slow ones were evicted for them.
+        # The oldest slow ones were evicted for them, and counted.
         assert closed_by_peer(slow[0], 5.0)
+        # Each silent one evicted a TLS one; the first review evicted a silent one.
+        assert dropped(client)["evicted"] >= CAP + 1
     finally:
         for sock in slow:
             sock.close()
@@ -137,6 +139,7 @@ def test_a_trickled_request_is_cut_at_the_deadline(tls: Tls) -> None:
         with tls.client().wrap_socket(raw, server_hostname="localhost") as sock:
             head = b"POST /mutate HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 400 + b"\r\n\r\n"
             assert trickle(sock, head) < len(head)
+        assert dropped(Client(webhook, tls))["deadline"] == 1
     finally:
         webhook.stop()
 
@@ -185,6 +188,14 @@ def requests(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> d
         f"{dict(labels)['endpoint']}/{dict(labels)['result']}": value
         for (name, labels), value in samples.items()
         if name == "nri_midbatch_webhook_requests_total"
+    }
+
+
+def dropped(client: Client) -> dict[str, float]:
+    return {
+        dict(labels)["reason"]: value
+        for (name, labels), value in scrape(client).items()
+        if name == "nri_midbatch_webhook_connections_dropped_total"
     }
 
 
