@@ -10,8 +10,11 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import resource
 import select
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -278,6 +281,51 @@ def test_idle_connections_beyond_the_cap_cost_no_thread_and_lock_out_no_one(
         for sock in idle:
             sock.close()
         stop_in_background(health)
+
+
+_CHILD = """
+import os, resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+from nri_midbatch.obs.health import HealthServer
+from nri_midbatch.obs.metrics import Metrics
+health = HealthServer("127.0.0.1:0", Metrics(), lambda: (True, ""), stall_after=3600)
+health.start()
+print(health.port, flush=True)
+sys.stdin.readline()
+files = [open(os.devnull) for _ in range(100)]  # as many as a burst of cgroup writes
+print(len(files), flush=True)
+"""
+
+
+def test_a_thousand_idle_connections_leave_a_256_fd_process_its_files() -> None:
+    """The issue's case: under a 256-fd limit, idle connections took every descriptor."""
+    limit = 1000
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < limit + 200:
+        pytest.skip(f"the test needs {limit + 200} file descriptors, the hard limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, limit + 200), hard))
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    idle: list[socket.socket] = []
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        port = int(child.stdout.readline())
+        for _ in range(limit):
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+        assert http_get(f"http://127.0.0.1:{port}/healthz", timeout=10)[0::2] == (200, "ok\n")
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "100"
+    finally:
+        for sock in idle:
+            sock.close()
+        child.kill()
+        child.wait()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_a_trickled_request_is_cut_at_the_deadline(readiness: Readiness) -> None:
