@@ -145,7 +145,12 @@ class BoundedHTTPServer:
         self._server_header = server_header
         host, port = parse_address(address)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._sock = socket.create_server((host, port), family=family, backlog=128)
+        # `[::]:port` takes IPv4 too, as the kernel's default for an IPv6 socket would.
+        dualstack = family == socket.AF_INET6 and socket.has_dualstack_ipv6()
+        self._sock = socket.create_server(
+            (host, port), family=family, backlog=128, dualstack_ipv6=dualstack
+        )
+        self._port = int(self._sock.getsockname()[1])
         self._connections: set[_Connection] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -154,7 +159,7 @@ class BoundedHTTPServer:
 
     @property
     def port(self) -> int:
-        return int(self._sock.getsockname()[1])
+        return self._port
 
     @property
     def open_connections(self) -> int:
@@ -173,7 +178,12 @@ class BoundedHTTPServer:
     # -- the loop thread ------------------------------------------------------
 
     def _run(self) -> None:
-        asyncio.run(self._serve())
+        try:
+            asyncio.run(self._serve())
+        except Exception:
+            log.exception("HTTP server failed")
+        finally:
+            self._ready.set()  # start() must not wait for a server that never came up
 
     async def _serve(self) -> None:
         self._loop = asyncio.get_running_loop()
