@@ -24,7 +24,6 @@ loop can still be reported by `/healthz`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 import ssl
 import threading
@@ -315,10 +314,12 @@ class BoundedHTTPServer:
             lines.append("Connection: close")
         writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + response.body)
         async with asyncio.timeout(self.deadline):
+            # drain() only waits for the buffer to fall below its high-water mark; a close
+            # waits for the rest to be sent too, or the final abort would discard it.
             await writer.drain()
-        if close:
-            with contextlib.suppress(OSError):
+            if close:
                 writer.close()
+                await writer.wait_closed()
 
 
 def _parse_head(head: bytes) -> tuple[str, str, str, dict[str, str]]:

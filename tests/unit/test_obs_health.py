@@ -47,7 +47,7 @@ def http_get(url: str, timeout: float = 2) -> tuple[int, str, str]:
 
 
 def stop_in_background(server: HealthServer) -> None:
-    # stop() waits out serve_forever's 0.5 s poll; no test needs to wait for it.
+    # stop() joins the server's thread; no test needs to wait for it.
     threading.Thread(target=server.stop, daemon=True).start()
 
 

@@ -172,7 +172,7 @@ class Running:
 
 
 def _stop_in_background(app: App) -> None:
-    # HealthServer.stop() waits out serve_forever's 0.5 s poll; nothing here needs to wait.
+    # HealthServer.stop() joins the server's thread; nothing here needs to wait.
     assert app.health is not None
     threading.Thread(target=app.health.stop, daemon=True).start()
 
