@@ -37,8 +37,7 @@ from google.protobuf.message import Message
 
 from nri_midbatch.policy import CgroupValues, ContainerView, Decision, PodView, render
 from nri_midbatch.redact import redact
-from nri_midbatch.rpc.errors import RpcError
-from nri_midbatch.wire.status import Code
+from nri_midbatch.rpc.errors import error_status
 
 log = structlog.get_logger(__name__)
 
@@ -99,19 +98,9 @@ class Call:
         self._done(self.record)
 
     def failed(self, error: BaseException) -> None:
-        self.record.error = error_status(error)
+        code, message = error_status(error)
+        self.record.error = int(code), message
         self._done(self.record)
-
-
-def error_status(error: BaseException) -> tuple[int, str]:
-    """The status the connection replies with for a handler's exception (MuxConnection._serve)."""
-    if isinstance(error, RpcError):
-        return int(error.code), error.message
-    if isinstance(error, TimeoutError):
-        return int(Code.DEADLINE_EXCEEDED), "context deadline exceeded"
-    if isinstance(error, asyncio.CancelledError):
-        return int(Code.CANCELLED), "cancelled before replying"
-    return int(Code.UNKNOWN), f"{type(error).__name__}: {error}"
 
 
 # -- JSON --------------------------------------------------------------------

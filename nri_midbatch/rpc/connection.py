@@ -1,51 +1,41 @@
-"""One socket, two logical ttrpc connections over NRI's mux.
+"""One socket, two logical ttrpc connections over NRI's mux: the asyncio pump.
 
-A plugin serves the Plugin service on mux connection 1 and calls the Runtime
-service on connection 2; a runtime does the reverse. `MuxConnection` takes the
-two connection ids as parameters so the test and replay runtimes reuse it with
-the roles swapped. Requests are served concurrently, one task each, and every
-reply is written as one `write()` so frames of concurrent replies never
-interleave.
+The protocol lives in `nri_midbatch.wire.connection`; this module moves bytes
+between the socket and it, runs one task per request, and turns call outcomes
+into results or exceptions. A plugin serves the Plugin service on mux
+connection 1 and calls the Runtime service on connection 2; a runtime does the
+reverse, so the connection ids are parameters (the test and replay runtimes
+reuse this class with the roles swapped). Every reply is written as one
+`write()` so frames of concurrent replies never interleave.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import structlog
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import Message
 
-from nri_midbatch.api import rpc_status_pb2, ttrpc_pb2
-from nri_midbatch.rpc.errors import ConnectionClosed, RpcError
+from nri_midbatch.rpc.errors import ConnectionClosed, RpcError, error_status
 from nri_midbatch.rpc.service import CallContext, Method, Service
-from nri_midbatch.wire.errors import OversizedMessageError, ProtocolError
-from nri_midbatch.wire.mux import (
-    PLUGIN_SERVICE_CONN,
-    RUNTIME_SERVICE_CONN,
-    MuxDecoder,
-    frame_ttrpc,
-)
+from nri_midbatch.wire import connection as wire
+from nri_midbatch.wire.errors import LocalProtocolError, RemoteProtocolError
+from nri_midbatch.wire.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN
 from nri_midbatch.wire.status import Code
-from nri_midbatch.wire.ttrpc import (
-    Message as TtrpcMessage,
-)
-from nri_midbatch.wire.ttrpc import (
-    MessageDecoder,
-    MessageType,
-    OversizedMessage,
-    StreamCheck,
-    StreamIds,
-)
 
 log = structlog.get_logger(__name__)
 
 ResponseT = TypeVar("ResponseT", bound=Message)
 
 READ_CHUNK = 256 * 1024
-# A serialized empty Response: success with an empty payload.
-EMPTY_RESPONSE = b""
+#: Messages handled between two yields to the event loop. One read can hold
+#: tens of thousands of tiny messages; handling them all in one go would keep
+#: every other task (handlers, replies, cgroup writes, health) waiting.
+MESSAGES_PER_TURN = 64
+
+_Outcome = asyncio.Future[Message]
 
 
 class MuxConnection:
@@ -62,18 +52,20 @@ class MuxConnection:
         self._reader = reader
         self._writer = writer
         self._services = services
-        self._server_conn = server_conn
-        self._client_conn = client_conn
         self._log = log.bind(connection=name)
-        self._mux = MuxDecoder(frozenset((server_conn, client_conn)))
-        self._server_decoder = MessageDecoder()
-        self._client_decoder = MessageDecoder()
-        self._stream_check = StreamCheck()
-        self._stream_ids = StreamIds()
-        self._pending: dict[int, asyncio.Future[bytes]] = {}
+        self._wire: wire.Connection[_Outcome] = wire.Connection(
+            {
+                name: {method: m.request_type for method, m in service.methods.items()}
+                for name, service in services.items()
+            },
+            server_conn=server_conn,
+            client_conn=client_conn,
+        )
         self._handlers: set[asyncio.Task[None]] = set()
         self._closed = asyncio.Event()
         self.close_reason: str | None = None
+        #: Times the reader gave the event loop a turn in the middle of a read.
+        self.yields = 0
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -85,14 +77,27 @@ class MuxConnection:
                 data = await self._reader.read(READ_CHUNK)
                 if not data:
                     break
-                self._receive(data)
-        except ProtocolError as exc:
+                self._wire.receive_data(data)
+                await self._dispatch()
+        except RemoteProtocolError as exc:
             reason = f"protocol error: {exc}"
             self._log.warning("dropping connection", reason=reason)
         except (ConnectionError, OSError) as exc:
             reason = f"socket error: {exc}"
         finally:
             self._shutdown(reason)
+
+    async def _dispatch(self) -> None:
+        handled = 0
+        while not self._closed.is_set() and (event := self._wire.next_event()) is not None:
+            self._on_event(event)
+            handled += 1
+            if handled % MESSAGES_PER_TURN == 0:
+                self.yields += 1
+                await asyncio.sleep(0)
+                # Replies pile up in the transport if the peer does not read
+                # them; stop reading until it does (asyncio's high-water mark).
+                await self._writer.drain()
 
     def close(self, reason: str = "closed locally") -> None:
         self._shutdown(reason)
@@ -106,129 +111,62 @@ class MuxConnection:
 
     @property
     def dropped_frames(self) -> int:
-        return self._mux.dropped_frames
+        return self._wire.dropped_frames
 
     def _shutdown(self, reason: str) -> None:
         if self._closed.is_set():
             return
         self.close_reason = reason
         self._closed.set()
-        for fut in self._pending.values():
+        for fut in self._wire.close():
             if not fut.done():
                 fut.set_exception(ConnectionClosed(reason))
-        self._pending.clear()
         for task in self._handlers:
             task.cancel()
         self._writer.close()
 
     # -- receiving -----------------------------------------------------------
 
-    def _receive(self, data: bytes) -> None:
-        for conn_id, payload in self._mux.feed(data):
-            if conn_id == self._server_conn:
-                for event in self._server_decoder.feed(payload):
-                    self._on_server_event(event)
-            else:
-                for event in self._client_decoder.feed(payload):
-                    self._on_client_event(event)
-
-    def _on_server_event(self, event: TtrpcMessage | OversizedMessage) -> None:
-        if isinstance(event, OversizedMessage):
-            self._log.warning(
-                "oversized request discarded", stream_id=event.stream_id, length=event.length
-            )
-            self._reply_status(event.stream_id, Code.RESOURCE_EXHAUSTED, event.error_text)
-            return
-        if event.type == MessageType.DATA:
-            # Every NRI call is unary: no stream is ever open for data.
-            self._reply_status(
-                event.stream_id, Code.INVALID_ARGUMENT, "StreamID is no longer active"
-            )
-            return
-        if event.type != MessageType.REQUEST:
-            return  # the Go server ignores message types it does not know
-        violation = self._stream_check.check(event.stream_id)
-        if violation is not None:
-            self._reply_status(event.stream_id, Code.INVALID_ARGUMENT, violation)
-            return
-        try:
-            request = ttrpc_pb2.Request.FromString(event.data)
-        except DecodeError as exc:
-            self._reply_status(
-                event.stream_id, Code.INVALID_ARGUMENT, f"unmarshal request error: {exc}"
-            )
-            return
-        service = self._services.get(request.service)
-        if service is None:
-            self._reply_status(event.stream_id, Code.UNIMPLEMENTED, f"service {request.service}")
-            return
-        method = service.methods.get(request.method)
-        if method is None:
-            self._reply_status(event.stream_id, Code.UNIMPLEMENTED, f"method {request.method}")
-            return
-        task = asyncio.create_task(self._serve(event.stream_id, request, method))
-        self._handlers.add(task)
-        task.add_done_callback(self._handlers.discard)
-
-    def _on_client_event(self, event: TtrpcMessage | OversizedMessage) -> None:
-        fut = self._pending.get(event.stream_id)
-        if fut is None or fut.done():
-            self._log.warning("reply for no pending call", stream_id=event.stream_id)
-            return
-        if isinstance(event, OversizedMessage):
-            fut.set_exception(RpcError(Code.RESOURCE_EXHAUSTED, event.error_text))
-        elif event.type == MessageType.RESPONSE:
-            fut.set_result(event.data)
-        else:
-            fut.set_exception(
-                ProtocolError(f"message type {event.type} where a response was expected")
-            )
+    def _on_event(self, event: wire.Event[_Outcome]) -> None:
+        match event:
+            case wire.Request():
+                method = self._services[event.envelope.service].methods[event.envelope.method]
+                task = asyncio.create_task(self._serve(event, method))
+                self._handlers.add(task)
+                task.add_done_callback(self._handlers.discard)
+            case wire.Refused():
+                self._log.debug("request refused", stream_id=event.stream_id, code=event.code.name)
+                self._write(event.data)
+            case wire.CallSucceeded():
+                if not event.token.done():
+                    event.token.set_result(event.reply)
+            case wire.CallFailed():
+                if not event.token.done():
+                    event.token.set_exception(RpcError(event.code, event.message))
+            case wire.Dropped():
+                self._log.warning("message ignored", stream_id=event.stream_id, reason=event.reason)
 
     # -- serving -------------------------------------------------------------
 
-    async def _serve(self, stream_id: int, request: ttrpc_pb2.Request, method: Method) -> None:
+    async def _serve(self, event: wire.Request, method: Method) -> None:
+        request = event.envelope
         timeout = request.timeout_nano / 1e9 if request.timeout_nano > 0 else None
         metadata: dict[str, tuple[str, ...]] = {}
         for kv in request.metadata:
             metadata[kv.key] = (*metadata.get(kv.key, ()), kv.value)
-        context = CallContext(request.service, request.method, stream_id, timeout, metadata)
-        try:
-            message = method.request_type.FromString(request.payload)
-        except DecodeError as exc:
-            self._reply_status(
-                stream_id, Code.INVALID_ARGUMENT, f"unmarshal {request.method} payload: {exc}"
-            )
-            return
+        context = CallContext(request.service, request.method, event.stream_id, timeout, metadata)
         try:
             async with asyncio.timeout(timeout):
-                reply = await method.handler(message, context)
-        except RpcError as exc:
-            self._reply_status(stream_id, exc.code, exc.message)
-            return
-        except TimeoutError:
-            self._reply_status(stream_id, Code.DEADLINE_EXCEEDED, "context deadline exceeded")
-            return
-        except Exception as exc:  # a handler bug must cost one reply, not the connection
-            self._log.exception("handler failed", method=request.method)
-            self._reply_status(stream_id, Code.UNKNOWN, f"{type(exc).__name__}: {exc}")
+                reply = await method.handler(event.message, context)
+        except Exception as exc:  # a handler's failure costs one reply, not the connection
+            if not isinstance(exc, RpcError | TimeoutError):
+                self._log.exception("handler failed", method=request.method)
+            code, message = error_status(exc)
+            self._write(self._wire.reply_status(event.stream_id, code, message))
             return
         # No await from here to the write: work the handler left for after its
         # reply (after_reply.py) must find the reply already on its way.
-        payload = reply.SerializeToString()
-        # Success replies carry no status, as the Go server's do; an empty reply
-        # message makes the whole Response zero bytes.
-        data = _response_with_payload(payload) if payload else EMPTY_RESPONSE
-        try:
-            self._send(self._server_conn, stream_id, MessageType.RESPONSE, data)
-        except OversizedMessageError as exc:
-            self._log.error("reply too large", method=request.method, error=str(exc))
-            self._reply_status(stream_id, Code.RESOURCE_EXHAUSTED, str(exc))
-
-    def _reply_status(self, stream_id: int, code: Code, message: str) -> None:
-        # Errors carry an empty payload: the Go client decodes the payload
-        # before it looks at the status.
-        response = ttrpc_pb2.Response(status=rpc_status_pb2.Status(code=code, message=message))
-        self._send(self._server_conn, stream_id, MessageType.RESPONSE, response.SerializeToString())
+        self._write(self._wire.reply(event.stream_id, reply))
 
     # -- calling -------------------------------------------------------------
 
@@ -241,62 +179,41 @@ class MuxConnection:
         *,
         timeout: float | None = None,
     ) -> ResponseT:
-        """Call `service.method` on the peer; raises RpcError or ConnectionClosed."""
+        """Call `service.method` on the peer.
+
+        Raises RpcError or ConnectionClosed, and nothing else, whatever the
+        peer sends back (or fails to): a reply that is not a decodable
+        `response_type` is an RpcError, no reply within `timeout` is
+        DEADLINE_EXCEEDED.
+        """
         if self._closed.is_set():
             raise ConnectionClosed(self.close_reason or "closed")
-        stream_id = self._stream_ids.allocate()
-        envelope = ttrpc_pb2.Request(
-            service=service,
-            method=method,
-            payload=request.SerializeToString(),
-            timeout_nano=int(timeout * 1e9) if timeout else 0,
-        )
-        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        self._pending[stream_id] = fut
+        fut: _Outcome = asyncio.get_running_loop().create_future()
         try:
-            self._send(
-                self._client_conn, stream_id, MessageType.REQUEST, envelope.SerializeToString()
+            stream_id, data = self._wire.call(
+                service,
+                method,
+                request,
+                response_type,
+                fut,
+                timeout_nano=int(timeout * 1e9) if timeout else 0,
             )
+        except LocalProtocolError as exc:
+            raise RpcError(exc.status_hint, str(exc)) from None
+        self._write(data)
+        try:
             async with asyncio.timeout(timeout):
-                data = await fut
+                reply = await fut
         except TimeoutError:
             raise RpcError(
                 Code.DEADLINE_EXCEEDED, f"{method}: no reply within {timeout}s"
             ) from None
         finally:
-            self._pending.pop(stream_id, None)
-        response = ttrpc_pb2.Response.FromString(data)
-        if response.HasField("status") and response.status.code != Code.OK:
-            raise RpcError(_code(response.status.code), response.status.message)
-        return response_type.FromString(response.payload)
+            self._wire.forget_call(stream_id)
+        return cast(ResponseT, reply)
 
     # -- sending -------------------------------------------------------------
 
-    def _send(self, conn_id: int, stream_id: int, msg_type: MessageType, data: bytes) -> None:
-        if self._closed.is_set():
-            return
-        self._writer.write(frame_ttrpc(conn_id, stream_id, msg_type, data))
-
-
-# Field 2 (payload), wire type 2 (length-delimited): the tag of Response.payload.
-_PAYLOAD_TAG = b"\x12"
-
-
-def _response_with_payload(payload: bytes) -> bytes:
-    """ttrpc_pb2.Response(payload=payload).SerializeToString(), without copying into a message."""
-    size = len(payload)
-    if size < 0x80:
-        return _PAYLOAD_TAG + bytes((size,)) + payload
-    length = bytearray()
-    while size >= 0x80:
-        length.append((size & 0x7F) | 0x80)
-        size >>= 7
-    length.append(size)
-    return b"".join((_PAYLOAD_TAG, length, payload))
-
-
-def _code(value: int) -> Code:
-    try:
-        return Code(value)
-    except ValueError:
-        return Code.UNKNOWN
+    def _write(self, data: bytes) -> None:
+        if not self._closed.is_set():
+            self._writer.write(data)

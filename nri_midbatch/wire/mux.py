@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import struct
 
-from nri_midbatch.wire.errors import ProtocolError
+from nri_midbatch.wire.errors import RemoteProtocolError
+from nri_midbatch.wire.status import Code
 from nri_midbatch.wire.ttrpc import HEADER as TTRPC_HEADER
 from nri_midbatch.wire.ttrpc import MessageType, encode_message
 
@@ -67,9 +68,10 @@ class MuxDecoder:
         while size - offset >= HEADER.size:
             conn_id, length = HEADER.unpack_from(view, offset)
             if length > MAX_FRAME_PAYLOAD:
-                raise ProtocolError(
+                raise RemoteProtocolError(
                     f"mux frame for connection {conn_id} declares {length} bytes, "
-                    f"more than the {MAX_FRAME_PAYLOAD} any runtime sends"
+                    f"more than the {MAX_FRAME_PAYLOAD} any runtime sends",
+                    status_hint=Code.RESOURCE_EXHAUSTED,
                 )
             end = offset + HEADER.size + length
             if end > size:

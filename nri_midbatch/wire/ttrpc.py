@@ -54,66 +54,66 @@ Event = Message | OversizedMessage
 
 
 class MessageDecoder:
-    """Reassembles ttrpc messages from one logical connection's byte stream."""
+    """Reassembles ttrpc messages from one logical connection's byte stream.
+
+    `receive` takes bytes, `next_event` cuts one message at a time, so a
+    frame packed with a million tiny messages costs one message of work per
+    call, and its caller can yield to the event loop between them. The buffer
+    holds at most what the mux delivered and not yet consumed: one frame's
+    payload (MAX_FRAME_PAYLOAD) and an incomplete message (MESSAGE_LENGTH_MAX).
+    """
 
     def __init__(self) -> None:
         self._buffer = bytearray()
-        self._discard = 0
+        self._offset = 0  # where the next message starts in `_buffer`
+        self._discard = 0  # bytes of an oversized message still to skip
 
-    def feed(self, data: bytes) -> list[Event]:
+    def receive(self, data: bytes) -> None:
         if self._discard:
             skipped = min(self._discard, len(data))
             self._discard -= skipped
             data = data[skipped:]
+        if self._offset:
+            del self._buffer[: self._offset]
+            self._offset = 0
+        self._buffer += data
+
+    def next_event(self) -> Event | None:
+        """The next complete message, or None until more bytes arrive."""
         buf = self._buffer
-        if buf:
-            buf += data
-            with memoryview(buf) as view:
-                events, offset = self._split(view)
-            if offset is None:
-                buf.clear()
+        offset = self._offset
+        size = len(buf)
+        if size - offset < HEADER.size:
+            return None
+        length, stream_id, msg_type, flags = HEADER.unpack_from(buf, offset)
+        start = offset + HEADER.size
+        if length > MESSAGE_LENGTH_MAX:
+            # Skipped without being buffered: Go answers RESOURCE_EXHAUSTED.
+            available = size - start
+            if available >= length:
+                self._offset = start + length
             else:
-                del buf[:offset]
-        else:
-            # Nothing pending, the usual case: messages are cut straight out
-            # of `data`, and only an incomplete tail is buffered.
-            with memoryview(data) as view:
-                events, offset = self._split(view)
-                if offset is not None and offset < len(view):
-                    buf += view[offset:]
-        return events
-
-    def _split(self, view: memoryview) -> tuple[list[Event], int | None]:
-        """The complete messages in `view`, and where the first incomplete one starts.
-
-        None for the offset: everything was consumed, the rest of an
-        oversized message is still to be skipped (`_discard`).
-        """
-        events: list[Event] = []
-        size = len(view)
-        offset = 0
-        while size - offset >= HEADER.size:
-            length, stream_id, msg_type, flags = HEADER.unpack_from(view, offset)
-            start = offset + HEADER.size
-            if length > MESSAGE_LENGTH_MAX:
-                events.append(OversizedMessage(stream_id, msg_type, length))
-                available = size - start
-                if available >= length:
-                    offset = start + length
-                    continue
                 self._discard = length - available
-                return events, None
-            end = start + length
-            if end > size:
-                break
-            events.append(Message(stream_id, msg_type, flags, view[start:end].tobytes()))
-            offset = end
-        return events, offset
+                self._offset = size
+            return OversizedMessage(stream_id, msg_type, length)
+        end = start + length
+        if end > size:
+            return None
+        self._offset = end
+        return Message(stream_id, msg_type, flags, bytes(buf[start:end]))
+
+    def feed(self, data: bytes) -> list[Event]:
+        """`receive(data)`, then every message now complete."""
+        self.receive(data)
+        events: list[Event] = []
+        while (event := self.next_event()) is not None:
+            events.append(event)
+        return events
 
     @property
     def buffered(self) -> int:
-        """Bytes of a message received so far but not yet complete."""
-        return len(self._buffer)
+        """Bytes received but not yet cut into messages."""
+        return len(self._buffer) - self._offset
 
 
 def encode_message(stream_id: int, msg_type: MessageType, data: bytes, flags: int = 0) -> bytes:

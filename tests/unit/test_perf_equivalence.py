@@ -32,7 +32,7 @@ from nri_midbatch.plugin import (
 )
 from nri_midbatch.policy import CgroupValues, ContainerView, NativeLimits, PodView
 from nri_midbatch.reconcile import Known
-from nri_midbatch.rpc.connection import _response_with_payload
+from nri_midbatch.wire.connection import _response_with_payload
 from nri_midbatch.wire.mux import frame_message, frame_ttrpc
 from nri_midbatch.wire.ttrpc import MessageType, encode_message
 

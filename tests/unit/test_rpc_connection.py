@@ -694,6 +694,9 @@ class RecordingWriter:
     def close(self) -> None:
         self.closed = True
 
+    async def drain(self) -> None:
+        pass
+
 
 def _frame(conn: int, ttrpc_bytes: bytes) -> bytes:
     return struct.pack(">II", conn, len(ttrpc_bytes)) + ttrpc_bytes
