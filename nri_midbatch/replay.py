@@ -56,13 +56,12 @@ from nri_midbatch.record import (
     CallRecord,
     NotedDecision,
     decision_json,
-    error_status,
     json_line,
     message_json,
     note_decision,
     values_json,
 )
-from nri_midbatch.rpc.errors import RpcError
+from nri_midbatch.rpc.errors import RpcError, error_status
 from nri_midbatch.rpc.service import CallContext
 from nri_midbatch.wire.ttrpc import MESSAGE_LENGTH_MAX
 
@@ -360,7 +359,8 @@ async def _in_process(session: Session) -> AsyncIterator[Caller]:
             # A task per call, as the connection runs them: each call gets its own context.
             return await asyncio.ensure_future(handler(request, context)), None
         except Exception as exc:
-            return None, error_status(exc)
+            code, message = error_status(exc)
+            return None, (int(code), message)
 
     yield call
 
