@@ -118,9 +118,15 @@ class App:
         log.info("starting", mode="pre-launched", fd=fd)
         self._prelaunched = True
         async with self._services():
-            reason = await run_prelaunched(self.session, fd)
-        log.info("runtime connection ended", reason=reason)
-        return 0
+            ended = await run_prelaunched(self.session, fd)
+        if not ended.failed:
+            log.info("runtime connection ended", reason=ended.reason)
+            return 0
+        # A pre-launched plugin cannot reconnect: say why, and exit non-zero.
+        log.error(
+            "runtime connection failed; a pre-launched plugin cannot reconnect", reason=ended.reason
+        )
+        return 1
 
     @contextlib.asynccontextmanager
     async def _services(self) -> AsyncIterator[None]:

@@ -130,6 +130,12 @@ async def run_external(
             log.warning("registration failed", socket=socket_path, error=str(exc))
             stale = identity
             continue
+        except Exception:
+            # Whatever broke this session, the next one starts clean: only a
+            # stop signal ends the runner.
+            log.exception("session failed", socket=socket_path)
+            stale = identity
+            continue
         delay = backoff.initial
         # The same socket may still be there (the runtime dropped us but kept
         # running): do not hammer it; a new socket is tried at once.
@@ -138,11 +144,32 @@ async def run_external(
             log.warning("connection to runtime lost", socket=socket_path, reason=reason)
 
 
-async def run_prelaunched(session: Session, fd: int) -> str:
-    """Serve the runtime on the inherited socket `fd` until it closes."""
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """How a pre-launched session ended; `failed` makes the process exit non-zero."""
+
+    reason: str
+    failed: bool
+
+
+#: Close reasons of a session that ended as it should: the runtime hung up on a
+#: registered plugin (it stops, or drops us), or we were told to stop.
+_CLEAN_ENDS = frozenset({"closed by peer", "session closed"})
+
+
+async def run_prelaunched(session: Session, fd: int) -> Ended:
+    """Serve the runtime on the inherited socket `fd` until it closes.
+
+    The runtime never restarts a pre-launched plugin on a new fd, so there is no
+    retry: a failed registration or a broken session ends it, as a failure.
+    """
     sock = socket.socket(fileno=fd)
     reader, writer = await asyncio.open_unix_connection(sock=sock)
     try:
-        return await session.run(reader, writer)
+        reason = await session.run(reader, writer)
     except RegistrationError as exc:
-        return str(exc)
+        return Ended(str(exc), failed=True)
+    except Exception as exc:
+        log.exception("session failed")
+        return Ended(f"{type(exc).__name__}: {exc}", failed=True)
+    return Ended(reason, failed=reason not in _CLEAN_ENDS)

@@ -21,7 +21,8 @@ from google.protobuf.message import Message
 
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.nri import version as nri_version
-from nri_midbatch.nri.events import POD_EVENTS, Event
+from nri_midbatch.nri.events import POD_EVENTS, Event, mask
+from nri_midbatch.nri.lifecycle import Phase, Step, transition
 from nri_midbatch.rpc.connection import MuxConnection
 from nri_midbatch.rpc.errors import ConnectionClosed, RpcError
 from nri_midbatch.rpc.service import CallContext, Method, Service
@@ -35,6 +36,15 @@ RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
 #: The runtime waits 5 s for RegisterPlugin by default; waiting a little longer
 #: ourselves avoids giving up on a busy runtime that would still accept us.
 DEFAULT_REGISTRATION_TIMEOUT = 6.0
+#: UpdateContainers without a deadline of its own: a runtime that never answers
+#: must not hold the caller (or a pending-call slot) for ever.
+DEFAULT_UPDATE_TIMEOUT = 10.0
+#: A Synchronize split into `more=true` chunks is buffered until its last chunk.
+#: Runtimes split at 4 MiB per chunk; these bounds hold 16 full chunks, and far
+#: more pods and containers than any node runs, and stop a runtime that never
+#: sends the last chunk from growing the buffer without end.
+MAX_SYNC_BYTES = 64 << 20
+MAX_SYNC_OBJECTS = 65_536
 
 _in_event_handler: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "nri_in_event_handler", default=False
@@ -117,9 +127,10 @@ class RegistrationError(Exception):
 
 @dataclass
 class SessionState:
-    registered: bool = False
-    configured: bool = False
-    synchronized: bool = False
+    #: Where the session is; only `Session._advance` changes it (lifecycle.TRANSITIONS).
+    phase: Phase = Phase.CLOSED
+    #: The runtime answered this connection's RegisterPlugin (Configure may come first).
+    register_replied: bool = False
     runtime: RuntimeInfo | None = None
     events: int = 0
     sync_chunks: int = 0
@@ -129,6 +140,18 @@ class SessionState:
     syncs: int = 0
     last_sync_seconds: float = 0.0
     _listeners: list[Callable[[SessionState], None]] = field(default_factory=list, repr=False)
+
+    @property
+    def registered(self) -> bool:
+        return self.register_replied and self.phase is not Phase.CLOSED
+
+    @property
+    def configured(self) -> bool:
+        return self.phase in (Phase.CONFIGURED, Phase.SYNCHRONIZING, Phase.READY)
+
+    @property
+    def synchronized(self) -> bool:
+        return self.phase is Phase.READY
 
     def changed(self) -> None:
         for listener in self._listeners:
@@ -157,6 +180,7 @@ class Session:
         self._conn: MuxConnection | None = None
         self._sync_pods: list[api.PodSandbox] = []
         self._sync_containers: list[api.Container] = []
+        self._sync_bytes = 0
         self._sync_started: float | None = None
         self._configured = asyncio.Event()
         self._log = log.bind(plugin=f"{idx}-{name}")
@@ -170,8 +194,8 @@ class Session:
         )
         self._conn = conn
         self._configured.clear()
-        self._sync_pods, self._sync_containers = [], []
-        self._sync_started = None
+        self._drop_sync_buffer()
+        self._advance(Step.CONNECT)
         # Serve connection 1 before registering: Configure may arrive before
         # the reply to RegisterPlugin.
         reader_task = asyncio.create_task(conn.run())
@@ -182,8 +206,8 @@ class Session:
             conn.close()
             await asyncio.gather(reader_task, return_exceptions=True)
             self._conn = None
-            self.state.registered = self.state.configured = self.state.synchronized = False
-            self.state.changed()
+            self._drop_sync_buffer()
+            self._advance(Step.CLOSE)
         return conn.close_reason or "closed"
 
     async def _register(self, conn: MuxConnection) -> None:
@@ -201,8 +225,7 @@ class Session:
                     api.Empty,
                     timeout=self._registration_timeout,
                 )
-                self.state.registered = True
-                self.state.changed()
+                self._advance(Step.REGISTER_REPLY)
                 # Like the Go stub, registration is complete only once the
                 # runtime has configured us.
                 configured = asyncio.create_task(self._configured.wait())
@@ -224,6 +247,19 @@ class Session:
             ) from None
         self._log.info("registered", runtime=self.state.runtime)
 
+    def _advance(self, step: Step, what: str | None = None) -> None:
+        """Take `step` (the table decides), or raise RpcError if it is illegal now."""
+        state = self.state
+        phase = transition(state.phase, step, what)
+        replied = state.register_replied
+        if step is Step.CONNECT:
+            replied = False
+        elif step is Step.REGISTER_REPLY:
+            replied = True
+        if (phase, replied) != (state.phase, state.register_replied):
+            state.phase, state.register_replied = phase, replied
+            state.changed()
+
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close("session closed")
@@ -231,7 +267,10 @@ class Session:
     # -- unsolicited updates -------------------------------------------------
 
     async def update_containers(
-        self, updates: Sequence[api.ContainerUpdate], *, timeout: float | None = None
+        self,
+        updates: Sequence[api.ContainerUpdate],
+        *,
+        timeout: float = DEFAULT_UPDATE_TIMEOUT,
     ) -> Sequence[api.ContainerUpdate]:
         """Ask the runtime to update containers; returns the updates that failed.
 
@@ -346,11 +385,24 @@ class Session:
                 api.RemoveContainerRequest, api.RemoveContainerResponse, Event.REMOVE_CONTAINER
             ),
         }
+        methods = {name: self._guarded(name, m) for name, m in methods.items()}
         for recorder in self._recorders:
             methods = {name: _recorded(recorder, name, m) for name, m in methods.items()}
         return Service(PLUGIN_SERVICE, methods)
 
+    def _guarded(self, name: str, method: Method) -> Method:
+        """`method`, refused with a status when the lifecycle table does not allow it now."""
+        step = _METHOD_STEPS.get(name, Step.EVENT)
+
+        async def run(request: Any, ctx: CallContext) -> Message:
+            if step is not None:
+                self._advance(step, name)
+            return await method.handler(request, ctx)
+
+        return Method(method.request_type, run)
+
     async def _configure(self, request: api.ConfigureRequest) -> api.ConfigureResponse:
+        transition(self.state.phase, Step.CONFIGURE)  # refuse a second Configure up front
         runtime = RuntimeInfo(
             name=request.runtime_name,
             version=request.runtime_version,
@@ -362,18 +414,14 @@ class Session:
             else None,
             request_timeout=request.request_timeout / 1000 if request.request_timeout else None,
         )
-        wanted = 0
-        for kind in self._plugin.events:
-            wanted |= kind.bit
-        events = wanted & runtime.valid_events
+        events = mask(self._plugin.events) & runtime.valid_events
         if events == 0:
             # Zero would mean "everything" to the runtime.
             raise RpcError(Code.FAILED_PRECONDITION, "no event this runtime supports is wanted")
         await self._plugin.configure(request.config, runtime)
         self.state.runtime = runtime
         self.state.events = events
-        self.state.configured = True
-        self.state.changed()
+        self._advance(Step.CONFIGURE)
         self._configured.set()
         self._log.info(
             "configured",
@@ -384,25 +432,48 @@ class Session:
         return api.ConfigureResponse(events=events)
 
     async def _synchronize(self, request: api.SynchronizeRequest) -> api.SynchronizeResponse:
+        if request.more:
+            self._advance(Step.SYNC_CHUNK)
+        else:
+            transition(self.state.phase, Step.SYNC_DONE)
         if self._sync_started is None:
             self._sync_started = time.perf_counter()
+        self._sync_bytes += request.ByteSize()
         self._sync_pods.extend(request.pods)
         self._sync_containers.extend(request.containers)
         self.state.sync_chunks += 1
+        objects = len(self._sync_pods) + len(self._sync_containers)
+        if self._sync_bytes > MAX_SYNC_BYTES or objects > MAX_SYNC_OBJECTS:
+            message = (
+                f"Synchronize of {self._sync_bytes} bytes and {objects} pods and containers "
+                f"so far exceeds the bound of {MAX_SYNC_BYTES} bytes or {MAX_SYNC_OBJECTS} "
+                "objects (docs/troubleshooting.md)"
+            )
+            self._log.error("synchronize refused", reason=message, chunks=self.state.sync_chunks)
+            self._drop_sync_buffer()
+            self._advance(Step.SYNC_FAILED)
+            raise RpcError(Code.RESOURCE_EXHAUSTED, message)
         if request.more:
             # The runtime closes a plugin that answers a partial chunk with
             # anything but more=true.
             return api.SynchronizeResponse(more=True)
-        pods, containers = self._sync_pods, self._sync_containers
-        self._sync_pods, self._sync_containers = [], []
+        pods, containers, started = self._sync_pods, self._sync_containers, self._sync_started
+        self._drop_sync_buffer()
         self.state.sync_pods, self.state.sync_containers = len(pods), len(containers)
-        response = await self._plugin.synchronize(pods, containers)
+        try:
+            response = await self._plugin.synchronize(pods, containers)
+        except BaseException:
+            self._advance(Step.SYNC_FAILED)
+            raise
         self.state.syncs += 1
-        self.state.last_sync_seconds = time.perf_counter() - self._sync_started
-        self._sync_started = None
-        self.state.synchronized = True
-        self.state.changed()
+        self.state.last_sync_seconds = time.perf_counter() - started
+        self._advance(Step.SYNC_DONE)
         return response
+
+    def _drop_sync_buffer(self) -> None:
+        self._sync_pods, self._sync_containers = [], []
+        self._sync_bytes = 0
+        self._sync_started = None
 
     async def _shutdown(self, _request: api.Empty) -> api.Empty:
         self._log.info("runtime asked us to shut down")
@@ -451,6 +522,15 @@ class Session:
         # We never subscribe to validation; should a runtime ask anyway, an
         # error here would fail the container, so approve.
         return api.ValidateContainerAdjustmentResponse(reject=False)
+
+
+#: The lifecycle step each method takes before its handler runs; None: the
+#: handler takes its own steps. Every other method is an event.
+_METHOD_STEPS: dict[str, Step | None] = {
+    "Configure": None,
+    "Synchronize": None,
+    "Shutdown": Step.SHUTDOWN,
+}
 
 
 def _recorded(recorder: CallRecorder, name: str, method: Method) -> Method:

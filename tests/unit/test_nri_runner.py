@@ -372,7 +372,9 @@ def test_run_prelaunched_serves_the_inherited_fd_until_it_closes() -> None:
         )
         assert reply == api.Empty()
         await runtime.close()
-        assert await task == "closed by peer"
+        ended = await task
+        assert ended.reason == "closed by peer"
+        assert not ended.failed
         for _ in range(3):
             await asyncio.sleep(0)
         with pytest.raises(OSError):
@@ -390,7 +392,8 @@ def test_run_prelaunched_returns_when_the_runtime_hangs_up_early() -> None:
         task = asyncio.create_task(run_prelaunched(session, ours.detach()))
         await peer.read_request(2)
         peer.close()
-        reason = await task
-        assert "closed" in reason
+        ended = await task
+        assert "closed" in ended.reason
+        assert ended.failed  # never registered: the process exits non-zero
 
     run(scenario())
