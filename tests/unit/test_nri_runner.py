@@ -15,18 +15,36 @@ from nri_midbatch.api import rpc_status_pb2, ttrpc_pb2
 from nri_midbatch.nri.loopback import LoopbackRuntime
 from nri_midbatch.nri.runner import Backoff, run_external, run_prelaunched
 from nri_midbatch.nri.session import Session
+from nri_midbatch.wire.ttrpc import MessageType
 
 from .nri_fixtures import RawPeer, RecordingPlugin, run
 
 FAST = Backoff(initial=0.05, maximum=0.4, jitter=0.0)
 
 
+BAD_REPLIES = {
+    "refuse": (
+        MessageType.RESPONSE,
+        ttrpc_pb2.Response(
+            status=rpc_status_pb2.Status(code=2, message="invalid plugin name")
+        ).SerializeToString(),
+    ),
+    "garbage": (MessageType.RESPONSE, b"\xff\xff"),
+    "garbage payload": (
+        MessageType.RESPONSE,
+        ttrpc_pb2.Response(payload=b"\xff").SerializeToString(),
+    ),
+    "wrong type": (MessageType.REQUEST, b""),
+}
+
+
 class FakeRuntime:
     """A runtime's NRI listener at `path`; each accepted plugin gets a LoopbackRuntime.
 
     `behaviour` is "normal" (register, configure, synchronize, then serve),
-    "hangup" (close as soon as RegisterPlugin arrives) or "refuse" (answer
-    RegisterPlugin with an error status).
+    "hangup" (close as soon as RegisterPlugin arrives), or answers RegisterPlugin
+    with `BAD_REPLIES[behaviour]` (an error status, garbage, the wrong message
+    type), or "silent" (never answers).
     """
 
     def __init__(self, path: Path, behaviour: str = "normal") -> None:
@@ -77,12 +95,12 @@ class FakeRuntime:
                 return
             peer = RawPeer(reader, writer)
             message, _ = await peer.read_request(2)
-            if self.behaviour == "refuse":
-                error = ttrpc_pb2.Response(
-                    status=rpc_status_pb2.Status(code=2, message="invalid plugin name")
-                )
-                peer.send_response(2, message.stream_id, raw=error.SerializeToString())
+            if self.behaviour in BAD_REPLIES:
+                msg_type, body = BAD_REPLIES[self.behaviour]
+                peer.send(2, message.stream_id, msg_type, body)
                 await peer.read_eof()  # the plugin hangs up after a refusal
+            elif self.behaviour == "silent":
+                await peer.read_eof()
             peer.close()
         finally:
             self.live -= 1
@@ -282,14 +300,21 @@ def test_stale_socket_file_without_listener_is_retried(tmp_path: Path) -> None:
     run(scenario())
 
 
-@pytest.mark.parametrize("behaviour", ["hangup", "refuse"])
+@pytest.mark.parametrize(
+    "behaviour", ["hangup", "refuse", "garbage", "garbage payload", "wrong type", "silent"]
+)
 def test_failed_registration_is_retried_with_backoff(tmp_path: Path, behaviour: str) -> None:
+    """Whatever the runtime answers RegisterPlugin with, the runner reconnects.
+
+    Before the failure contract, an undecodable reply or one of the wrong type
+    escaped as DecodeError / ProtocolError and ended the runner (and the process).
+    """
     path = socket_path(tmp_path)
 
     async def scenario() -> None:
         fake = FakeRuntime(path, behaviour)
         await fake.start()
-        session = Session(RecordingPlugin(), "midbatch", "50")
+        session = Session(RecordingPlugin(), "midbatch", "50", registration_timeout=0.05)
         stop = asyncio.Event()
         backoff = Backoff(initial=0.05, maximum=0.2, jitter=0.0)
         task = asyncio.create_task(run_external(session, str(path), stop, backoff))

@@ -11,6 +11,7 @@ import pytest
 
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.api import ttrpc_pb2
+from nri_midbatch.nri import session as session_module
 from nri_midbatch.nri.events import Event
 from nri_midbatch.nri.session import (
     PLUGIN_SERVICE,
@@ -637,5 +638,176 @@ def test_session_close_ends_run() -> None:
             await lb.runtime.start()
             lb.session.close()
             assert await lb.task == "session closed"
+
+    run(scenario())
+
+
+# ---------------------------------------------------------------------------
+# The failure contract: any reply to our calls is a result or RpcError
+# ---------------------------------------------------------------------------
+
+
+async def registered_raw(session: Session) -> tuple[RawPeer, asyncio.Task[str]]:
+    """A raw runtime that has registered and configured `session`."""
+    peer, (reader, writer) = await RawPeer.pair()
+    task = asyncio.create_task(session.run(reader, writer))
+    message, _ = await peer.read_request(2)
+    peer.send_response(2, message.stream_id, raw=b"")
+    peer.send_request(1, 1, PLUGIN_SERVICE, "Configure", configure())
+    await peer.read_response(1)
+    return peer, task
+
+
+@pytest.mark.parametrize(
+    ("kind", "body", "code"),
+    [
+        (1, b"", Code.INTERNAL),  # a Request where the reply belongs
+        (2, b"\xff\xff", Code.INTERNAL),  # an undecodable Response
+        (2, ttrpc_pb2.Response(payload=b"\xff").SerializeToString(), Code.INTERNAL),
+        (None, b"", Code.DEADLINE_EXCEEDED),  # no reply at all
+    ],
+    ids=["wrong type", "garbage", "garbage payload", "no answer"],
+)
+def test_update_containers_fails_only_with_rpc_error(
+    kind: int | None, body: bytes, code: Code
+) -> None:
+    async def scenario() -> None:
+        session = Session(RecordingPlugin(), "midbatch", "10")
+        peer, task = await registered_raw(session)
+        call = asyncio.create_task(session.update_containers([update("c")], timeout=0.2))
+        message, request = await peer.read_request(2)
+        assert request.method == "UpdateContainers"
+        if kind is not None:
+            peer.send(2, message.stream_id, kind, body)
+        with pytest.raises(RpcError) as info:
+            await call
+        assert info.value.code == code
+        assert session.state.configured  # the session goes on
+        peer.close()
+        await task
+
+    run(scenario())
+
+
+def test_update_containers_has_a_deadline_by_default() -> None:
+    async def scenario() -> None:
+        session = Session(RecordingPlugin(), "midbatch", "10")
+        peer, task = await registered_raw(session)
+        call = asyncio.create_task(session.update_containers([update("c")]))
+        _, request = await peer.read_request(2)
+        assert request.timeout_nano == 10_000_000_000
+        call.cancel()
+        peer.close()
+        await task
+
+    run(scenario())
+
+
+# ---------------------------------------------------------------------------
+# The lifecycle: requests illegal in the current phase get a status
+# ---------------------------------------------------------------------------
+
+
+def test_event_before_configure_and_second_configure_are_refused() -> None:
+    plugin = RecordingPlugin()
+
+    async def scenario() -> None:
+        peer, (reader, writer) = await RawPeer.pair()
+        session = Session(plugin, "midbatch", "10", registration_timeout=2.0)
+        task = asyncio.create_task(session.run(reader, writer))
+        await peer.read_request(2)
+        create = api.CreateContainerRequest(pod=pod("p"), container=container("c", "p"))
+        peer.send_request(1, 1, PLUGIN_SERVICE, "CreateContainer", create)
+        _, response = await peer.read_response(1)
+        assert response.status.code == Code.FAILED_PRECONDITION
+        assert response.status.message == (
+            "CreateContainer is not allowed while the plugin is connecting"
+        )
+        assert plugin.created == []
+        peer.send_request(1, 3, PLUGIN_SERVICE, "Configure", configure())
+        _, response = await peer.read_response(1)
+        assert not response.HasField("status")
+        peer.send_request(1, 5, PLUGIN_SERVICE, "Configure", configure())
+        _, response = await peer.read_response(1)
+        assert response.status.code == Code.FAILED_PRECONDITION
+        assert "Configure is not allowed while the plugin is configured" in response.status.message
+        assert len(plugin.configs) == 1
+        peer.close()
+        with pytest.raises(RegistrationError):  # RegisterPlugin was never answered
+            await task
+
+    run(scenario())
+
+
+def test_event_between_split_synchronize_chunks_is_refused() -> None:
+    plugin = RecordingPlugin()
+
+    async def scenario() -> None:
+        session = Session(plugin, "midbatch", "10")
+        peer, task = await registered_raw(session)
+        chunk = api.SynchronizeRequest(pods=[pod("p")], more=True)
+        peer.send_request(1, 3, PLUGIN_SERVICE, "Synchronize", chunk)
+        _, response = await peer.read_response(1)
+        assert api.SynchronizeResponse.FromString(response.payload).more
+        assert session.state.phase.value == "synchronizing"
+        peer.send_request(1, 5, PLUGIN_SERVICE, "StopContainer", api.StopContainerRequest())
+        _, response = await peer.read_response(1)
+        assert response.status.code == Code.FAILED_PRECONDITION
+        peer.send_request(1, 7, PLUGIN_SERVICE, "Synchronize", api.SynchronizeRequest())
+        _, response = await peer.read_response(1)
+        assert not response.HasField("status")
+        assert session.state.phase.value == "ready"
+        assert [len(p) for p, _ in plugin.syncs] == [1]
+        peer.close()
+        await task
+
+    run(scenario())
+
+
+def test_split_synchronize_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks with more=true are buffered up to a bound, then refused, and the buffer dropped."""
+    monkeypatch.setattr(session_module, "MAX_SYNC_OBJECTS", 5)
+    plugin = RecordingPlugin()
+
+    async def scenario() -> None:
+        session = Session(plugin, "midbatch", "10")
+        peer, task = await registered_raw(session)
+        stream = 3
+        for i in range(2):
+            chunk = api.SynchronizeRequest(pods=[pod(f"p{i}"), pod(f"q{i}")], more=True)
+            peer.send_request(1, stream, PLUGIN_SERVICE, "Synchronize", chunk)
+            stream += 2
+            _, response = await peer.read_response(1)
+            assert not response.HasField("status")
+        chunk = api.SynchronizeRequest(pods=[pod("p3"), pod("q3")], more=True)
+        peer.send_request(1, stream, PLUGIN_SERVICE, "Synchronize", chunk)
+        _, response = await peer.read_response(1)
+        assert response.status.code == Code.RESOURCE_EXHAUSTED
+        assert "6 pods and containers" in response.status.message
+        assert session._sync_pods == []  # nothing kept
+        assert session.state.phase.value == "configured"
+        assert plugin.syncs == []
+        peer.close()
+        await task
+
+    run(scenario())
+
+
+def test_split_synchronize_is_bounded_in_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(session_module, "MAX_SYNC_BYTES", 10_000)
+    plugin = RecordingPlugin()
+
+    async def scenario() -> None:
+        session = Session(plugin, "midbatch", "10")
+        peer, task = await registered_raw(session)
+        big = pod("p")
+        big.annotations["a"] = "x" * 6_000
+        for stream, code in ((3, Code.OK), (5, Code.RESOURCE_EXHAUSTED)):
+            chunk = api.SynchronizeRequest(pods=[big], more=True)
+            peer.send_request(1, stream, PLUGIN_SERVICE, "Synchronize", chunk)
+            _, response = await peer.read_response(1)
+            assert response.status.code == code
+        peer.close()
+        await task
 
     run(scenario())
