@@ -183,6 +183,8 @@ class Session:
         self._sync_bytes = 0
         self._sync_started: float | None = None
         self._configured = asyncio.Event()
+        #: False once replay drives the service directly (see `service`).
+        self._enforce_lifecycle = True
         self._log = log.bind(plugin=f"{idx}-{name}")
 
     # -- running -------------------------------------------------------------
@@ -250,7 +252,12 @@ class Session:
     def _advance(self, step: Step, what: str | None = None) -> None:
         """Take `step` (the table decides), or raise RpcError if it is illegal now."""
         state = self.state
-        phase = transition(state.phase, step, what)
+        try:
+            phase = transition(state.phase, step, what)
+        except RpcError:
+            if self._enforce_lifecycle:
+                raise
+            return
         replied = state.register_replied
         if step is Step.CONNECT:
             replied = False
@@ -259,6 +266,11 @@ class Session:
         if (phase, replied) != (state.phase, state.register_replied):
             state.phase, state.register_replied = phase, replied
             state.changed()
+
+    def _check(self, step: Step) -> None:
+        """Raise RpcError if `step` is illegal now, without taking it."""
+        if self._enforce_lifecycle:
+            transition(self.state.phase, step)
 
     def close(self) -> None:
         if self._conn is not None:
@@ -304,7 +316,12 @@ class Session:
     # -- the Plugin service --------------------------------------------------
 
     def service(self) -> Service:
-        """The Plugin service as a connection serves it; replay calls it without a socket."""
+        """The Plugin service for replay, which calls it without a socket.
+
+        A recording may start anywhere in a session, so the lifecycle rules,
+        which guard a live connection, do not apply here.
+        """
+        self._enforce_lifecycle = False
         return self._service()
 
     def _service(self) -> Service:
@@ -402,7 +419,7 @@ class Session:
         return Method(method.request_type, run)
 
     async def _configure(self, request: api.ConfigureRequest) -> api.ConfigureResponse:
-        transition(self.state.phase, Step.CONFIGURE)  # refuse a second Configure up front
+        self._check(Step.CONFIGURE)  # refuse a second Configure up front
         runtime = RuntimeInfo(
             name=request.runtime_name,
             version=request.runtime_version,
@@ -435,7 +452,7 @@ class Session:
         if request.more:
             self._advance(Step.SYNC_CHUNK)
         else:
-            transition(self.state.phase, Step.SYNC_DONE)
+            self._check(Step.SYNC_DONE)
         if self._sync_started is None:
             self._sync_started = time.perf_counter()
         self._sync_bytes += request.ByteSize()
