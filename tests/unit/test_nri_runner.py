@@ -9,9 +9,12 @@ import socket
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.api import rpc_status_pb2, ttrpc_pb2
+from nri_midbatch.app import App
+from nri_midbatch.config import Config
 from nri_midbatch.nri.loopback import LoopbackRuntime
 from nri_midbatch.nri.runner import Backoff, run_external, run_prelaunched
 from nri_midbatch.nri.session import Session
@@ -420,5 +423,63 @@ def test_run_prelaunched_returns_when_the_runtime_hangs_up_early() -> None:
         ended = await task
         assert "closed" in ended.reason
         assert ended.failed  # never registered: the process exits non-zero
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("behaviour", ["hangup", "garbage", "wrong type"])
+def test_prelaunched_app_says_why_and_exits_non_zero(behaviour: str) -> None:
+    """A pre-launched plugin cannot reconnect: a failed session is a logged exit 1.
+
+    Before, a runtime hanging up before registration exited 0, and a garbage
+    reply ended the process with a traceback.
+    """
+
+    async def scenario() -> int:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        reader, writer = await asyncio.open_unix_connection(sock=theirs)
+        peer = RawPeer(reader, writer)
+        app = App(Config(), name="midbatch", idx="10", config_path=None)
+        task = asyncio.create_task(app.run_prelaunched(ours.detach()))
+        message, _ = await peer.read_request(2)
+        if behaviour in BAD_REPLIES:
+            msg_type, body = BAD_REPLIES[behaviour]
+            peer.send(2, message.stream_id, msg_type, body)
+            await peer.read_eof()
+        peer.close()
+        return await task
+
+    with capture_logs() as logs:
+        assert run(scenario()) == 1
+    (failed,) = [e for e in logs if e["event"].startswith("runtime connection failed")]
+    assert failed["log_level"] == "error"
+    assert "regist" in failed["reason"]
+
+
+def test_runner_survives_a_session_that_raises(tmp_path: Path) -> None:
+    """Any exception out of a session (a bug of ours) means: reconnect, not exit."""
+    path = socket_path(tmp_path)
+
+    class Flaky(Session):
+        failures = 0
+
+        async def run(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str:
+            if Flaky.failures < 2:
+                Flaky.failures += 1
+                writer.close()
+                raise ValueError("a bug")
+            return await super().run(reader, writer)
+
+    async def scenario() -> None:
+        fake = FakeRuntime(path)
+        await fake.start()
+        session = Flaky(RecordingPlugin(), "midbatch", "10")
+        stop = asyncio.Event()
+        task = asyncio.create_task(run_external(session, str(path), stop, FAST))
+        await next_sync(fake, timeout=3.0)
+        assert Flaky.failures == 2
+        assert session.state.synchronized
+        await stop_runner(stop, task)
+        await fake.close()
 
     run(scenario())
