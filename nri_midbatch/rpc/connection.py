@@ -144,7 +144,8 @@ class MuxConnection:
                 if not event.token.done():
                     event.token.set_exception(RpcError(event.code, event.message))
             case wire.Dropped():
-                self._log.warning("message ignored", stream_id=event.stream_id, reason=event.reason)
+                # Debug, not warning: a peer can send millions of these.
+                self._log.debug("message ignored", stream_id=event.stream_id, reason=event.reason)
 
     # -- serving -------------------------------------------------------------
 

@@ -736,3 +736,32 @@ def test_a_flood_of_tiny_messages_does_not_starve_a_request_before_it() -> None:
     assert len(streams) == 5001
     assert streams.index(1) < 5000 - 64
     assert conn.yields >= 5000 // 64
+
+
+def test_replies_the_peer_does_not_read_stop_the_reading() -> None:
+    """Bounded output: while the transport is over its high-water mark, no more is read."""
+
+    class BlockedWriter(RecordingWriter):
+        def __init__(self) -> None:
+            super().__init__()
+            self.unblocked = asyncio.Event()
+
+        async def drain(self) -> None:
+            await self.unblocked.wait()
+
+    async def scenario() -> None:
+        reader = asyncio.StreamReader()
+        writer = BlockedWriter()
+        conn = MuxConnection(reader, writer, {SERVICE: Handlers().service()})  # type: ignore[arg-type]
+        task = asyncio.create_task(conn.run())
+        flood = b"".join(HEADER.pack(0, 2, MessageType.REQUEST, 0) for _ in range(1000))
+        reader.feed_data(struct.pack(">II", 1, len(flood)) + flood)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert len(writer.writes) == 64  # one turn's worth, then waiting for the peer
+        writer.unblocked.set()
+        reader.feed_eof()
+        await task
+        assert len(writer.writes) == 1000
+
+    run(scenario())
