@@ -66,6 +66,10 @@ class MuxConnection:
         self.close_reason: str | None = None
         #: Times the reader gave the event loop a turn in the middle of a read.
         self.yields = 0
+        #: Requests the wire layer answered itself, and messages it ignored; only
+        #: the first of each is logged, the totals when the connection closes.
+        self.refused = 0
+        self.ignored = 0
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -118,6 +122,12 @@ class MuxConnection:
             return
         self.close_reason = reason
         self._closed.set()
+        if self.refused > 1 or self.ignored > 1:
+            self._log.warning(
+                "peer misbehaved on this connection",
+                requests_refused=self.refused,
+                messages_ignored=self.ignored,
+            )
         for fut in self._wire.close():
             if not fut.done():
                 fut.set_exception(ConnectionClosed(reason))
@@ -135,7 +145,14 @@ class MuxConnection:
                 self._handlers.add(task)
                 task.add_done_callback(self._handlers.discard)
             case wire.Refused():
-                self._log.debug("request refused", stream_id=event.stream_id, code=event.code.name)
+                self.refused += 1
+                if self.refused == 1:  # a peer can send millions: the rest are counted
+                    self._log.warning(
+                        "request refused",
+                        stream_id=event.stream_id,
+                        code=event.code.name,
+                        message=event.message,
+                    )
                 self._write(event.data)
             case wire.CallSucceeded():
                 if not event.token.done():
@@ -144,8 +161,11 @@ class MuxConnection:
                 if not event.token.done():
                     event.token.set_exception(RpcError(event.code, event.message))
             case wire.Dropped():
-                # Debug, not warning: a peer can send millions of these.
-                self._log.debug("message ignored", stream_id=event.stream_id, reason=event.reason)
+                self.ignored += 1
+                if self.ignored == 1:
+                    self._log.warning(
+                        "message ignored", stream_id=event.stream_id, reason=event.reason
+                    )
 
     # -- serving -------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
+import structlog
 
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.api import rpc_status_pb2, ttrpc_pb2
@@ -765,3 +766,33 @@ def test_replies_the_peer_does_not_read_stop_the_reading() -> None:
         assert len(writer.writes) == 1000
 
     run(scenario())
+
+
+def test_a_flood_of_bad_messages_logs_once_and_counts() -> None:
+    """Log volume is bounded: the first refusal and the first ignored message, then totals."""
+
+    async def scenario() -> MuxConnection:
+        reader = asyncio.StreamReader()
+        writer = RecordingWriter()
+        conn = MuxConnection(reader, writer, {SERVICE: Handlers().service()})  # type: ignore[arg-type]
+        task = asyncio.create_task(conn.run())
+        refused = b"".join(HEADER.pack(0, 2, MessageType.REQUEST, 0) for _ in range(1000))
+        stray = b"".join(HEADER.pack(0, 7, MessageType.RESPONSE, 0) for _ in range(1000))
+        reader.feed_data(
+            struct.pack(">II", 1, len(refused))
+            + refused
+            + struct.pack(">II", 2, len(stray))
+            + stray
+        )
+        reader.feed_eof()
+        await task
+        return conn
+
+    with structlog.testing.capture_logs() as logs:
+        conn = run(scenario())
+    assert (conn.refused, conn.ignored) == (1000, 1000)
+    events = [e["event"] for e in logs]
+    assert events.count("request refused") == 1
+    assert events.count("message ignored") == 1
+    (summary,) = [e for e in logs if e["event"] == "peer misbehaved on this connection"]
+    assert (summary["requests_refused"], summary["messages_ignored"]) == (1000, 1000)
