@@ -93,15 +93,25 @@ class MuxConnection:
 
     async def _dispatch(self) -> None:
         handled = 0
+        # Answers the wire layer made itself go out together, once per turn:
+        # one write (and syscall) per turn rather than one per message.
+        answers: list[bytes] = []
         while not self._closed.is_set() and (event := self._wire.next_event()) is not None:
-            self._on_event(event)
+            if isinstance(event, wire.Refused):
+                self._note_refused(event)
+                answers.append(event.data)
+            else:
+                self._on_event(event)
             handled += 1
             if handled % MESSAGES_PER_TURN == 0:
+                self._write(b"".join(answers))
+                answers.clear()
                 self.yields += 1
                 await asyncio.sleep(0)
                 # Replies pile up in the transport if the peer does not read
                 # them; stop reading until it does (asyncio's high-water mark).
                 await self._writer.drain()
+        self._write(b"".join(answers))
 
     def close(self, reason: str = "closed locally") -> None:
         self._shutdown(reason)
@@ -144,16 +154,6 @@ class MuxConnection:
                 task = asyncio.create_task(self._serve(event, method))
                 self._handlers.add(task)
                 task.add_done_callback(self._handlers.discard)
-            case wire.Refused():
-                self.refused += 1
-                if self.refused == 1:  # a peer can send millions: the rest are counted
-                    self._log.warning(
-                        "request refused",
-                        stream_id=event.stream_id,
-                        code=event.code.name,
-                        message=event.message,
-                    )
-                self._write(event.data)
             case wire.CallSucceeded():
                 if not event.token.done():
                     event.token.set_result(event.reply)
@@ -166,6 +166,16 @@ class MuxConnection:
                     self._log.warning(
                         "message ignored", stream_id=event.stream_id, reason=event.reason
                     )
+
+    def _note_refused(self, event: wire.Refused) -> None:
+        self.refused += 1
+        if self.refused == 1:  # a peer can send millions: the rest are counted
+            self._log.warning(
+                "request refused",
+                stream_id=event.stream_id,
+                code=event.code.name,
+                message=event.message,
+            )
 
     # -- serving -------------------------------------------------------------
 
@@ -236,5 +246,5 @@ class MuxConnection:
     # -- sending -------------------------------------------------------------
 
     def _write(self, data: bytes) -> None:
-        if not self._closed.is_set():
+        if data and not self._closed.is_set():
             self._writer.write(data)
