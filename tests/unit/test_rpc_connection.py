@@ -19,6 +19,7 @@ from nri_midbatch.api import rpc_status_pb2, ttrpc_pb2
 from nri_midbatch.rpc.connection import MuxConnection
 from nri_midbatch.rpc.errors import ConnectionClosed, RpcError
 from nri_midbatch.rpc.service import CallContext, Method, Service
+from nri_midbatch.wire.connection import MAX_PENDING_CALLS, MAX_REQUESTS_IN_FLIGHT
 from nri_midbatch.wire.mux import MuxDecoder, frame_message
 from nri_midbatch.wire.status import Code
 from nri_midbatch.wire.ttrpc import (
@@ -803,3 +804,46 @@ def test_a_flood_of_bad_messages_logs_once_and_counts() -> None:
     assert events.count("message ignored") == 1
     (summary,) = [e for e in logs if e["event"] == "peer misbehaved on this connection"]
     assert (summary["requests_refused"], summary["messages_ignored"]) == (1000, 1000)
+
+
+# ---------------------------------------------------------------------------
+# Bounds driven past, through the asyncio layer
+# ---------------------------------------------------------------------------
+
+
+def test_requests_in_flight_past_the_bound_get_resource_exhausted() -> None:
+    handlers = Handlers()
+
+    async def scenario() -> None:
+        async with served(handlers) as (_conn, peer):
+            for i in range(MAX_REQUESTS_IN_FLIGHT + 1):
+                peer.send_request(1, 2 * i + 1, SERVICE, "Hang")
+            message, response = await peer.read_response(1)
+            assert message.stream_id == 2 * MAX_REQUESTS_IN_FLIGHT + 1
+            assert response.status.code == Code.RESOURCE_EXHAUSTED
+            assert len(handlers.contexts) <= MAX_REQUESTS_IN_FLIGHT  # no task for it
+
+    run(scenario())
+
+
+def test_calls_pending_past_the_bound_fail_with_rpc_error() -> None:
+    async def scenario() -> None:
+        async with served() as (conn, _peer):
+            calls = [
+                asyncio.create_task(conn.call(RUNTIME, "Do", KV(), KV, timeout=5.0))
+                for _ in range(MAX_PENDING_CALLS)
+            ]
+            await asyncio.sleep(0)
+            with pytest.raises(RpcError) as info:
+                await conn.call(RUNTIME, "Do", KV(), KV, timeout=5.0)
+            assert info.value.code == Code.RESOURCE_EXHAUSTED
+            for call in calls:
+                call.cancel()
+            await asyncio.gather(*calls, return_exceptions=True)
+            # Cancelled calls free their slots.
+            late = asyncio.create_task(conn.call(RUNTIME, "Do", KV(), KV, timeout=0.01))
+            with pytest.raises(RpcError) as info:
+                await late
+            assert info.value.code == Code.DEADLINE_EXCEEDED
+
+    run(scenario())
