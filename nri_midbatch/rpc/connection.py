@@ -134,7 +134,7 @@ class MuxConnection:
         self._closed.set()
         if self.refused > 1 or self.ignored > 1:
             self._log.warning(
-                "peer misbehaved on this connection",
+                "connection closed after refusing requests or ignoring messages",
                 requests_refused=self.refused,
                 messages_ignored=self.ignored,
             )

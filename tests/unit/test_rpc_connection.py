@@ -802,7 +802,11 @@ def test_a_flood_of_bad_messages_logs_once_and_counts() -> None:
     events = [e["event"] for e in logs]
     assert events.count("request refused") == 1
     assert events.count("message ignored") == 1
-    (summary,) = [e for e in logs if e["event"] == "peer misbehaved on this connection"]
+    (summary,) = [
+        e
+        for e in logs
+        if e["event"] == "connection closed after refusing requests or ignoring messages"
+    ]
     assert (summary["requests_refused"], summary["messages_ignored"]) == (1000, 1000)
 
 
