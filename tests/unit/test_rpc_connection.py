@@ -731,7 +731,7 @@ def test_a_flood_of_tiny_messages_does_not_starve_a_request_before_it() -> None:
     writer, conn = run(scenario())
     decoder = MessageDecoder()
     streams = [
-        m.stream_id  # type: ignore[union-attr]
+        m.stream_id
         for _, payload in MuxDecoder(frozenset({1})).feed(bytes(writer.data))
         for m in decoder.feed(payload)
     ]

@@ -134,7 +134,7 @@ def test_messages_are_cut_one_at_a_time() -> None:
 # ---------------------------------------------------------------------------
 
 
-def reply(stream_id: int, msg_type: int, body: bytes) -> bytes:
+def reply(stream_id: int, msg_type: MessageType, body: bytes) -> bytes:
     return frame_message(2, encode_message(stream_id, msg_type, body))
 
 
