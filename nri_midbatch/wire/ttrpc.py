@@ -116,8 +116,11 @@ class MessageDecoder:
         return len(self._buffer) - self._offset
 
 
-def encode_message(stream_id: int, msg_type: MessageType, data: bytes, flags: int = 0) -> bytes:
-    """One ttrpc message; refuses what the peer would reject as oversized."""
+def encode_message(stream_id: int, msg_type: int, data: bytes, flags: int = 0) -> bytes:
+    """One ttrpc message; refuses what the peer would reject as oversized.
+
+    `msg_type` is a plain int: a peer (or a test) may send types ttrpc does not define.
+    """
     if len(data) > MESSAGE_LENGTH_MAX:
         raise OversizedMessageError(
             f"message length {len(data)} exceed maximum message size of {MESSAGE_LENGTH_MAX}"

@@ -7,7 +7,6 @@ import socket
 from typing import Any
 
 import structlog
-from google.protobuf.message import Message
 
 from nri_midbatch.after_reply import AfterReply
 from nri_midbatch.api import nri_pb2 as api
@@ -36,7 +35,7 @@ def test_work_runs_once_the_reply_is_on_the_socket() -> None:
         except BlockingIOError:
             seen.append(0)
 
-    async def handler(_request: Any, _ctx: CallContext) -> Message:
+    async def handler(_request: Any, _ctx: CallContext) -> api.ConfigureResponse:
         after_reply.defer(look_at_the_peer)
         return api.ConfigureResponse(events=0x48D)
 

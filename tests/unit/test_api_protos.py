@@ -330,8 +330,10 @@ _SCALARS = {
 
 def _type_name(field: FieldDescriptor) -> str:
     if field.type == FieldDescriptor.TYPE_MESSAGE:
+        assert field.message_type is not None
         full = field.message_type.full_name
     elif field.type == FieldDescriptor.TYPE_ENUM:
+        assert field.enum_type is not None
         full = field.enum_type.full_name
     else:
         return _SCALARS[field.type]

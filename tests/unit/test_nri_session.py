@@ -44,7 +44,7 @@ def configure(
         runtime_name=runtime_name,
         runtime_version=runtime_version,
         NRI_version=nri_version,
-        **kwargs,  # type: ignore[arg-type]
+        **kwargs,
     )
 
 
@@ -437,7 +437,8 @@ def test_state_change_with_unknown_event_is_acknowledged() -> None:
             await lb.runtime.start()
             reply = await lb.runtime.call("StateChange", api.StateChangeEvent(event=99), api.Empty)
             assert reply == api.Empty()
-            assert plugin.pod_events == plugin.container_events == []
+            assert plugin.pod_events == []
+            assert plugin.container_events == []
 
     run(scenario())
 
@@ -565,9 +566,7 @@ def test_schedule_update_containers_from_a_handler_works() -> None:
     holder: dict[str, Session] = {}
 
     async def hook(_event: Event) -> None:
-        tasks.append(
-            holder["session"].schedule_update_containers([update("c1"), update("c2")])  # type: ignore[arg-type]
-        )
+        tasks.append(holder["session"].schedule_update_containers([update("c1"), update("c2")]))
 
     plugin = RecordingPlugin(on_event=hook)
 

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
@@ -203,7 +203,9 @@ def test_a_full_queue_drops_records_never_events() -> None:
     create = api.CreateContainerRequest(pod=pod, container=main_container(pod))
     calls = 12
 
-    async def scenario() -> tuple[list[api.CreateContainerResponse], float, list[dict[str, Any]]]:
+    async def scenario() -> tuple[
+        list[api.CreateContainerResponse], float, list[MutableMapping[str, Any]]
+    ]:
         async with recorded_plugin(recorder) as runtime:
             await runtime.start()  # two calls: the writer takes the first and blocks
             await asyncio.to_thread(sink.entered.wait, 2)
@@ -341,7 +343,7 @@ def test_rotation_fills_a_gap_in_the_backups_before_dropping_one(tmp_path: Path)
     assert path.with_name("calls.jsonl.3").read_bytes() == b"three\n"
 
 
-def _recorder_logs(logs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def _recorder_logs(logs: Sequence[MutableMapping[str, Any]]) -> list[MutableMapping[str, Any]]:
     return [log for log in logs if str(log["event"]).startswith("recording")]
 
 
@@ -360,7 +362,7 @@ def test_a_full_disk_logs_once_counts_every_drop_and_closes_quietly() -> None:
     recorder = Recorder(RotatingFile(Path("/dev/full")))
     calls = 400
 
-    async def scenario() -> list[dict[str, Any]]:
+    async def scenario() -> list[MutableMapping[str, Any]]:
         with capture_logs() as logs:
             async with recorded_plugin(recorder) as runtime:
                 await runtime.start()
@@ -381,7 +383,7 @@ def test_a_full_disk_logs_once_counts_every_drop_and_closes_quietly() -> None:
 def test_a_long_failure_is_summed_up_with_the_records_it_lost() -> None:
     recorder = Recorder(RotatingFile(Path("/dev/full")), failure_summary_every=0.0)
 
-    async def scenario() -> list[dict[str, Any]]:
+    async def scenario() -> list[MutableMapping[str, Any]]:
         with capture_logs() as logs:
             async with recorded_plugin(recorder) as runtime:
                 await runtime.start()
@@ -438,7 +440,7 @@ def test_recording_resumes_with_whole_lines_when_space_returns(small_fs: Path) -
     recorder = Recorder(RotatingFile(path))
     filler = small_fs / "filler"
 
-    async def scenario() -> list[dict[str, Any]]:
+    async def scenario() -> list[MutableMapping[str, Any]]:
         with capture_logs() as logs:
             async with recorded_plugin(recorder) as runtime:
                 await runtime.start()

@@ -10,7 +10,7 @@ import os
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO, cast
 
 import pytest
 import structlog
@@ -420,7 +420,7 @@ def test_replay_memory_stays_flat_in_the_number_of_lines(
                     fmt=fmt,
                     expect=None,
                     write_expected_to=None,
-                    out=out,
+                    out=cast(TextIO, out),
                     err=err,
                 )
                 out.write("")  # a last sample, after the whole recording

@@ -10,6 +10,7 @@ import asyncio
 import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TypeAlias
 
 import pytest
 import structlog
@@ -34,7 +35,7 @@ from .nri_fixtures import RawPeer, run
 
 SERVICE = "test.Echo"
 RUNTIME = "test.Runtime"
-KV = ttrpc_pb2.KeyValue
+KV: TypeAlias = ttrpc_pb2.KeyValue
 
 
 class Handlers:

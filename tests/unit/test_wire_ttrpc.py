@@ -162,6 +162,7 @@ def test_oversized_message_is_reported_and_skipped_without_buffering() -> None:
     decoder = MessageDecoder()
     events = decoder.feed(HEADER.pack(length, 3, MessageType.REQUEST, 0))
     assert events == [OversizedMessage(3, MessageType.REQUEST, length)]
+    assert isinstance(events[0], OversizedMessage)
     assert events[0].error_text == ("message length 4194305 exceed maximum message size of 4194304")
     body = b"\xab" * length
     piece = 65_536
