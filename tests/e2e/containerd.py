@@ -82,9 +82,18 @@ class Flavour:
         return f"containerd-{self.version}"
 
     @property
+    def nri_version(self) -> tuple[int, ...]:
+        return tuple(int(n) for n in self.nri.lstrip("v").split("."))
+
+    @property
     def synchronizes_prelaunched(self) -> bool:
         """NRI v0.7 and later send Synchronize to pre-launched plugins too."""
-        return tuple(int(n) for n in self.nri.lstrip("v").split(".")) >= (0, 7, 0)
+        return self.nri_version >= (0, 7, 0)
+
+    @property
+    def configure_carries_timeouts(self) -> bool:
+        """NRI v0.7 and later tell the plugin their timeouts in Configure."""
+        return self.nri_version >= (0, 7, 0)
 
 
 #: The releases every end-to-end test runs against.
@@ -481,6 +490,8 @@ disabled_plugins = [
         if holder is not None:
             holder.kill()
             holder.wait(5)
+            if holder.stderr is not None:
+                holder.stderr.close()
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.start_timeout

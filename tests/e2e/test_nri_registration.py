@@ -22,6 +22,14 @@ def test_external_plugin_registers_configures_and_synchronizes(
         assert configured["runtime"].startswith(f"containerd {containerd.flavour.version}")
         assert configured["nri"] == containerd.flavour.nri
         assert int(configured["events"], 16) & ~0x7FF == 0
+        # The harness configures 5 s and 2 s; only NRI v0.7+ passes them on.
+        _, registered = plugin.wait_for("registered")
+        timeouts = (
+            "registration_timeout=5.0, request_timeout=2.0"
+            if containerd.flavour.configure_carries_timeouts
+            else "registration_timeout=None, request_timeout=None"
+        )
+        assert timeouts in registered["runtime"], registered
         plugin.wait_for("synchronized")
         containerd.wait_for_log('plugin \\"10-midbatch\\"', timeout=5)
     finally:
