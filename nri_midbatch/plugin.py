@@ -343,6 +343,7 @@ class MidBatchPlugin:
                     container.id,
                     target,
                     cgroups_path,
+                    self.runtime.name if self.runtime is not None else "",
                 )
         except CgroupPathError as exc:
             reason = str(exc)

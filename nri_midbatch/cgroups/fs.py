@@ -65,14 +65,16 @@ def apply_container_values(
     container_id: str,
     values: PodCgroupValues,
     cgroups_path: str = "",
+    runtime: str = "",
 ) -> WriteReport:
     """The same three files in a container's cgroup, for runtimes we cannot ask to update.
 
     Used when a new configuration must reach running containers and the
     runtime's UpdateContainers is unsafe; confined and reported like pods.
-    `cgroups_path` is the runtime's own path for the container, when known.
+    `cgroups_path` is the runtime's own path for the container, when known;
+    else the path follows the naming of `runtime` (its name from Configure).
     """
-    relpath = container_relpath(driver, cgroup_parent, container_id, cgroups_path)
+    relpath = container_relpath(driver, cgroup_parent, container_id, cgroups_path, runtime)
     return _apply(root, relpath, cgroups_path or cgroup_parent, values)
 
 

@@ -11,6 +11,16 @@ from pathlib import PurePosixPath
 
 _SLICE_SUFFIX = ".slice"
 
+#: How each runtime names a container's cgroup inside its pod's, for when it
+#: sends no cgroups_path: runtime name (as in Configure, lower case) ->
+#: (cgroupfs directory prefix, systemd scope unit prefix). containerd's runc
+#: uses the bare id with cgroupfs; CRI-O writes `crio-<id>` with both drivers.
+_CONTAINER_PREFIXES = {
+    "containerd": ("", "cri-containerd-"),
+    "cri-o": ("crio-", "crio-"),
+}
+_DEFAULT_RUNTIME = "containerd"
+
 
 class CgroupPathError(ValueError):
     """A cgroup parent or container id that must not be turned into a path."""
@@ -51,15 +61,20 @@ def pod_relpath(driver: CgroupDriver, cgroup_parent: str) -> PurePosixPath:
 
 
 def container_relpath(
-    driver: CgroupDriver, cgroup_parent: str, container_id: str, cgroups_path: str = ""
+    driver: CgroupDriver,
+    cgroup_parent: str,
+    container_id: str,
+    cgroups_path: str = "",
+    runtime: str = "",
 ) -> PurePosixPath:
     """A container's cgroup directory relative to the root.
 
     The runtime's own `cgroups_path` (NRI's `Container.linux.cgroups_path`)
     wins when it is known, since runtimes name containers differently. Else
-    containerd's naming: runc with the cgroupfs driver nests `<container id>`
-    under the pod directory; with systemd the unit is
-    `cri-containerd-<id>.scope` inside the pod slice.
+    the naming of `runtime` (its name from Configure): containerd nests
+    `<id>` (cgroupfs) or `cri-containerd-<id>.scope` (systemd) in the pod's
+    cgroup, CRI-O `crio-<id>` or `crio-<id>.scope`. An unknown runtime is
+    taken for containerd.
     """
     if cgroups_path:
         return runtime_cgroups_relpath(cgroups_path)
@@ -70,9 +85,12 @@ def container_relpath(
             f"container id {container_id!r} (cgroup parent {cgroup_parent!r}) "
             "is not a single path segment"
         )
+    cgroupfs_prefix, scope_prefix = _CONTAINER_PREFIXES.get(
+        runtime.strip().lower(), _CONTAINER_PREFIXES[_DEFAULT_RUNTIME]
+    )
     if resolve_driver(driver, cgroup_parent) is CgroupDriver.SYSTEMD:
-        return pod / f"cri-containerd-{container_id}.scope"
-    return pod / container_id
+        return pod / f"{scope_prefix}{container_id}.scope"
+    return pod / f"{cgroupfs_prefix}{container_id}"
 
 
 def runtime_cgroups_relpath(cgroups_path: str) -> PurePosixPath:

@@ -41,6 +41,11 @@ _CRIO: tuple[tuple[Version, Version], ...] = (
     ((1, 33, 0), (0, 9, 0)),
     ((1, 34, 0), (0, 10, 0)),
     ((1, 35, 0), (0, 11, 0)),
+    # 1.36 not checked: it maps to v0.11.0 above, which asks for the same
+    # events (0x3FFF) and keeps UpdateContainers off just as v0.12.0 would.
+    # 1.37 vendors v0.12.0 (issue 15: measured on CRI-O 1.37.0); from v0.12
+    # the runtime also sends NRI_version itself.
+    ((1, 37, 0), (0, 12, 0)),
 )
 _RUNTIMES = {"containerd": _CONTAINERD, "cri-o": _CRIO}
 

@@ -1,26 +1,33 @@
 """Fixtures for the end-to-end tests against a real containerd with NRI.
 
-`containerd_bin` (session) runs scripts/fetch-containerd.sh once; `containerd`
-(function) yields a started `Containerd` harness in the test's tmp dir and
-tears it down afterwards. Without root the tests are skipped, except under CI
-(`CI=true`), where a missing prerequisite is a failure: CI must not silently
-skip end-to-end coverage.
+Every test that uses `containerd` runs once per release in FLAVOURS
+(`containerd_flavour`, a session-scoped parameter: ids such as
+`test_x[containerd-2.1.9]`, so `-k containerd-2.1.9` picks one leg).
+`containerd_bin` (session) fetches that release once (cached under .cache/);
+`containerd` (function) yields a started `Containerd` harness in the test's
+tmp dir and tears it down afterwards. Without root the tests are skipped,
+except under CI (`CI=true`), where a missing prerequisite is a failure: CI
+must not silently skip end-to-end coverage.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.containerd import CGROUP_ROOT, Containerd
+from tests.e2e.containerd import (
+    CGROUP_ROOT,
+    FLAVOURS,
+    Containerd,
+    ContainerdError,
+    Flavour,
+    fetch,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-FETCH = ROOT / "scripts" / "fetch-containerd.sh"
 E2E_DIR = Path(__file__).resolve().parent
 
 
@@ -37,26 +44,32 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
 
 
+@pytest.fixture(scope="session", params=list(FLAVOURS.values()), ids=lambda f: f.id)
+def containerd_flavour(request: pytest.FixtureRequest) -> Flavour:
+    """The containerd release this test runs against."""
+    flavour: Flavour = request.param
+    return flavour
+
+
 @pytest.fixture(scope="session")
-def containerd_bin() -> Path:
+def containerd_bin(containerd_flavour: Flavour) -> Path:
     """Directory holding containerd, containerd-shim-runc-v2 and ctr (fetched once)."""
     if os.geteuid() != 0:
         _unavailable("e2e tests need root (containerd, runc and cgroup writes)")
     if not (CGROUP_ROOT / "cpu" / "cpu.shares").exists():
         _unavailable(f"e2e tests need cgroup v1 with the cpu controller at {CGROUP_ROOT}/cpu")
-    res = subprocess.run(["bash", str(FETCH)], capture_output=True, text=True, timeout=900)
-    if res.returncode != 0:
-        pytest.fail(f"{FETCH.name} failed:\n{res.stderr}", pytrace=False)
-    bin_dir = Path(res.stdout.strip().splitlines()[-1])
-    if not (bin_dir / "containerd").is_file():
-        pytest.fail(f"{FETCH.name} printed {bin_dir}, which has no containerd", pytrace=False)
-    return bin_dir
+    try:
+        return fetch(containerd_flavour)
+    except ContainerdError as e:
+        pytest.fail(str(e), pytrace=False)
 
 
 @pytest.fixture
-def containerd(containerd_bin: Path, tmp_path: Path) -> Iterator[Containerd]:
+def containerd(
+    containerd_flavour: Flavour, containerd_bin: Path, tmp_path: Path
+) -> Iterator[Containerd]:
     """A started containerd with NRI on tmp_path/nri.sock; torn down after the test."""
-    harness = Containerd(tmp_path / "ctrd", containerd_bin)
+    harness = Containerd(tmp_path / "ctrd", containerd_bin, version=containerd_flavour.version)
     try:
         harness.start()
         yield harness

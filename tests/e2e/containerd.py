@@ -1,18 +1,25 @@
-"""A real containerd 1.7 with NRI enabled, driven over CRI, for end-to-end tests.
+"""A real containerd (1.7 or 2.x) with NRI enabled, driven over CRI, for end-to-end tests.
 
-`Containerd(workdir, bin_dir)` lays out a private containerd under `workdir`
-(root, state, sockets, runc state, NRI plugin dirs, log), builds and imports a
-local busybox image, and offers a small CRI client plus helpers that locate the
+`Containerd(workdir, bin_dir, version="2.1.9")` lays out a private containerd
+under `workdir` (root, state, sockets, runc state, NRI plugin dirs, log) with
+the config format of that release (`FLAVOURS`), builds and imports a local
+busybox image, and offers a small CRI client plus helpers that locate the
 cgroup directories runc creates under /sys/fs/cgroup/<controller>/.
+`fetch(flavour)` gets the binaries (scripts/fetch-containerd.sh, cached).
 
 Nothing here is shared with another containerd on the machine: the CRI
-namespace is always `k8s.io` in containerd 1.7, so runc's state directory is
-moved into `workdir` (runc would otherwise use /run/containerd/runc/k8s.io),
-and every pod gets its own cgroup parent /kubepods/<qos>/pod<uuid>.
+namespace is always `k8s.io`, so runc's state directory is moved into
+`workdir` (runc would otherwise use /run/containerd/runc/k8s.io), every pod
+gets its own cgroup parent /kubepods/<qos>/pod<uuid>, and containerd runs in a
+mount namespace of its own with a private tmpfs on /run/containerd, where the
+shims put their sockets (/run/containerd/s). That namespace lives as long as
+the harness, like a node's, so containerd can be stopped and started again
+and still find its shims.
 
 `close()` (also the context-manager exit) removes all pods and containers,
-stops containerd, kills any shim it left behind, unmounts what is still
-mounted under `workdir`, and removes the cgroup directories of the pods.
+stops containerd, kills any shim it left behind, ends the mount namespace
+(and with it every mount containerd made), and removes the cgroup
+directories of the pods.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import tarfile
 import time
 import uuid
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +55,69 @@ SLEEP_FOREVER = ("/bin/sleep", "2147483647")
 CRI_NAMESPACE = "k8s.io"
 
 
+ROOT = Path(__file__).resolve().parents[2]
+FETCH = ROOT / "scripts" / "fetch-containerd.sh"
+#: Where every containerd puts its shims' sockets; private to each harness.
+RUN_CONTAINERD = Path("/run/containerd")
+
+
 class ContainerdError(RuntimeError):
     """containerd did not start, or a harness step failed; carries the log tail."""
+
+
+@dataclass(frozen=True)
+class Flavour:
+    """A containerd release under test: where it comes from and what it speaks."""
+
+    version: str
+    #: Debian suite whose `containerd` package is this release.
+    suite: str
+    #: NRI version it vendors (its go.mod; docs/reference nri-protocol.md 5.3).
+    nri: str
+    #: Version of its config file format.
+    config_version: int
+
+    @property
+    def id(self) -> str:
+        return f"containerd-{self.version}"
+
+    @property
+    def nri_version(self) -> tuple[int, ...]:
+        return tuple(int(n) for n in self.nri.lstrip("v").split("."))
+
+    @property
+    def synchronizes_prelaunched(self) -> bool:
+        """NRI v0.7 and later send Synchronize to pre-launched plugins too."""
+        return self.nri_version >= (0, 7, 0)
+
+    @property
+    def configure_carries_timeouts(self) -> bool:
+        """NRI v0.7 and later tell the plugin their timeouts in Configure."""
+        return self.nri_version >= (0, 7, 0)
+
+
+#: The releases every end-to-end test runs against.
+FLAVOURS = {
+    f.version: f
+    for f in (
+        Flavour("1.7.24", suite="trixie", nri="v0.6.1", config_version=2),
+        Flavour("2.1.9", suite="sid", nri="v0.8.0", config_version=3),
+    )
+}
+
+
+def fetch(flavour: Flavour, timeout: float = 900) -> Path:
+    """The directory holding this release's containerd, shim and ctr (fetched once, cached)."""
+    env = dict(os.environ, CONTAINERD_SUITE=flavour.suite, CONTAINERD_VERSION=flavour.version)
+    res = subprocess.run(
+        ["bash", str(FETCH)], capture_output=True, text=True, timeout=timeout, env=env
+    )
+    if res.returncode != 0:
+        raise ContainerdError(f"{FETCH.name} ({flavour.id}) failed:\n{res.stderr}")
+    bin_dir = Path(res.stdout.strip().splitlines()[-1])
+    if not (bin_dir / "containerd").is_file():
+        raise ContainerdError(f"{FETCH.name} printed {bin_dir}, which has no containerd")
+    return bin_dir
 
 
 def build_busybox_image(dest: Path, tag: str = IMAGE_TAG) -> Path:
@@ -145,19 +214,6 @@ def remove_cgroup_tree(parent: str, attempts: int = 20) -> list[str]:
     return left
 
 
-def _unmount_under(path: Path) -> None:
-    """Lazily unmount anything still mounted at or below `path` (deepest first)."""
-    prefix = str(path.resolve())
-    points = []
-    with open("/proc/self/mountinfo", encoding="utf-8") as f:
-        for line in f:
-            mnt = line.split()[4].encode().decode("unicode_escape")
-            if mnt == prefix or mnt.startswith(prefix + "/"):
-                points.append(mnt)
-    for mnt in sorted(points, key=len, reverse=True):
-        subprocess.run(["umount", "-l", mnt], check=False, capture_output=True)
-
-
 def _pids_referring_to(needle: str) -> list[int]:
     """Pids whose command line mentions `needle` (our socket path)."""
     found = []
@@ -174,18 +230,27 @@ def _pids_referring_to(needle: str) -> list[int]:
 
 
 class Containerd:
-    """A private containerd (CRI + NRI) living under `workdir`."""
+    """A private containerd (CRI + NRI) living under `workdir`.
+
+    `version` picks the release (a key of FLAVOURS) whose config format is
+    written; `bin_dir` must hold that release (see `fetch`).
+    `systemd_cgroup` selects runc's systemd cgroup driver instead of cgroupfs.
+    """
 
     def __init__(
         self,
         workdir: Path,
         bin_dir: Path,
         *,
+        version: str = "1.7.24",
+        systemd_cgroup: bool = False,
         log_level: str = "info",
         start_timeout: float = 20.0,
     ) -> None:
         self.workdir = Path(workdir).resolve()
         self.bin_dir = Path(bin_dir).resolve()
+        self.flavour = FLAVOURS[version]
+        self.systemd_cgroup = systemd_cgroup
         self.log_level = log_level
         self.start_timeout = start_timeout
 
@@ -202,6 +267,8 @@ class Containerd:
         self.pod_logs = self.workdir / "pod-logs"
 
         self.proc: subprocess.Popen[bytes] | None = None
+        #: holds the mount namespace containerd runs in (a sleeping process)
+        self._namespace: subprocess.Popen[bytes] | None = None
         self._channel: grpc.Channel | None = None
         self._cri: cri_grpc.RuntimeServiceStub | None = None
         self._image_imported = False
@@ -225,6 +292,12 @@ class Containerd:
     # ---------------------------------------------------------------- config
 
     def config_text(self) -> str:
+        if self.flavour.config_version == 3:
+            return self._config_v3()
+        return self._config_v2()
+
+    def _config_v2(self) -> str:
+        """containerd 1.7's format: CRI settings under io.containerd.grpc.v1.cri."""
         return f"""\
 version = 2
 root = "{self.root}"
@@ -242,14 +315,7 @@ disabled_plugins = [
 [grpc]
   address = "{self.address}"
 
-[plugins."io.containerd.nri.v1.nri"]
-  disable = false
-  socket_path = "{self.nri_socket}"
-  plugin_path = "{self.plugin_path}"
-  plugin_config_path = "{self.plugin_config_path}"
-  plugin_registration_timeout = "5s"
-  plugin_request_timeout = "2s"
-
+{self._nri_section('"')}
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{IMAGE}"
   restrict_oom_score_adj = true
@@ -264,7 +330,67 @@ disabled_plugins = [
 [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
   # runc keeps its state in <Root>/<namespace>; keep it out of /run/containerd.
   Root = "{self.runc_root}"
-  SystemdCgroup = false
+  SystemdCgroup = {str(self.systemd_cgroup).lower()}
+"""
+
+    def _config_v3(self) -> str:
+        """containerd 2.x's format: CRI split into cri.v1.runtime and cri.v1.images."""
+        runtime = "plugins.'io.containerd.cri.v1.runtime'"
+        images = "plugins.'io.containerd.cri.v1.images'"
+        return f"""\
+version = 3
+root = '{self.root}'
+state = '{self.state}'
+# Plugins that need kernel features or a network this machine lacks.
+disabled_plugins = [
+  'io.containerd.snapshotter.v1.btrfs',
+  'io.containerd.snapshotter.v1.zfs',
+  'io.containerd.snapshotter.v1.devmapper',
+  'io.containerd.snapshotter.v1.erofs',
+  'io.containerd.differ.v1.erofs',
+  'io.containerd.mount-handler.v1.erofs',
+  'io.containerd.tracing.processor.v1.otlp',
+]
+
+[grpc]
+  address = '{self.address}'
+
+{self._nri_section("'")}
+[{runtime}]
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  cdi_spec_dirs = ['{self.workdir / "cdi"}']
+
+[{runtime}.cni]
+  bin_dirs = ['{self.workdir / "cni-bin"}']
+  conf_dir = '{self.workdir / "cni-conf"}'
+
+[{runtime}.containerd]
+  default_runtime_name = 'runc'
+
+[{runtime}.containerd.runtimes.runc]
+  runtime_type = 'io.containerd.runc.v2'
+
+[{runtime}.containerd.runtimes.runc.options]
+  # runc keeps its state in <Root>/<namespace>; keep it out of /run/containerd.
+  Root = '{self.runc_root}'
+  SystemdCgroup = {str(self.systemd_cgroup).lower()}
+
+# The default, registry.k8s.io/pause, would be pulled; there is no registry.
+[{images}.pinned_images]
+  sandbox = '{IMAGE}'
+"""
+
+    def _nri_section(self, q: str) -> str:
+        """NRI's table: the same keys in both formats (NRI is off by default)."""
+        return f"""\
+[plugins.{q}io.containerd.nri.v1.nri{q}]
+  disable = false
+  socket_path = {q}{self.nri_socket}{q}
+  plugin_path = {q}{self.plugin_path}{q}
+  plugin_config_path = {q}{self.plugin_config_path}{q}
+  plugin_registration_timeout = {q}5s{q}
+  plugin_request_timeout = {q}2s{q}
 """
 
     def write_config(self) -> None:
@@ -293,12 +419,17 @@ disabled_plugins = [
             return
         with contextlib.suppress(FileNotFoundError):
             self.address.unlink()
+        namespace = self._enter_namespace()
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         try:
             log.write(f"\n=== harness: starting containerd at {time.time():.3f}\n".encode())
             log.flush()
             self.proc = subprocess.Popen(
                 [
+                    # nsenter execs containerd: proc.pid is containerd's own.
+                    "nsenter",
+                    f"--mount=/proc/{namespace}/ns/mnt",
+                    "--",
                     str(self.bin_dir / "containerd"),
                     "--config",
                     str(self.config_path),
@@ -317,6 +448,50 @@ disabled_plugins = [
         self._started_once = True
         if not self._image_imported:
             self.import_image()
+
+    def _enter_namespace(self) -> int:
+        """Pid of the process holding our mount namespace (started on first use).
+
+        The namespace has a private tmpfs on /run/containerd; the host's
+        /run/containerd is only the (empty) mount point.
+        """
+        if self._namespace is not None and self._namespace.poll() is None:
+            return self._namespace.pid
+        RUN_CONTAINERD.mkdir(parents=True, exist_ok=True)
+        holder = subprocess.Popen(
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "--",
+                "sh",
+                "-c",
+                f"mount -t tmpfs -o mode=0711 tmpfs {RUN_CONTAINERD} && echo ready"
+                " && exec sleep infinity",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert holder.stdout is not None
+        ready = holder.stdout.readline()
+        holder.stdout.close()
+        if ready != b"ready\n":
+            holder.kill()
+            _, err = holder.communicate(timeout=5)
+            raise ContainerdError(f"no mount namespace for containerd: {err.decode().strip()}")
+        self._namespace = holder
+        return holder.pid
+
+    def _leave_namespace(self) -> None:
+        """End the namespace; its mounts go with its last process."""
+        holder, self._namespace = self._namespace, None
+        if holder is not None:
+            holder.kill()
+            holder.wait(5)
+            if holder.stderr is not None:
+                holder.stderr.close()
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.start_timeout
@@ -611,7 +786,7 @@ disabled_plugins = [
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
                     problems.append(f"killed leftover process {pid}")
-            _unmount_under(self.workdir)
+            self._leave_namespace()
             for parent in sorted(self.cgroup_parents):
                 left = remove_cgroup_tree(parent)
                 if left:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tests.e2e.containerd import Containerd
 from tests.e2e.plugin_process import PluginProcess, prelaunched_wrapper, wait_for_record
+from tests.e2e.test_tiers import BE_NATIVE, SPEC, labels, run, spec
 
 
 def test_external_plugin_registers_configures_and_synchronizes(
@@ -16,10 +17,19 @@ def test_external_plugin_registers_configures_and_synchronizes(
     plugin = PluginProcess(tmp_path / "plugin", containerd.nri_socket)
     try:
         _, configured = plugin.wait_for("configured")
-        # containerd 1.7.24 vendors NRI v0.6.1: bits above 0x7FF would get us dropped.
-        assert configured["runtime"].startswith("containerd ")
-        assert configured["nri"] == "v0.6.1"
+        # Both releases vendor NRI before v0.10 (v0.6.1, v0.8.0), which say so
+        # only through their own version: bits above 0x7FF would get us dropped.
+        assert configured["runtime"].startswith(f"containerd {containerd.flavour.version}")
+        assert configured["nri"] == containerd.flavour.nri
         assert int(configured["events"], 16) & ~0x7FF == 0
+        # The harness configures 5 s and 2 s; only NRI v0.7+ passes them on.
+        _, registered = plugin.wait_for("registered")
+        timeouts = (
+            "registration_timeout=5.0, request_timeout=2.0"
+            if containerd.flavour.configure_carries_timeouts
+            else "registration_timeout=None, request_timeout=None"
+        )
+        assert timeouts in registered["runtime"], registered
         plugin.wait_for("synchronized")
         containerd.wait_for_log('plugin \\"10-midbatch\\"', timeout=5)
     finally:
@@ -39,7 +49,7 @@ def test_containerd_restart_leads_to_a_fresh_registration(
 
         old_socket = identity()
         containerd.stop()
-        # containerd 1.7 leaves its socket file behind on stop; it comes back as
+        # containerd may leave its socket file behind on stop; it comes back as
         # a new socket (new inode or ctime: tmpfs reuses inode numbers).
         socket_back: list[float] = []
 
@@ -77,10 +87,28 @@ def test_prelaunched_plugin_from_plugin_path(containerd: Containerd, tmp_path: P
     (containerd.plugin_config_path / "10-midbatch.conf").write_text("failurePolicy: Fail\n")
     containerd.stop()
     containerd.start()
-    _, configured = wait_for_record(log_path, lambda r: r.get("event") == "configured")
-    assert configured["nri"] == "v0.6.1"
+    index, configured = wait_for_record(log_path, lambda r: r.get("event") == "configured")
+    assert configured["nri"] == containerd.flavour.nri
     starting = [r for r in _records(log_path) if r.get("event") == "starting"]
     assert starting[0]["mode"] == "pre-launched"
+    # A pod event: the runtime is past the point where a Synchronize comes.
+    run(
+        containerd, "batch", "besteffort", labels("BE", "koord-batch"),
+        {SPEC: spec("batch", "500", "1k", "512Mi")}, BE_NATIVE,
+    )  # fmt: skip
+    pod_set, _ = wait_for_record(
+        log_path,
+        lambda r: r.get("event") == "pod cgroup set" and r.get("method") == "RunPodSandbox",
+        after=index,
+    )
+    synchronized = [i for i, r in enumerate(_records(log_path)) if r.get("event") == "synchronized"]
+    if containerd.flavour.synchronizes_prelaunched:
+        # NRI v0.7+ (containerd 2.x) synchronizes pre-launched plugins too.
+        assert len(synchronized) == 1
+        assert index < synchronized[0] < pod_set
+    else:
+        # NRI v0.6.1 never does: the plugin works without one.
+        assert synchronized == []
     # The drop-in config arrives through Configure and is applied.
     assert not [r for r in _records(log_path) if "rejected" in str(r.get("event", ""))]
     assert any(

@@ -38,8 +38,9 @@ def test_config_change_reaches_running_containers(containerd: Containerd, tmp_pa
             512, 100000, 512 * MIB
         )
 
-        # containerd 1.7 (NRI v0.6.1) cannot take UpdateContainers safely: the
-        # plugin writes the running container's and pod's cgroup files itself.
+        # Before NRI v0.12.2 (containerd 1.7.24: v0.6.1, 2.1.9: v0.8.0) the
+        # runtime cannot take UpdateContainers safely: the plugin writes the
+        # running container's and pod's cgroup files itself.
         config.write_text("rules:\n  cpuNormalizationRatio: 2.0\n")
         assert wait_until(
             lambda: read_values(containerd, pod.parent, pod.container_id).quota == 50000

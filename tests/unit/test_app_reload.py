@@ -159,6 +159,7 @@ async def running_node(
     tmp_path: Path,
     *,
     nri_version: str = "",
+    runtime_name: str = "containerd",
     runtime_version: str = "v1.7.24",
     watch: bool = True,
     **config: Any,
@@ -182,7 +183,7 @@ async def running_node(
     try:
         async with services:
             await runtime.start(
-                runtime_name="containerd", runtime_version=runtime_version, nri_version=nri_version
+                runtime_name=runtime_name, runtime_version=runtime_version, nri_version=nri_version
             )
             yield Node(app, runtime, tree, config_path, base)
     finally:
@@ -293,6 +294,52 @@ def test_invalid_file_keeps_the_values_counts_and_names_the_field(tmp_path: Path
     assert rejected["log_level"] == "error"
     assert "rules.cpuNormalisationRatio: unknown key" in rejected["error"]
     assert str(tmp_path / "config.yaml") in rejected["error"]
+
+
+@pytest.mark.parametrize("nri_version", ["", "v0.12.0"])
+def test_crio_container_without_a_cgroups_path_is_found_under_crios_name(
+    tmp_path: Path, nri_version: str
+) -> None:
+    """CRI-O 1.37 vendors NRI v0.12.0: UpdateContainers is unsafe, files are written.
+
+    Its cgroupfs containers live in `crio-<id>` below the pod (runc's default
+    under containerd is the bare id). Without the runtime's cgroups_path the
+    plugin must still find them by the runtime it is registered with, whether
+    that runtime states its NRI version or leaves it to the version table.
+    """
+    pod = batch_pod()
+    parent = pod.linux.cgroup_parent
+    live = container("c-app", pod, "app")
+    crio_dir = f"crio-{live.id}"
+
+    async def scenario() -> Node:
+        async with running_node(
+            tmp_path,
+            nri_version=nri_version,
+            runtime_name="cri-o",
+            runtime_version="1.37.0",
+            watch=False,
+        ) as node:
+            runtime = node.app.plugin.runtime
+            assert runtime is not None
+            assert runtime.nri_version == (0, 12, 0)
+            assert not runtime.update_containers_safe
+            node.tree.add(parent, BESTEFFORT)
+            await node.call("RunPodSandbox", api.RunPodSandboxRequest(pod=pod), api.Empty)
+            node.tree.add(parent, APP_VALUES, crio_dir)
+            await node.create(pod, live)
+
+            node.rewrite(rules={"cpuNormalizationRatio": 2.0})
+            await node.app.reload("SIGHUP")
+            assert node.app.reloads == {"applied": 1}
+            assert node.runtime.record.updates == []
+            return node
+
+    node = run(scenario())
+    assert node.tree.read(parent, crio_dir) == HALVED_VALUES
+    assert node.tree.read(parent) == HALVED_VALUES
+    assert node.app.followed[("cgroup_files", "ok")] == 2
+    assert node.app.followed[("cgroup_files", "failed")] == 0
 
 
 # ---------------------------------------------------------------------------

@@ -123,6 +123,42 @@ def test_container_relpath_systemd_uses_containerd_scope() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("runtime", "parent", "expected"),
+    [
+        ("containerd", "/kubepods/besteffort/pod1", "kubepods/besteffort/pod1/abc123"),
+        ("cri-o", "/kubepods/besteffort/pod1", "kubepods/besteffort/pod1/crio-abc123"),
+        ("CRI-O", "/kubepods/besteffort/pod1", "kubepods/besteffort/pod1/crio-abc123"),
+        (
+            "cri-o",
+            "kubepods-besteffort-pod1.slice",
+            "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/"
+            "crio-abc123.scope",
+        ),
+        (
+            "containerd",
+            "kubepods-besteffort-pod1.slice",
+            "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/"
+            "cri-containerd-abc123.scope",
+        ),
+        # Unknown or not yet configured: containerd's naming.
+        ("", "/kubepods/besteffort/pod1", "kubepods/besteffort/pod1/abc123"),
+        ("podman", "/kubepods/besteffort/pod1", "kubepods/besteffort/pod1/abc123"),
+    ],
+)
+def test_container_relpath_follows_the_runtimes_naming(
+    runtime: str, parent: str, expected: str
+) -> None:
+    assert container_relpath(AUTO, parent, "abc123", runtime=runtime) == PurePosixPath(expected)
+
+
+def test_container_relpath_prefers_the_runtimes_own_path_over_its_naming() -> None:
+    got = container_relpath(
+        AUTO, "/kubepods/besteffort/pod1", "abc123", "/elsewhere/abc123", runtime="cri-o"
+    )
+    assert got == PurePosixPath("elsewhere/abc123")
+
+
 @pytest.mark.parametrize("container_id", ["", ".", "..", "a/b", "../x", "a\x00b"])
 def test_container_relpath_refuses_ids_that_are_not_one_segment(container_id: str) -> None:
     with pytest.raises(CgroupPathError, match="/kubepods/pod1"):

@@ -58,7 +58,11 @@ def test_containerd_versions(runtime_version: str, expected: tuple[int, int, int
         ("1.32.0", (0, 9, 0)),
         ("1.34.0", (0, 10, 0)),
         ("1.35.1", (0, 11, 0)),
-        ("1.37.0", (0, 11, 0)),
+        ("1.36.2", (0, 11, 0)),
+        ("1.37.0", (0, 12, 0)),
+        ("v1.37.1", (0, 12, 0)),
+        # Newer than the table: at least the newest NRI it knows.
+        ("1.38.0", (0, 12, 0)),
     ],
 )
 def test_crio_versions(runtime_version: str, expected: tuple[int, int, int]) -> None:

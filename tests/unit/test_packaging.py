@@ -167,7 +167,8 @@ def test_dockerignore_sends_only_what_the_wheel_is_built_from() -> None:
     ]
     excluded = [
         ".venv/bin/python",
-        ".cache/containerd/unpacked/usr/bin/containerd",
+        ".cache/containerd-trixie/unpacked/usr/bin/containerd",
+        ".cache/containerd-sid/unpacked/usr/bin/containerd",
         ".git/HEAD",
         ".hypothesis/examples/x",
         ".mypy_cache/3.11/x.json",
