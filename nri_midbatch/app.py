@@ -28,7 +28,7 @@ from nri_midbatch.obs.health import HealthServer
 from nri_midbatch.obs.logging import set_level
 from nri_midbatch.obs.metrics import CounterFamily, CountersCollector, Metrics
 from nri_midbatch.plugin import MidBatchPlugin, container_update
-from nri_midbatch.reconcile import Plan
+from nri_midbatch.reconcile import Plan, split_pods
 from nri_midbatch.record import Recorder, note_decision
 from nri_midbatch.reload import FileWatch
 
@@ -202,6 +202,12 @@ class App:
             ("result",),
             {("ok",): counters.pod_writes_ok, ("failed",): counters.pod_writes_failed},
         )
+        yield (
+            "nri_midbatch_pods_lowered_unconfirmed",
+            "Pods a Synchronize lowered without seeing the runtime lower their containers first",
+            (),
+            {(): counters.pods_lowered_unconfirmed},
+        )
         reloads: dict[tuple[str, ...], int] = {(r,): n for r, n in self.reloads.items()}
         reloads[("rejected_from_runtime",)] = counters.config_rejected
         yield (
@@ -277,8 +283,10 @@ class App:
         """Bring running workloads to a new configuration's values."""
         runtime = self.plugin.runtime
         if plan.containers and runtime is not None and runtime.update_containers_safe:
-            pods_only = Plan((), plan.pods)
-            await asyncio.to_thread(self.plugin.write_plan, pods_only)
+            # Pods go up before their containers; down only after the reply to
+            # UpdateContainers, by which the runtime has applied the updates.
+            raised_first, _ = split_pods(plan)
+            await asyncio.to_thread(self.plugin.write_plan, Plan((), raised_first))
             updates = [container_update(c.container.id, c.values) for c in plan.containers]
             try:
                 failed = await self.session.update_containers(updates)

@@ -20,12 +20,23 @@ import structlog
 
 from nri_midbatch.after_reply import AfterReply
 from nri_midbatch.api import nri_pb2 as api
-from nri_midbatch.cgroups.fs import apply_container_values, apply_pod_values, read_pod_values
+from nri_midbatch.cgroups.fs import (
+    apply_container_values,
+    apply_pod_values,
+    read_container_values,
+    read_pod_values,
+)
 from nri_midbatch.cgroups.paths import CgroupDriver, CgroupPathError
 from nri_midbatch.cgroups.report import WriteReport
-from nri_midbatch.cgroups.values import PodCgroupValues
+from nri_midbatch.cgroups.values import (
+    UNLIMITED,
+    PodCgroupReading,
+    PodCgroupValues,
+    clamp_cpu_shares,
+)
 from nri_midbatch.config import Config, ConfigError, load_config_text
 from nri_midbatch.decision_log import DecisionLines
+from nri_midbatch.lowering import Check, LoweringWait
 from nri_midbatch.nri.events import Event
 from nri_midbatch.nri.session import RuntimeInfo
 from nri_midbatch.policy import (
@@ -41,7 +52,7 @@ from nri_midbatch.policy import (
     decide_pod,
 )
 from nri_midbatch.policy.classify import qos_from_cgroup_parent
-from nri_midbatch.reconcile import Known, Plan, plan
+from nri_midbatch.reconcile import Known, Plan, plan, raises_quota, split_pods
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.wire.status import Code
 
@@ -65,6 +76,8 @@ class Counters:
     adjusted: dict[tuple[str, str], int] = field(default_factory=dict)
     pod_writes_ok: int = 0
     pod_writes_failed: int = 0
+    #: pods written before their containers were seen lowered (lowering.py)
+    pods_lowered_unconfirmed: int = 0
     config_rejected: int = 0
 
     def count_decision(self, decision: Decision) -> None:
@@ -100,9 +113,6 @@ def native_limits(resources: api.LinuxResources) -> NativeLimits:
 # Nodes have few distinct kubelet limits (often just the 100000us period):
 # the caches below hold each once, bounded in case a node has many.
 _DISTINCT_LIMITS = 1024
-
-#: How long a Synchronize's failed pod write waits before its one retry.
-POD_RETRY_SECONDS = 1.0
 
 
 @functools.lru_cache(maxsize=_DISTINCT_LIMITS)
@@ -272,6 +282,8 @@ class MidBatchPlugin:
         self.runtime: RuntimeInfo | None = None
         #: Log lines and Synchronize's pod cgroups, once the runtime has its reply.
         self.after_reply = AfterReply()
+        #: The last Synchronize's pods waiting for their containers to be lowered.
+        self._lowering: LoweringWait | None = None
         self._dry_run = dry_run
         self._on_decision = on_decision
         self._apply_config(config)
@@ -299,13 +311,15 @@ class MidBatchPlugin:
         """Bring running workloads to `plan` through their cgroup files; returns failures.
 
         For runtimes whose UpdateContainers is unsafe. Blocking file I/O: run
-        it in a thread. On cgroup v1 a pod's quota may not be below a child's,
-        so pods go first, then containers, then pods that failed once more
-        (lowering a quota only works after the children are lowered).
+        it in a thread. A pod goes up before its containers and down after
+        them (lowering.py says why): pods whose containers' quota may rise
+        first, then the containers, then the other pods and those of the
+        first that failed once more.
         """
+        first, last = split_pods(plan)
         retry = [
             change
-            for change in plan.pods
+            for change in first
             if not self._write_values(change.pod, None, change.values, final=False)
         ]
         failures = sum(
@@ -314,7 +328,9 @@ class MidBatchPlugin:
             )
             for change in plan.containers
         )
-        failures += sum(not self._write_values(change.pod, None, change.values) for change in retry)
+        failures += sum(
+            not self._write_values(change.pod, None, change.values) for change in (*retry, *last)
+        )
         return failures
 
     def _write_values(
@@ -387,6 +403,9 @@ class MidBatchPlugin:
         response = api.SynchronizeResponse()
         updates = response.update
         raising: set[str] = set()
+        #: pod id -> checks that its containers being lowered have been
+        lowered: dict[str, list[Check]] = {}
+        watch_lowering = self.config.cgroups.pod_level and not self._dry_run
         lines = DecisionLines("Synchronize")
         for container in containers:
             pod_id = pod_ids.get(container.pod_sandbox_id)
@@ -405,47 +424,80 @@ class MidBatchPlugin:
                 set_resources(updates.add(container_id=ctr_view.id).linux.resources, values)
                 if raises_quota(current.cpu_quota, values.cpu_quota):
                     raising.add(pod_id)
+                if watch_lowering and lowers(current, values):
+                    check = functools.partial(
+                        self._container_lowered, pod, ctr_view, linux.cgroups_path, values
+                    )
+                    lowered.setdefault(pod_id, []).append(check)
         self.counters.count_adjusted("Synchronize", len(updates))
         lines.write_after(self.after_reply)
         if self.config.cgroups.pod_level:
-            self._synchronize_pods(pod_views, raising)
+            self._synchronize_pods(pod_views, raising, lowered)
         log.info("synchronized", pods=len(pods), containers=len(containers), updates=len(updates))
         return response
 
-    def _synchronize_pods(self, pod_views: Mapping[str, PodView], raising: set[str]) -> None:
-        """Decide every pod now; write its cgroup after the reply, or before if it must go first.
+    def _synchronize_pods(
+        self,
+        pod_views: Mapping[str, PodView],
+        raising: set[str],
+        lowered: Mapping[str, list[Check]],
+    ) -> None:
+        """Decide every pod now; write its cgroup before the reply, after it, or later.
 
-        The runtime applies our container updates after the reply. On cgroup
-        v1 a pod's CFS quota may not be below any of its containers' (EINVAL),
-        so a pod whose containers are being lowered can only be lowered after
-        them, and one whose containers are being raised must be raised before.
-        Writing after the reply also keeps 0.2 ms of file I/O per pod out of
-        the one request the runtime gives 2 s for the whole node.
+        The runtime applies our container updates after the reply. A pod
+        whose containers' quota goes up is raised first, now (on cgroup v1 a
+        child's quota above its pod's is EINVAL). A pod whose containers go
+        down is written once the runtime has lowered them, as their cgroup
+        files show (lowering.py). Any other pod is written right after the
+        reply, which also keeps 0.2 ms of file I/O per pod out of the one
+        request the runtime gives 2 s for the whole node.
         """
+        if self._lowering is not None:
+            self._lowering.cancel()
+        wait = self._lowering = LoweringWait(self.after_reply, on_stall=self._count_unconfirmed)
         for pod_id, view in pod_views.items():
             target = self._decide_pod(view, "Synchronize", refuse=False)
             if target is None:
                 continue
-            if pod_id in raising:
-                if not self._set_pod_cgroup(target, "Synchronize", refuse=False, final=False):
-                    self._retry_pod_cgroup(pod_id, view, target)
+            if pod_id in raising and self._set_pod_cgroup(
+                target, "Synchronize", refuse=False, final=False
+            ):
+                continue
+            # Not raised (or refused: it tries once more when its turn comes).
+            write = functools.partial(self._set_synchronized_pod, pod_id, view, target)
+            checks = lowered.get(pod_id)
+            if checks:
+                wait.add(f"{view.namespace}/{view.name}", checks, write)
             else:
-                self.after_reply.defer(self._set_synchronized_pod, pod_id, view, target, True)
+                self.after_reply.defer(write)
+        wait.start()
 
-    def _set_synchronized_pod(
-        self, pod_id: str, view: PodView, target: PodTarget, first: bool
-    ) -> None:
+    def _set_synchronized_pod(self, pod_id: str, view: PodView, target: PodTarget) -> None:
         if self.known.pods.get(pod_id) is not view:
             return  # removed, or a newer Synchronize has taken over
-        written = self._set_pod_cgroup(target, "Synchronize", refuse=False, final=not first)
-        if not written and first:
-            self._retry_pod_cgroup(pod_id, view, target)
+        self._set_pod_cgroup(target, "Synchronize", refuse=False)
 
-    def _retry_pod_cgroup(self, pod_id: str, view: PodView, target: PodTarget) -> None:
-        # Time for the runtime to apply the reply's container updates.
-        self.after_reply.defer_later(
-            POD_RETRY_SECONDS, self._set_synchronized_pod, pod_id, view, target, False
-        )
+    def _container_lowered(
+        self, pod: PodView, container: ContainerView, cgroups_path: str, values: CgroupValues
+    ) -> bool:
+        """Whether the container's cgroup holds no more than `values` (or is gone)."""
+        try:
+            now = read_container_values(
+                self._cgroup_root,
+                self._cgroup_driver,
+                pod.cgroup_parent,
+                container.id,
+                cgroups_path,
+            )
+        except (CgroupPathError, OSError, ValueError) as exc:
+            # Gone, or unreadable: waiting would not change that; the pod's
+            # own write reports what is wrong with the tree.
+            log.debug("container cgroup not readable", error=str(exc), container=container.name)
+            return True
+        return not exceeds(now, values)
+
+    def _count_unconfirmed(self, pods: int) -> None:
+        self.counters.pods_lowered_unconfirmed += pods
 
     async def create_container(
         self, pod: api.PodSandbox, container: api.Container
@@ -649,11 +701,34 @@ class MidBatchPlugin:
             raise RpcError(Code.INTERNAL, f"nri-midbatch: pod cgroup not set: {reason}")
 
 
-def raises_quota(current: int, new: int) -> bool:
-    """Whether a CFS quota (-1: unlimited) goes up, which a v1 pod quota must allow first."""
-    if current < 0:
+def _above(current: int, limit: int) -> bool:
+    """Whether a quota or memory limit (UNLIMITED: none) is above `limit`."""
+    if limit == UNLIMITED:
         return False
-    return new < 0 or new > current
+    return current == UNLIMITED or current > limit
+
+
+def lowers(current: CgroupValues, new: CgroupValues) -> bool:
+    """Whether `new` takes any of a container's values down."""
+    return (
+        new.cpu_shares < current.cpu_shares
+        or _above(current.cpu_quota, new.cpu_quota)
+        or _above(current.memory_limit, new.memory_limit)
+    )
+
+
+def exceeds(reading: PodCgroupReading, values: CgroupValues) -> bool:
+    """Whether a cgroup holds more than `values` in any file it can be compared on.
+
+    cgroup v2 holds a weight, which the runtime converts from shares its own
+    way: only the quota and the memory limit are compared there.
+    """
+    shares = reading.cpu_shares
+    return (
+        (shares is not None and shares > clamp_cpu_shares(values.cpu_shares))
+        or _above(reading.cpu_quota, values.cpu_quota)
+        or _above(reading.memory_limit, values.memory_limit)
+    )
 
 
 def _values_log(values: CgroupValues) -> dict[str, int]:

@@ -22,11 +22,11 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
+from nri_midbatch import lowering as lowering_module
 from nri_midbatch import plugin as plugin_module
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.app import App
 from nri_midbatch.cgroups.fs import apply_pod_values
-from nri_midbatch.cgroups.paths import CgroupPathError
 from nri_midbatch.config import load_config_file
 from nri_midbatch.nri.loopback import LoopbackRuntime, socketpair_streams
 
@@ -243,6 +243,8 @@ def test_file_change_brings_containers_and_pods_to_the_new_values(tmp_path: Path
                 lambda: node.tree.read(parent, live.id) == HALVED_VALUES, "container follows"
             )
             await until(lambda: node.tree.read(parent)[1] == "50000", "pod follows")
+            # The pod goes last; the pass is counted once its thread is back.
+            await until(lambda: node.app.followed[("cgroup_files", "ok")] == 2, "pass counted")
             assert node.app.reloads == {"applied": 1}
             assert node.runtime.record.updates == []
             return node
@@ -416,22 +418,13 @@ def test_a_reload_lets_a_synchronizes_pending_pod_writes_land_first(
 ) -> None:
     """A Synchronize's pod writes were decided under the old configuration: they go first.
 
-    Otherwise a write still waiting for its retry would land after the
-    reload's plan and put the old values back.
+    Otherwise a pod still waiting for the runtime to lower its containers
+    would be written after the reload's plan, and put the old values back.
     """
     pod = batch_pod()
     parent = pod.linux.cgroup_parent
     live = container("c-app", pod, "app")
-    monkeypatch.setattr(plugin_module, "POD_RETRY_SECONDS", 0.2)
-    refused: list[str] = []
-
-    def refuse_once(root: Path, driver: Any, cgroup_parent: str, values: Any) -> Any:
-        if not refused:
-            refused.append(cgroup_parent)
-            raise CgroupPathError("refused once, as cgroup v1 may until the containers follow")
-        return apply_pod_values(root, driver, cgroup_parent, values)
-
-    monkeypatch.setattr(plugin_module, "apply_pod_values", refuse_once)
+    monkeypatch.setattr(lowering_module, "POLL_SECONDS", POLL)
 
     async def scenario() -> Node:
         async with running_node(tmp_path, watch=False) as node:
@@ -442,14 +435,81 @@ def test_a_reload_lets_a_synchronizes_pending_pod_writes_land_first(
                 api.SynchronizeRequest(pods=[pod], containers=[live]),
                 api.SynchronizeResponse,
             )
+            # The pod waits for the runtime to lower its container.
             node.rewrite(rules={"cpuNormalizationRatio": 2.0})
-            await node.app.reload("SIGHUP")
+            reload = asyncio.create_task(node.app.reload("SIGHUP"))
+            await asyncio.sleep(POLL * 5)
+            assert not reload.done()
+            assert node.tree.read(parent) == BESTEFFORT
+            node.tree.add(parent, APP_VALUES, live.id)  # the runtime applies the update
+            await asyncio.wait_for(reload, STEP_TIMEOUT)
             assert node.app.reloads == {"applied": 1}
             # Nothing left to come after the reload's own writes.
             await node.app.plugin.after_reply.settle()
             return node
 
     node = run(scenario())
-    assert refused == [parent]
     assert node.tree.read(parent) == HALVED_VALUES
     assert node.tree.read(parent, live.id) == HALVED_VALUES
+
+
+def test_reload_lowers_a_pod_only_after_update_containers_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runtime has applied the updates when it replies: only then may the pod go down."""
+    pod = batch_pod()
+    parent = pod.linux.cgroup_parent
+    live = container("c-app", pod, "app")
+    #: how many updates the runtime had received at each pod write
+    seen: list[int] = []
+
+    async def scenario() -> None:
+        async with running_node(
+            tmp_path, nri_version="v0.12.2", runtime_version="v2.4.0", watch=False
+        ) as node:
+            node.tree.add(parent, BESTEFFORT)
+            await node.call("RunPodSandbox", api.RunPodSandboxRequest(pod=pod), api.Empty)
+            node.tree.add(parent, APP_VALUES, live.id)
+            await node.create(pod, live)
+
+            def apply(root: Path, driver: Any, cgroup_parent: str, values: Any) -> Any:
+                seen.append(len(node.runtime.record.updates))
+                return apply_pod_values(root, driver, cgroup_parent, values)
+
+            monkeypatch.setattr(plugin_module, "apply_pod_values", apply)
+            node.rewrite(rules={"cpuNormalizationRatio": 2.0})
+            await node.app.reload("SIGHUP")
+            assert node.tree.read(parent) == HALVED_VALUES
+
+    run(scenario())
+    assert seen == [1]
+
+
+def test_cgroup_file_reload_lowers_a_pod_after_its_containers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without UpdateContainers the plugin writes both: containers down first, then the pod."""
+    pod = batch_pod()
+    parent = pod.linux.cgroup_parent
+    live = container("c-app", pod, "app")
+    #: the container's quota at each pod write
+    seen: list[str] = []
+
+    async def scenario() -> None:
+        async with running_node(tmp_path, watch=False) as node:
+            node.tree.add(parent, BESTEFFORT)
+            await node.call("RunPodSandbox", api.RunPodSandboxRequest(pod=pod), api.Empty)
+            node.tree.add(parent, APP_VALUES, live.id)
+            await node.create(pod, live)
+
+            def apply(root: Path, driver: Any, cgroup_parent: str, values: Any) -> Any:
+                seen.append(node.tree.read(parent, live.id)[1])
+                return apply_pod_values(root, driver, cgroup_parent, values)
+
+            monkeypatch.setattr(plugin_module, "apply_pod_values", apply)
+            node.rewrite(rules={"cpuNormalizationRatio": 2.0})
+            await node.app.reload("SIGHUP")
+            assert node.tree.read(parent) == HALVED_VALUES
+
+    run(scenario())
+    assert seen == ["50000"]
