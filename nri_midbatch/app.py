@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 from collections.abc import AsyncIterator, Iterable
 
 import structlog
@@ -37,6 +38,10 @@ __all__ = ["App", "ConfigError", "load_startup_config"]
 log = structlog.get_logger(__name__)
 
 RELOAD_INTERVAL = 1.0
+#: How often a metrics address that was taken (or not yet there) is tried again.
+METRICS_RETRY_SECONDS = 5.0
+#: Bind errors that may go away: another process holds the port, or the address is not up yet.
+_PASSING_BIND_ERRORS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL})
 #: Runtimes before this never synchronize pre-launched plugins.
 PRELAUNCHED_SYNC_FROM: Version = (0, 7, 0)
 
@@ -76,9 +81,12 @@ class App:
             registration_timeout=registration_timeout,
         )
         self.metrics.add_collector(CountersCollector(self._counter_families))
-        self.health = (
-            HealthServer(metrics_address, self.metrics, self.readiness) if metrics_address else None
-        )
+        self.health: HealthServer | None = None
+        self._metrics_address = metrics_address
+        #: Attempts to serve metrics that found the address taken.
+        self.metrics_bind_failures = 0
+        if metrics_address:
+            self._bind_metrics()
         self.reloads: dict[str, int] = {}
         #: (path, result) -> workloads brought to a reloaded configuration
         self.followed: dict[tuple[str, str], int] = {
@@ -132,9 +140,9 @@ class App:
     async def _services(self) -> AsyncIterator[None]:
         tasks: list[asyncio.Task[None]] = []
         if self.health is not None:
-            self.health.start()
-            tasks.append(asyncio.create_task(self.health.heartbeat()))
-            log.info("serving metrics and health", port=self.health.port)
+            self._start_health(self.health)
+        if self._metrics_address:
+            tasks.append(asyncio.create_task(self._serve_metrics()))
         if self._watch is not None:
             tasks.append(asyncio.create_task(self._watch_config()))
         try:
@@ -151,6 +159,41 @@ class App:
                 self.health.stop()
 
     # -- health --------------------------------------------------------------
+
+    def _bind_metrics(self) -> None:
+        """Bind the metrics address; one that is taken is logged and tried again later.
+
+        NRI comes first: a plugin that exits because a port is taken leaves
+        every pod of the node without its values. Any other error (an address
+        that cannot be parsed or resolved) is the caller's.
+        """
+        assert self._metrics_address
+        try:
+            self.health = HealthServer(self._metrics_address, self.metrics, self.readiness)
+        except OSError as exc:
+            if exc.errno not in _PASSING_BIND_ERRORS:
+                raise
+            self.metrics_bind_failures += 1
+            # Once: the probes that fail meanwhile say it again.
+            if self.metrics_bind_failures == 1:
+                log.error(
+                    "cannot serve metrics, retrying",
+                    address=self._metrics_address,
+                    error=exc.strerror or str(exc),
+                    retry_seconds=METRICS_RETRY_SECONDS,
+                )
+
+    def _start_health(self, health: HealthServer) -> None:
+        health.start()
+        log.info("serving metrics and health", port=health.port)
+
+    async def _serve_metrics(self) -> None:
+        while self.health is None:
+            await asyncio.sleep(METRICS_RETRY_SECONDS)
+            self._bind_metrics()
+            if self.health is not None:
+                self._start_health(self.health)
+        await self.health.heartbeat()
 
     def readiness(self) -> tuple[bool, str]:
         state = self.session.state
@@ -221,6 +264,12 @@ class App:
             "Containers and pods brought to a reloaded configuration, by path and result",
             ("path", "result"),
             {tuple(key): n for key, n in self.followed.items()},
+        )
+        yield (
+            "nri_midbatch_metrics_bind_failures",
+            "Attempts to serve metrics and health that found the address taken",
+            (),
+            {(): self.metrics_bind_failures},
         )
         if self.recorder is not None:
             yield (
