@@ -609,8 +609,9 @@ def test_reload_lowers_pods_after_their_containers_and_raises_them_before(
             time.sleep(0.05)  # no later write may follow
         gaps = order_gaps(poller, files, value)
         print(f"\nreload, {label}: pod after its container by {[round(g, 4) for g in gaps]} s")
+        # The plugin writes both here, microseconds apart: one poll may see both.
         if label == "lowering":
-            assert all(gap > 0 for gap in gaps), gaps
+            assert all(gap >= 0 for gap in gaps), gaps
         else:
-            assert all(gap < 0 for gap in gaps), gaps
+            assert all(gap <= 0 for gap in gaps), gaps
     assert not list(iter_events(plugin.records(), "cgroup not set for new configuration"))
