@@ -343,11 +343,14 @@ class App:
                 log.warning("UpdateContainers failed, writing cgroup files", error=str(exc))
             else:
                 refused = {u.container_id for u in failed}
-                if refused:
-                    log.warning(
-                        "runtime could not update containers, writing their cgroup files",
-                        containers=sorted(refused),
-                    )
+                for change in plan.containers:
+                    if change.container.id in refused:
+                        log.warning(
+                            "runtime could not update the container, writing its cgroup files",
+                            namespace=change.pod.namespace,
+                            pod=change.pod.name,
+                            container=change.container.name,
+                        )
                 self._count_followed("update_containers", "ok", len(updates) - len(refused))
                 self._count_followed("update_containers", "refused", len(refused))
                 rest = tuple(c for c in plan.containers if c.container.id in refused)

@@ -416,8 +416,8 @@ class MidBatchPlugin:
             resources = linux.resources
             ctr_view = synchronized_view(container, resources)
             known.set_container(ctr_view.id, pod_id, ctr_view, linux.cgroups_path)
-            decision = self._decide_container(pod, ctr_view, lines, refuse=False)
-            if (values := decision.values) is None:
+            values = self._decide_container(pod, ctr_view, lines, refuse=False)
+            if values is None:
                 continue
             current = current_values(resources)
             if values != current:
@@ -510,15 +510,15 @@ class MidBatchPlugin:
         ctr_view = container_view(container)
         self.known.set_container(ctr_view.id, pod_id, ctr_view, container.linux.cgroups_path)
         lines = DecisionLines("CreateContainer")
-        decision = self._decide_container(view, ctr_view, lines, refuse=self._fail)
+        values = self._decide_container(view, ctr_view, lines, refuse=self._fail)
         lines.write_after(self.after_reply)
-        if decision.values is None:
+        if values is None:
             return api.CreateContainerResponse()
         self.counters.count_adjusted("CreateContainer")
         response = api.CreateContainerResponse()
         adjust = response.adjust
         adjust.annotations[NATIVE_LIMITS_ANNOTATION] = encode_native_limits(ctr_view.native)
-        set_resources(adjust.linux.resources, decision.values)
+        set_resources(adjust.linux.resources, values)
         return response
 
     async def update_container(
@@ -531,12 +531,12 @@ class MidBatchPlugin:
         if container.id in self.known.containers:
             self.known.set_container(container.id, pod.id, ctr_view, container.linux.cgroups_path)
         lines = DecisionLines("UpdateContainer")
-        decision = self._decide_container(pod_view(pod), ctr_view, lines, refuse=self._fail)
+        values = self._decide_container(pod_view(pod), ctr_view, lines, refuse=self._fail)
         lines.write_after(self.after_reply)
-        if decision.values is None:
+        if values is None:
             return []
         self.counters.count_adjusted("UpdateContainer")
-        return [container_update(container.id, decision.values)]
+        return [container_update(container.id, values)]
 
     async def stop_container(
         self, pod: api.PodSandbox, container: api.Container
@@ -573,27 +573,55 @@ class MidBatchPlugin:
         lines: DecisionLines,
         *,
         refuse: bool,
-    ) -> Decision:
-        """Decide, count, and add the decision's line; `refuse` makes bad input an error reply.
+    ) -> CgroupValues | None:
+        """Decide, count, and add the decision's line; the values to set, if any.
+
+        `refuse` makes bad input an error reply.
 
         Only an operation the runtime can refuse on its own (creating or
         updating one container, running one pod) may be refused: an error from
         Synchronize would cost every pod on the node its plugin.
         """
-        decision = decide_container(pod, container, self.policy)
+        try:
+            decision = decide_container(pod, container, self.policy)
+        except Exception as exc:
+            where = {"namespace": pod.namespace, "pod": pod.name, "container": container.name}
+            self._decision_failed(exc, lines.method, where, refuse)
+            return None
         self.counters.count_decision(decision)
         if self._on_decision is not None:
             self._on_decision(pod, container, decision)
         if decision.error is not None:
             where = {"namespace": pod.namespace, "pod": pod.name, "container": container.name}
             self._invalid(decision, lines.method, where, refuse)
-        elif decision.values is not None:
-            lines.add(decision.tier, pod, container, _shared_values(decision.values))
-        else:
+            return None
+        if decision.values is None:
             # Untouched workloads are the common case: visible at debug only
             # (SIGUSR1), with the trace that says why.
             lines.add(None, pod, container, decision.trace[-1])
-        return decision
+            return None
+        values = _shared_values(decision.values)
+        lines.add(decision.tier, pod, container, values)
+        return values
+
+    def _decision_failed(
+        self, exc: Exception, method: str, where: Mapping[str, str], refuse: bool
+    ) -> None:
+        """A decision that raised (a bug): the failure policy decides, as for bad input.
+
+        Under Ignore the workload is left alone rather than its creation made to fail.
+        """
+        self.counters.count_invalid("internal")
+        log.error(
+            "decision failed, refusing it" if refuse else "decision failed, left untouched",
+            method=method,
+            error=f"{type(exc).__name__}: {exc}",
+            failure_policy=self.config.failure_policy,
+            exc_info=exc,
+            **where,
+        )
+        if refuse:
+            raise RpcError(Code.INTERNAL, f"nri-midbatch: decision failed: {exc}")
 
     def _invalid(
         self, decision: Decision, method: str, where: Mapping[str, str], refuse: bool
@@ -611,10 +639,16 @@ class MidBatchPlugin:
 
     def _decide_pod(self, pod: PodView, method: str, *, refuse: bool) -> PodTarget | None:
         """The pod decision, counted, and the pod it was made for; None if it sets nothing."""
-        decision = decide_pod(pod, self.policy)
-        if decision.values is not None and self._lacks_kubelet_limits(pod):
-            pod = self._with_kubelet_pod_limits(pod)
+        try:
             decision = decide_pod(pod, self.policy)
+            if decision.values is not None and self._lacks_kubelet_limits(pod):
+                pod = self._with_kubelet_pod_limits(pod)
+                decision = decide_pod(pod, self.policy)
+        except Exception as exc:
+            self._decision_failed(
+                exc, method, {"namespace": pod.namespace, "pod": pod.name}, refuse
+            )
+            return None
         self.counters.count_decision(decision)
         if self._on_decision is not None:
             self._on_decision(pod, None, decision)

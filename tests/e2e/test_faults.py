@@ -145,12 +145,12 @@ def test_containerd_killed_during_a_synchronize_then_restarted(
 
     containerd.start()
     plugin.wait_for("synchronized", after=first + 1, timeout=30)
+    # The pod's values add up its three containers'.
+    whole = Values(3 * 512, 3 * 100000, 3 * 512 * MIB)
     for p in pods:
         assert wait_until(
             lambda p=p: read_values(containerd, p.parent, p.container_id) == EXPECTED
         ), read_values(containerd, p.parent, p.container_id)
-        # The pod's values add up its three containers'.
-        whole = Values(3 * 512, 3 * 100000, 3 * 512 * MIB)
         assert wait_until(lambda p=p: read_values(containerd, p.parent, None) == whole)
     assert scrape(port, "nri_midbatch_reconnects_total") >= 1
     lost = list(iter_events(plugin.records(), "connection to runtime lost"))

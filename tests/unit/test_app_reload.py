@@ -161,6 +161,7 @@ async def running_node(
     nri_version: str = "",
     runtime_version: str = "v1.7.24",
     watch: bool = True,
+    failed_updates: tuple[str, ...] = (),
     **config: Any,
 ) -> AsyncIterator[Node]:
     tree = Tree(tmp_path / "cgroup")
@@ -176,7 +177,7 @@ async def running_node(
         reload_interval=0.05,
     )
     (plugin_reader, plugin_writer), (rt_reader, rt_writer) = await socketpair_streams()
-    runtime = LoopbackRuntime(rt_reader, rt_writer)
+    runtime = LoopbackRuntime(rt_reader, rt_writer, failed_updates=failed_updates)
     task = asyncio.create_task(app.session.run(plugin_reader, plugin_writer))
     services = app._services() if watch else _nothing()
     try:
@@ -513,3 +514,38 @@ def test_cgroup_file_reload_lowers_a_pod_after_its_containers(
 
     run(scenario())
     assert seen == ["50000"]
+
+
+def test_a_container_the_runtime_could_not_update_is_named_counted_and_written(
+    tmp_path: Path,
+) -> None:
+    pod = batch_pod()
+    parent = pod.linux.cgroup_parent
+    live = container("c-app", pod, "app")
+
+    async def scenario() -> Node:
+        async with running_node(
+            tmp_path,
+            nri_version="v0.12.2",
+            runtime_version="v2.4.0",
+            watch=False,
+            failed_updates=("c-app",),
+        ) as node:
+            node.tree.add(parent, BESTEFFORT)
+            await node.call("RunPodSandbox", api.RunPodSandboxRequest(pod=pod), api.Empty)
+            node.tree.add(parent, APP_VALUES, live.id)
+            await node.create(pod, live)
+            node.rewrite(rules={"cpuNormalizationRatio": 2.0})
+            with capture_logs() as logs:
+                await node.app.reload("SIGHUP")
+            (warning,) = [line for line in logs if line["log_level"] == "warning"]
+            assert warning["event"] == (
+                "runtime could not update the container, writing its cgroup files"
+            )
+            assert (warning["pod"], warning["container"]) == (pod.name, "app")
+            return node
+
+    node = run(scenario())
+    assert node.app.followed[("update_containers", "refused")] == 1
+    assert node.tree.read(parent, live.id) == HALVED_VALUES
+    assert node.tree.read(parent) == HALVED_VALUES

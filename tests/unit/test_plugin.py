@@ -1104,3 +1104,65 @@ def test_configure_event_mask_for_containerd_1_7(tree: CgroupTree) -> None:
             assert c.session.state.events == EXPECTED_EVENTS
 
     run(scenario())
+
+
+# ---------------------------------------------------------------------------
+# A decision that raises (a bug): the failure policy decides, logged and counted
+# ---------------------------------------------------------------------------
+
+
+def break_decisions(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_args: Any) -> Any:
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(plugin_module, "decide_container", broken)
+    monkeypatch.setattr(plugin_module, "decide_pod", broken)
+
+
+def test_ignore_leaves_a_workload_alone_when_its_decision_raises(
+    tree: CgroupTree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pod = batch_pod()
+    tree.add_pod(pod.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
+    break_decisions(monkeypatch)
+
+    async def scenario() -> Connected:
+        async with connected(make_config(tree), nri_version="v0.12.0") as c:
+            await c.run_pod_sandbox(pod)
+            reply = await c.create(pod, make_container("c-app", pod, "app"))
+            assert reply.SerializeToString() == b""
+            synced = await c.sync([pod], [make_container("c-app", pod, "app")])
+            assert list(synced.update) == []
+            return c
+
+    with structlog.testing.capture_logs() as logs:
+        c = run(scenario())
+    assert tree.pod(pod.linux.cgroup_parent) == BESTEFFORT_DEFAULTS
+    # RunPodSandbox, CreateContainer, and Synchronize's container and pod.
+    assert c.plugin.counters.invalid == {"internal": 4}
+    errors = [line for line in logs if line["log_level"] == "error"]
+    assert [(e["method"], e["pod"], e.get("container")) for e in errors] == [
+        ("RunPodSandbox", pod.name, None),
+        ("CreateContainer", pod.name, "app"),
+        ("Synchronize", pod.name, "app"),
+        ("Synchronize", pod.name, None),
+    ]
+    assert all(e["event"] == "decision failed, left untouched" for e in errors)
+    assert all("ZeroDivisionError" in e["error"] for e in errors)
+
+
+def test_fail_refuses_a_workload_whose_decision_raises(
+    tree: CgroupTree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pod = batch_pod()
+    break_decisions(monkeypatch)
+
+    async def scenario() -> None:
+        async with connected(make_config(tree, failurePolicy="Fail"), nri_version="v0.12.0") as c:
+            with pytest.raises(RpcError) as error:
+                await c.create(pod, make_container("c-app", pod, "app"))
+            assert error.value.code == Code.INTERNAL
+            assert "decision failed" in error.value.message
+            assert c.plugin.counters.invalid == {"internal": 1}
+
+    run(scenario())
