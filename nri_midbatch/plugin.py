@@ -425,9 +425,7 @@ class MidBatchPlugin:
                 if raises_quota(current.cpu_quota, values.cpu_quota):
                     raising.add(pod_id)
                 if watch_lowering and lowers(current, values):
-                    check = functools.partial(
-                        self._container_lowered, pod, ctr_view, linux.cgroups_path, values
-                    )
+                    check = functools.partial(self._container_lowered, pod, ctr_view, values)
                     lowered.setdefault(pod_id, []).append(check)
         self.counters.count_adjusted("Synchronize", len(updates))
         lines.write_after(self.after_reply)
@@ -478,9 +476,11 @@ class MidBatchPlugin:
         self._set_pod_cgroup(target, "Synchronize", refuse=False)
 
     def _container_lowered(
-        self, pod: PodView, container: ContainerView, cgroups_path: str, values: CgroupValues
+        self, pod: PodView, container: ContainerView, values: CgroupValues
     ) -> bool:
         """Whether the container's cgroup holds no more than `values` (or is gone)."""
+        # The path as Known keeps it: one string per pod, not one per waiting container.
+        cgroups_path = self.known.cgroups_path(container.id)
         try:
             now = read_container_values(
                 self._cgroup_root,
