@@ -768,6 +768,25 @@ def test_synchronize_takes_a_removed_container_as_lowered(tree: CgroupTree) -> N
     assert plugin.counters.pods_lowered_unconfirmed == 0
 
 
+def test_a_newer_synchronize_ends_the_wait_of_the_last_one(
+    tree: CgroupTree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The newer one decides every pod anew: nothing of the old one stays waiting."""
+    pod, ctr, plugin = lowered_batch_pod(tree)
+    monkeypatch.setattr(lowering_module, "POLL_SECONDS", 0.001)
+    monkeypatch.setattr(lowering_module, "STALL_SECONDS", 60.0)
+
+    async def scenario() -> None:
+        await plugin.synchronize([pod], [ctr])
+        # The pod is gone by the next one; its container's files never changed.
+        await plugin.synchronize([], [])
+        await asyncio.wait_for(plugin.after_reply.settle(), STEP_TIMEOUT)
+
+    run(scenario())
+    assert tree.pod(pod.linux.cgroup_parent) == ("512", "100000", str(512 * MI))
+    assert plugin.counters.pods_lowered_unconfirmed == 0
+
+
 def raised_batch_pod(tree: CgroupTree) -> tuple[api.PodSandbox, api.Container, MidBatchPlugin]:
     """A batch pod set under a config that halved the quota, and a plugin with the default."""
     pod = batch_pod()
