@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from nri_midbatch.after_reply import AfterReply
+from nri_midbatch.after_reply import DEFAULT_SLICE_SECONDS, AfterReply
 
 log = structlog.get_logger(__name__)
 
@@ -99,11 +99,16 @@ class LoweringWait:
         if self._cancelled:
             return
         waiting = self._waiting
+        # Many containers seen lowered at once (a node's worth): a slice at a time.
+        deadline = time.perf_counter() + DEFAULT_SLICE_SECONDS
         while waiting:
             head = waiting[0]
             while head.checks and head.checks[0]():
                 head.checks.popleft()
                 self._progress_at = time.monotonic()
+                if time.perf_counter() >= deadline:
+                    self._after_reply.defer(self._check)
+                    return
             if head.checks:
                 break
             waiting.popleft()
