@@ -246,6 +246,13 @@ class App:
             {("ok",): counters.pod_writes_ok, ("failed",): counters.pod_writes_failed},
         )
         yield (
+            "nri_midbatch_container_repairs",
+            "Containers whose cgroup files did not hold what the runtime reported at Synchronize,"
+            " written by the plugin, by result",
+            ("result",),
+            {("ok",): counters.containers_repaired, ("failed",): counters.container_repairs_failed},
+        )
+        yield (
             "nri_midbatch_pods_lowered_unconfirmed",
             "Pods a Synchronize lowered without seeing the runtime lower their containers first",
             (),

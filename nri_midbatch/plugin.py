@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import resource
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -78,6 +79,9 @@ class Counters:
     pod_writes_failed: int = 0
     #: pods written before their containers were seen lowered (lowering.py)
     pods_lowered_unconfirmed: int = 0
+    #: containers whose files did not hold what the runtime reported (Synchronize)
+    containers_repaired: int = 0
+    container_repairs_failed: int = 0
     config_rejected: int = 0
 
     def count_decision(self, decision: Decision) -> None:
@@ -113,6 +117,10 @@ def native_limits(resources: api.LinuxResources) -> NativeLimits:
 # Nodes have few distinct kubelet limits (often just the 100000us period):
 # the caches below hold each once, bounded in case a node has many.
 _DISTINCT_LIMITS = 1024
+
+#: Containers checked per piece of work after a Synchronize's reply (about 2 ms).
+_REPAIRS_PER_WORK = 64
+_PAGE = resource.getpagesize()
 
 
 @functools.lru_cache(maxsize=_DISTINCT_LIMITS)
@@ -406,6 +414,8 @@ class MidBatchPlugin:
         #: pod id -> checks that its containers being lowered have been
         lowered: dict[str, list[Check]] = {}
         watch_lowering = self.config.cgroups.pod_level and not self._dry_run
+        #: containers the runtime reports at their values already, to check after the reply
+        settled: list[tuple[PodView, ContainerView, CgroupValues]] = []
         lines = DecisionLines("Synchronize")
         for container in containers:
             pod_id = pod_ids.get(container.pod_sandbox_id)
@@ -427,8 +437,15 @@ class MidBatchPlugin:
                 if watch_lowering and lowers(current, values):
                     check = functools.partial(self._container_lowered, pod, ctr_view, values)
                     lowered.setdefault(pod_id, []).append(check)
+            elif not self._dry_run:
+                settled.append((pod, ctr_view, values))
         self.counters.count_adjusted("Synchronize", len(updates))
         lines.write_after(self.after_reply)
+        # Before the pods: a pod goes down only after its containers.
+        for start in range(0, len(settled), _REPAIRS_PER_WORK):
+            self.after_reply.defer(
+                self._repair_containers, settled[start : start + _REPAIRS_PER_WORK]
+            )
         if self.config.cgroups.pod_level:
             self._synchronize_pods(pod_views, raising, lowered)
         log.info("synchronized", pods=len(pods), containers=len(containers), updates=len(updates))
@@ -495,6 +512,58 @@ class MidBatchPlugin:
             log.debug("container cgroup not readable", error=str(exc), container=container.name)
             return True
         return not exceeds(now, values)
+
+    def _repair_containers(
+        self, settled: list[tuple[PodView, ContainerView, CgroupValues]]
+    ) -> None:
+        """Write the cgroup files of containers the runtime says hold their values but do not.
+
+        A runtime killed while it applied an update may have stored the new
+        resources without their reaching the cgroup (containerd persists the
+        spec first): its next Synchronize reports values the files do not
+        hold, and asks for no update. Read after the reply, a slice at a time.
+        """
+        for pod, container, values in settled:
+            if container.id not in self.known.containers:
+                continue  # removed since
+            cgroups_path = self.known.cgroups_path(container.id)
+            try:
+                now = read_container_values(
+                    self._cgroup_root,
+                    self._cgroup_driver,
+                    pod.cgroup_parent,
+                    container.id,
+                    cgroups_path,
+                )
+            except (CgroupPathError, OSError, ValueError):
+                continue  # gone, or not ours to read: nothing to repair here
+            if holds(now, values):
+                continue
+            where = {"namespace": pod.namespace, "pod": pod.name, "container": container.name}
+            target = PodCgroupValues(values.cpu_shares, values.cpu_quota, values.memory_limit)
+            try:
+                report = apply_container_values(
+                    self._cgroup_root,
+                    self._cgroup_driver,
+                    pod.cgroup_parent,
+                    container.id,
+                    target,
+                    cgroups_path,
+                )
+            except CgroupPathError as exc:
+                reason = str(exc)
+            else:
+                if report.ok:
+                    self.counters.containers_repaired += 1
+                    log.warning(
+                        "container cgroup repaired: the runtime reported values it did not hold",
+                        **where,
+                        **_values_log(values),
+                    )
+                    continue
+                reason = _describe_failures(report)
+            self.counters.container_repairs_failed += 1
+            log.warning("container cgroup not repaired", reason=reason, **where)
 
     def _count_unconfirmed(self, pods: int) -> None:
         self.counters.pods_lowered_unconfirmed += pods
@@ -748,6 +817,24 @@ def lowers(current: CgroupValues, new: CgroupValues) -> bool:
         new.cpu_shares < current.cpu_shares
         or _above(current.cpu_quota, new.cpu_quota)
         or _above(current.memory_limit, new.memory_limit)
+    )
+
+
+def holds(reading: PodCgroupReading, values: CgroupValues) -> bool:
+    """Whether a container's cgroup holds `values`, as far as it can be compared.
+
+    The memory limit reads back rounded down to the page; cgroup v2 holds a
+    weight, converted by the runtime its own way, which is not compared.
+    """
+    memory = values.memory_limit
+    memory_held = reading.memory_limit == memory or (
+        memory != UNLIMITED and 0 <= memory - reading.memory_limit < _PAGE
+    )
+    shares = reading.cpu_shares
+    return (
+        memory_held
+        and reading.cpu_quota == values.cpu_quota
+        and (shares is None or shares == clamp_cpu_shares(values.cpu_shares))
     )
 
 

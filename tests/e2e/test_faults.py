@@ -223,8 +223,11 @@ def run_pod_while_paused(
             )
 
             def sandbox() -> Path | None:
+                # Started: runc has set the cgroups up and exec'd the sandbox's
+                # command (busybox sleep); the NRI event follows.
                 for child in pod_dir.glob("*/cgroup.procs"):
-                    if child.read_text().strip():
+                    pids = child.read_text().split()
+                    if pids and all(_command(pid) == "sleep" for pid in pids):
                         return child.parent
                 return None
 
@@ -237,6 +240,13 @@ def run_pod_while_paused(
     finally:
         os.kill(plugin.proc.pid, signal.SIGCONT)
     return parent, pod_id
+
+
+def _command(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def test_pod_cgroup_removed_before_the_write(

@@ -1185,3 +1185,56 @@ def test_fail_refuses_a_workload_whose_decision_raises(
             assert c.plugin.counters.invalid == {"internal": 1}
 
     run(scenario())
+
+
+# ---------------------------------------------------------------------------
+# Synchronize: containers the runtime reports right but whose files are not
+# ---------------------------------------------------------------------------
+
+
+def settled_batch_pod(
+    tree: CgroupTree, container_files: tuple[str, str, str]
+) -> tuple[api.PodSandbox, api.Container, MidBatchPlugin]:
+    """A batch container the runtime reports at the batch values, its files as given."""
+    pod = batch_pod()
+    parent = pod.linux.cgroup_parent
+    tree.add_pod(parent, ("512", "100000", str(512 * MI)))
+    tree.add_pod(f"{parent}/c-app", container_files)
+    ctr = make_container(
+        "c-app", pod, "app", current=resources(shares=512, quota=100_000, memory=512 * MI)
+    )
+    ctr.annotations[NATIVE_LIMITS_ANNOTATION] = "{}"
+    return pod, ctr, MidBatchPlugin(make_config(tree))
+
+
+def test_synchronize_repairs_a_container_whose_files_miss_the_reported_values(
+    tree: CgroupTree,
+) -> None:
+    """containerd killed mid-update stores the new values first: its next report lies."""
+    pod, ctr, plugin = settled_batch_pod(tree, BESTEFFORT_DEFAULTS)
+
+    async def scenario() -> Sequence[api.ContainerUpdate]:
+        response = await plugin.synchronize([pod], [ctr])
+        await asyncio.wait_for(plugin.after_reply.settle(), STEP_TIMEOUT)
+        return response.update
+
+    with structlog.testing.capture_logs() as logs:
+        assert list(run(scenario())) == []
+    assert tree.pod(f"{pod.linux.cgroup_parent}/c-app") == ("512", "100000", str(512 * MI))
+    assert (plugin.counters.containers_repaired, plugin.counters.container_repairs_failed) == (1, 0)
+    (warning,) = [line for line in logs if line["log_level"] == "warning"]
+    assert warning["event"].startswith("container cgroup repaired")
+    assert (warning["pod"], warning["container"]) == (pod.name, "app")
+
+
+def test_synchronize_leaves_containers_that_hold_their_values_alone(tree: CgroupTree) -> None:
+    pod, ctr, plugin = settled_batch_pod(tree, ("512", "100000", str(512 * MI)))
+    before = tree.snapshot()
+
+    async def scenario() -> None:
+        await plugin.synchronize([pod], [ctr])
+        await asyncio.wait_for(plugin.after_reply.settle(), STEP_TIMEOUT)
+
+    run(scenario())
+    assert tree.snapshot() == before
+    assert (plugin.counters.containers_repaired, plugin.counters.container_repairs_failed) == (0, 0)
