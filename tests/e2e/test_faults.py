@@ -153,6 +153,8 @@ def test_containerd_killed_during_a_synchronize_then_restarted(
         ), read_values(containerd, p.parent, p.container_id)
         assert wait_until(lambda p=p: read_values(containerd, p.parent, None) == whole)
     assert scrape(port, "nri_midbatch_reconnects_total") >= 1
+    repaired = scrape(port, "nri_midbatch_container_repairs_total", result="ok")
+    print(f"containers reported right by the restarted containerd but repaired: {repaired:g}")
     lost = list(iter_events(plugin.records(), "connection to runtime lost"))
     assert lost, "the lost connection is logged"
     assert outside_files() == outside
