@@ -91,10 +91,6 @@ class LoweringWait:
         self._cancelled = True
         self._waiting.clear()
 
-    @property
-    def pending(self) -> int:
-        return len(self._waiting)
-
     def _check(self) -> None:
         if self._cancelled:
             return
