@@ -152,9 +152,10 @@ class App:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             # Log lines and pod cgroups still queued behind replies are not lost.
-            abandoned = self.plugin.after_reply.flush()
-            if abandoned:
-                log.warning("pod cgroup retries abandoned at shutdown", pods=abandoned)
+            # Pods still waiting for their containers to be lowered are not:
+            # the next Synchronize decides them anew.
+            if self.plugin.after_reply.flush():
+                log.warning("pods waiting for their containers to be lowered abandoned at shutdown")
             if self.health is not None:
                 self.health.stop()
 
