@@ -206,7 +206,8 @@ def run_pod_while_paused(
     between: Callable[[str, Path], None],
 ) -> tuple[str, str]:
     """RunPodSandbox with the plugin stopped; `between(parent, sandbox cgroup)` runs
-    after runc made the pod's cgroups and before the plugin sees the event.
+    after runc made the pod's cgroups and before the plugin sees the event
+    (containerd sends it between creating the sandbox's task and starting it).
 
     Returns (cgroup parent, pod id). The plugin is resumed well within the
     runtime's 2 s request timeout.
@@ -226,11 +227,10 @@ def run_pod_while_paused(
             )
 
             def sandbox() -> Path | None:
-                # Started: runc has set the cgroups up and exec'd the sandbox's
-                # command (busybox sleep); the NRI event follows.
+                # containerd sends the event once runc has created the sandbox's
+                # task (cgroups set up, process not started): runc says so.
                 for child in pod_dir.glob("*/cgroup.procs"):
-                    pids = child.read_text().split()
-                    if pids and all(_command(pid) == "sleep" for pid in pids):
+                    if child.read_text().strip() and _runc_status(containerd, child.parent.name):
                         return child.parent
                 return None
 
@@ -245,11 +245,13 @@ def run_pod_while_paused(
     return parent, pod_id
 
 
-def _command(pid: str) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
+def _runc_status(containerd: Containerd, container_id: str) -> bool:
+    """Whether runc has finished creating the container (state `created` or later)."""
+    root = containerd.runc_root / "k8s.io"
+    state = subprocess.run(
+        ["runc", "--root", str(root), "state", container_id], capture_output=True, text=True
+    )
+    return state.returncode == 0 and json.loads(state.stdout).get("status") != "creating"
 
 
 def test_pod_cgroup_removed_before_the_write(
