@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 from collections.abc import AsyncIterator, Iterable
 
 import structlog
@@ -28,7 +29,7 @@ from nri_midbatch.obs.health import HealthServer
 from nri_midbatch.obs.logging import set_level
 from nri_midbatch.obs.metrics import CounterFamily, CountersCollector, Metrics
 from nri_midbatch.plugin import MidBatchPlugin, container_update
-from nri_midbatch.reconcile import Plan
+from nri_midbatch.reconcile import Plan, split_pods
 from nri_midbatch.record import Recorder, note_decision
 from nri_midbatch.reload import FileWatch
 
@@ -37,6 +38,10 @@ __all__ = ["App", "ConfigError", "load_startup_config"]
 log = structlog.get_logger(__name__)
 
 RELOAD_INTERVAL = 1.0
+#: How often a metrics address that was taken (or not yet there) is tried again.
+METRICS_RETRY_SECONDS = 5.0
+#: Bind errors that may go away: another process holds the port, or the address is not up yet.
+_PASSING_BIND_ERRORS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL})
 #: Runtimes before this never synchronize pre-launched plugins.
 PRELAUNCHED_SYNC_FROM: Version = (0, 7, 0)
 
@@ -76,9 +81,12 @@ class App:
             registration_timeout=registration_timeout,
         )
         self.metrics.add_collector(CountersCollector(self._counter_families))
-        self.health = (
-            HealthServer(metrics_address, self.metrics, self.readiness) if metrics_address else None
-        )
+        self.health: HealthServer | None = None
+        self._metrics_address = metrics_address
+        #: Attempts to serve metrics that found the address taken.
+        self.metrics_bind_failures = 0
+        if metrics_address:
+            self._bind_metrics()
         self.reloads: dict[str, int] = {}
         #: (path, result) -> workloads brought to a reloaded configuration
         self.followed: dict[tuple[str, str], int] = {
@@ -132,9 +140,9 @@ class App:
     async def _services(self) -> AsyncIterator[None]:
         tasks: list[asyncio.Task[None]] = []
         if self.health is not None:
-            self.health.start()
-            tasks.append(asyncio.create_task(self.health.heartbeat()))
-            log.info("serving metrics and health", port=self.health.port)
+            self._start_health(self.health)
+        if self._metrics_address:
+            tasks.append(asyncio.create_task(self._serve_metrics()))
         if self._watch is not None:
             tasks.append(asyncio.create_task(self._watch_config()))
         try:
@@ -144,13 +152,49 @@ class App:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             # Log lines and pod cgroups still queued behind replies are not lost.
-            abandoned = self.plugin.after_reply.flush()
-            if abandoned:
-                log.warning("pod cgroup retries abandoned at shutdown", pods=abandoned)
+            # Pods still waiting for their containers to be lowered are not:
+            # the next Synchronize decides them anew.
+            if self.plugin.after_reply.flush():
+                log.warning("pods waiting for their containers to be lowered abandoned at shutdown")
             if self.health is not None:
                 self.health.stop()
 
     # -- health --------------------------------------------------------------
+
+    def _bind_metrics(self) -> None:
+        """Bind the metrics address; one that is taken is logged and tried again later.
+
+        NRI comes first: a plugin that exits because a port is taken leaves
+        every pod of the node without its values. Any other error (an address
+        that cannot be parsed or resolved) is the caller's.
+        """
+        assert self._metrics_address
+        try:
+            self.health = HealthServer(self._metrics_address, self.metrics, self.readiness)
+        except OSError as exc:
+            if exc.errno not in _PASSING_BIND_ERRORS:
+                raise
+            self.metrics_bind_failures += 1
+            # Once: the probes that fail meanwhile say it again.
+            if self.metrics_bind_failures == 1:
+                log.error(
+                    "cannot serve metrics, retrying",
+                    address=self._metrics_address,
+                    error=exc.strerror or str(exc),
+                    retry_seconds=METRICS_RETRY_SECONDS,
+                )
+
+    def _start_health(self, health: HealthServer) -> None:
+        health.start()
+        log.info("serving metrics and health", port=health.port)
+
+    async def _serve_metrics(self) -> None:
+        while self.health is None:
+            await asyncio.sleep(METRICS_RETRY_SECONDS)
+            self._bind_metrics()
+            if self.health is not None:
+                self._start_health(self.health)
+        await self.health.heartbeat()
 
     def readiness(self) -> tuple[bool, str]:
         state = self.session.state
@@ -202,6 +246,19 @@ class App:
             ("result",),
             {("ok",): counters.pod_writes_ok, ("failed",): counters.pod_writes_failed},
         )
+        yield (
+            "nri_midbatch_container_repairs",
+            "Containers whose cgroup files did not hold what the runtime reported at Synchronize,"
+            " written by the plugin, by result",
+            ("result",),
+            {("ok",): counters.containers_repaired, ("failed",): counters.container_repairs_failed},
+        )
+        yield (
+            "nri_midbatch_pods_lowered_unconfirmed",
+            "Pods a Synchronize lowered without seeing the runtime lower their containers first",
+            (),
+            {(): counters.pods_lowered_unconfirmed},
+        )
         reloads: dict[tuple[str, ...], int] = {(r,): n for r, n in self.reloads.items()}
         reloads[("rejected_from_runtime",)] = counters.config_rejected
         yield (
@@ -215,6 +272,12 @@ class App:
             "Containers and pods brought to a reloaded configuration, by path and result",
             ("path", "result"),
             {tuple(key): n for key, n in self.followed.items()},
+        )
+        yield (
+            "nri_midbatch_metrics_bind_failures",
+            "Attempts to serve metrics and health that found the address taken",
+            (),
+            {(): self.metrics_bind_failures},
         )
         if self.recorder is not None:
             yield (
@@ -277,8 +340,10 @@ class App:
         """Bring running workloads to a new configuration's values."""
         runtime = self.plugin.runtime
         if plan.containers and runtime is not None and runtime.update_containers_safe:
-            pods_only = Plan((), plan.pods)
-            await asyncio.to_thread(self.plugin.write_plan, pods_only)
+            # Pods go up before their containers; down only after the reply to
+            # UpdateContainers, by which the runtime has applied the updates.
+            raised_first, _ = split_pods(plan)
+            await asyncio.to_thread(self.plugin.write_plan, Plan((), raised_first))
             updates = [container_update(c.container.id, c.values) for c in plan.containers]
             try:
                 failed = await self.session.update_containers(updates)
@@ -286,11 +351,14 @@ class App:
                 log.warning("UpdateContainers failed, writing cgroup files", error=str(exc))
             else:
                 refused = {u.container_id for u in failed}
-                if refused:
-                    log.warning(
-                        "runtime could not update containers, writing their cgroup files",
-                        containers=sorted(refused),
-                    )
+                for change in plan.containers:
+                    if change.container.id in refused:
+                        log.warning(
+                            "runtime could not update the container, writing its cgroup files",
+                            namespace=change.pod.namespace,
+                            pod=change.pod.name,
+                            container=change.container.name,
+                        )
                 self._count_followed("update_containers", "ok", len(updates) - len(refused))
                 self._count_followed("update_containers", "refused", len(refused))
                 rest = tuple(c for c in plan.containers if c.container.id in refused)

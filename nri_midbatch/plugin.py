@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import resource
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -20,12 +21,23 @@ import structlog
 
 from nri_midbatch.after_reply import AfterReply
 from nri_midbatch.api import nri_pb2 as api
-from nri_midbatch.cgroups.fs import apply_container_values, apply_pod_values, read_pod_values
+from nri_midbatch.cgroups.fs import (
+    apply_container_values,
+    apply_pod_values,
+    read_container_values,
+    read_pod_values,
+)
 from nri_midbatch.cgroups.paths import CgroupDriver, CgroupPathError
 from nri_midbatch.cgroups.report import WriteReport
-from nri_midbatch.cgroups.values import PodCgroupValues
+from nri_midbatch.cgroups.values import (
+    UNLIMITED,
+    PodCgroupReading,
+    PodCgroupValues,
+    clamp_cpu_shares,
+)
 from nri_midbatch.config import Config, ConfigError, load_config_text
 from nri_midbatch.decision_log import DecisionLines
+from nri_midbatch.lowering import Check, LoweringWait
 from nri_midbatch.nri.events import Event
 from nri_midbatch.nri.session import RuntimeInfo
 from nri_midbatch.policy import (
@@ -41,7 +53,7 @@ from nri_midbatch.policy import (
     decide_pod,
 )
 from nri_midbatch.policy.classify import qos_from_cgroup_parent
-from nri_midbatch.reconcile import Known, Plan, plan
+from nri_midbatch.reconcile import Known, Plan, plan, raises_quota, split_pods
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.wire.status import Code
 
@@ -65,6 +77,11 @@ class Counters:
     adjusted: dict[tuple[str, str], int] = field(default_factory=dict)
     pod_writes_ok: int = 0
     pod_writes_failed: int = 0
+    #: pods written before their containers were seen lowered (lowering.py)
+    pods_lowered_unconfirmed: int = 0
+    #: containers whose files did not hold what the runtime reported (Synchronize)
+    containers_repaired: int = 0
+    container_repairs_failed: int = 0
     config_rejected: int = 0
 
     def count_decision(self, decision: Decision) -> None:
@@ -101,8 +118,9 @@ def native_limits(resources: api.LinuxResources) -> NativeLimits:
 # the caches below hold each once, bounded in case a node has many.
 _DISTINCT_LIMITS = 1024
 
-#: How long a Synchronize's failed pod write waits before its one retry.
-POD_RETRY_SECONDS = 1.0
+#: Containers checked per piece of work after a Synchronize's reply (about 2 ms).
+_REPAIRS_PER_WORK = 64
+_PAGE = resource.getpagesize()
 
 
 @functools.lru_cache(maxsize=_DISTINCT_LIMITS)
@@ -272,6 +290,8 @@ class MidBatchPlugin:
         self.runtime: RuntimeInfo | None = None
         #: Log lines and Synchronize's pod cgroups, once the runtime has its reply.
         self.after_reply = AfterReply()
+        #: The last Synchronize's pods waiting for their containers to be lowered.
+        self._lowering: LoweringWait | None = None
         self._dry_run = dry_run
         self._on_decision = on_decision
         self._apply_config(config)
@@ -299,13 +319,15 @@ class MidBatchPlugin:
         """Bring running workloads to `plan` through their cgroup files; returns failures.
 
         For runtimes whose UpdateContainers is unsafe. Blocking file I/O: run
-        it in a thread. On cgroup v1 a pod's quota may not be below a child's,
-        so pods go first, then containers, then pods that failed once more
-        (lowering a quota only works after the children are lowered).
+        it in a thread. A pod goes up before its containers and down after
+        them (lowering.py says why): pods whose containers' quota may rise
+        first, then the containers, then the other pods and those of the
+        first that failed once more.
         """
+        first, last = split_pods(plan)
         retry = [
             change
-            for change in plan.pods
+            for change in first
             if not self._write_values(change.pod, None, change.values, final=False)
         ]
         failures = sum(
@@ -314,7 +336,9 @@ class MidBatchPlugin:
             )
             for change in plan.containers
         )
-        failures += sum(not self._write_values(change.pod, None, change.values) for change in retry)
+        failures += sum(
+            not self._write_values(change.pod, None, change.values) for change in (*retry, *last)
+        )
         return failures
 
     def _write_values(
@@ -388,6 +412,11 @@ class MidBatchPlugin:
         response = api.SynchronizeResponse()
         updates = response.update
         raising: set[str] = set()
+        #: pod id -> checks that its containers being lowered have been
+        lowered: dict[str, list[Check]] = {}
+        watch_lowering = self.config.cgroups.pod_level and not self._dry_run
+        #: containers the runtime reports at their values already, to check after the reply
+        settled: list[tuple[PodView, ContainerView, CgroupValues]] = []
         lines = DecisionLines("Synchronize")
         for container in containers:
             pod_id = pod_ids.get(container.pod_sandbox_id)
@@ -398,55 +427,147 @@ class MidBatchPlugin:
             resources = linux.resources
             ctr_view = synchronized_view(container, resources)
             known.set_container(ctr_view.id, pod_id, ctr_view, linux.cgroups_path)
-            decision = self._decide_container(pod, ctr_view, lines, refuse=False)
-            if (values := decision.values) is None:
+            values = self._decide_container(pod, ctr_view, lines, refuse=False)
+            if values is None:
                 continue
             current = current_values(resources)
             if values != current:
                 set_resources(updates.add(container_id=ctr_view.id).linux.resources, values)
                 if raises_quota(current.cpu_quota, values.cpu_quota):
                     raising.add(pod_id)
+                if watch_lowering and lowers(current, values):
+                    check = functools.partial(self._container_lowered, pod, ctr_view, values)
+                    lowered.setdefault(pod_id, []).append(check)
+            elif not self._dry_run:
+                settled.append((pod, ctr_view, values))
         self.counters.count_adjusted("Synchronize", len(updates))
         lines.write_after(self.after_reply)
+        # Before the pods: a pod goes down only after its containers.
+        for start in range(0, len(settled), _REPAIRS_PER_WORK):
+            self.after_reply.defer(
+                self._repair_containers, settled[start : start + _REPAIRS_PER_WORK]
+            )
         if self.config.cgroups.pod_level:
-            self._synchronize_pods(pod_views, raising)
+            self._synchronize_pods(pod_views, raising, lowered)
         log.info("synchronized", pods=len(pods), containers=len(containers), updates=len(updates))
         return response
 
-    def _synchronize_pods(self, pod_views: Mapping[str, PodView], raising: set[str]) -> None:
-        """Decide every pod now; write its cgroup after the reply, or before if it must go first.
+    def _synchronize_pods(
+        self,
+        pod_views: Mapping[str, PodView],
+        raising: set[str],
+        lowered: Mapping[str, list[Check]],
+    ) -> None:
+        """Decide every pod now; write its cgroup before the reply, after it, or later.
 
-        The runtime applies our container updates after the reply. On cgroup
-        v1 a pod's CFS quota may not be below any of its containers' (EINVAL),
-        so a pod whose containers are being lowered can only be lowered after
-        them, and one whose containers are being raised must be raised before.
-        Writing after the reply also keeps 0.2 ms of file I/O per pod out of
-        the one request the runtime gives 2 s for the whole node.
+        The runtime applies our container updates after the reply. A pod
+        whose containers' quota goes up is raised first, now (on cgroup v1 a
+        child's quota above its pod's is EINVAL). A pod whose containers go
+        down is written once the runtime has lowered them, as their cgroup
+        files show (lowering.py). Any other pod is written right after the
+        reply, which also keeps 0.2 ms of file I/O per pod out of the one
+        request the runtime gives 2 s for the whole node.
         """
+        if self._lowering is not None:
+            self._lowering.cancel()
+        wait = self._lowering = LoweringWait(self.after_reply, on_stall=self._count_unconfirmed)
         for pod_id, view in pod_views.items():
             target = self._decide_pod(view, "Synchronize", refuse=False)
             if target is None:
                 continue
-            if pod_id in raising:
-                if not self._set_pod_cgroup(target, "Synchronize", refuse=False, final=False):
-                    self._retry_pod_cgroup(pod_id, view, target)
+            if pod_id in raising and self._set_pod_cgroup(
+                target, "Synchronize", refuse=False, final=False
+            ):
+                continue
+            # Not raised (or refused: it tries once more when its turn comes).
+            write = functools.partial(self._set_synchronized_pod, pod_id, view, target)
+            checks = lowered.get(pod_id)
+            if checks:
+                wait.add(f"{view.namespace}/{view.name}", checks, write)
             else:
-                self.after_reply.defer(self._set_synchronized_pod, pod_id, view, target, True)
+                self.after_reply.defer(write)
+        wait.start()
 
-    def _set_synchronized_pod(
-        self, pod_id: str, view: PodView, target: PodTarget, first: bool
-    ) -> None:
+    def _set_synchronized_pod(self, pod_id: str, view: PodView, target: PodTarget) -> None:
         if self.known.pods.get(pod_id) is not view:
             return  # removed, or a newer Synchronize has taken over
-        written = self._set_pod_cgroup(target, "Synchronize", refuse=False, final=not first)
-        if not written and first:
-            self._retry_pod_cgroup(pod_id, view, target)
+        self._set_pod_cgroup(target, "Synchronize", refuse=False)
 
-    def _retry_pod_cgroup(self, pod_id: str, view: PodView, target: PodTarget) -> None:
-        # Time for the runtime to apply the reply's container updates.
-        self.after_reply.defer_later(
-            POD_RETRY_SECONDS, self._set_synchronized_pod, pod_id, view, target, False
-        )
+    def _container_lowered(
+        self, pod: PodView, container: ContainerView, values: CgroupValues
+    ) -> bool:
+        """Whether the container's cgroup holds no more than `values` (or is gone)."""
+        # The path as Known keeps it: one string per pod, not one per waiting container.
+        cgroups_path = self.known.cgroups_path(container.id)
+        try:
+            now = read_container_values(
+                self._cgroup_root,
+                self._cgroup_driver,
+                pod.cgroup_parent,
+                container.id,
+                cgroups_path,
+            )
+        except (CgroupPathError, OSError, ValueError) as exc:
+            # Gone, or unreadable: waiting would not change that; the pod's
+            # own write reports what is wrong with the tree.
+            log.debug("container cgroup not readable", error=str(exc), container=container.name)
+            return True
+        return not exceeds(now, values)
+
+    def _repair_containers(
+        self, settled: list[tuple[PodView, ContainerView, CgroupValues]]
+    ) -> None:
+        """Write the cgroup files of containers the runtime says hold their values but do not.
+
+        A runtime killed while it applied an update may have stored the new
+        resources without their reaching the cgroup (containerd persists the
+        spec first): its next Synchronize reports values the files do not
+        hold, and asks for no update. Read after the reply, a slice at a time.
+        """
+        for pod, container, values in settled:
+            if container.id not in self.known.containers:
+                continue  # removed since
+            cgroups_path = self.known.cgroups_path(container.id)
+            try:
+                now = read_container_values(
+                    self._cgroup_root,
+                    self._cgroup_driver,
+                    pod.cgroup_parent,
+                    container.id,
+                    cgroups_path,
+                )
+            except (CgroupPathError, OSError, ValueError):
+                continue  # gone, or not ours to read: nothing to repair here
+            if holds(now, values):
+                continue
+            where = {"namespace": pod.namespace, "pod": pod.name, "container": container.name}
+            target = PodCgroupValues(values.cpu_shares, values.cpu_quota, values.memory_limit)
+            try:
+                report = apply_container_values(
+                    self._cgroup_root,
+                    self._cgroup_driver,
+                    pod.cgroup_parent,
+                    container.id,
+                    target,
+                    cgroups_path,
+                )
+            except CgroupPathError as exc:
+                reason = str(exc)
+            else:
+                if report.ok:
+                    self.counters.containers_repaired += 1
+                    log.warning(
+                        "container cgroup repaired: the runtime reported values it did not hold",
+                        **where,
+                        **_values_log(values),
+                    )
+                    continue
+                reason = _describe_failures(report)
+            self.counters.container_repairs_failed += 1
+            log.warning("container cgroup not repaired", reason=reason, **where)
+
+    def _count_unconfirmed(self, pods: int) -> None:
+        self.counters.pods_lowered_unconfirmed += pods
 
     async def create_container(
         self, pod: api.PodSandbox, container: api.Container
@@ -459,15 +580,15 @@ class MidBatchPlugin:
         ctr_view = container_view(container)
         self.known.set_container(ctr_view.id, pod_id, ctr_view, container.linux.cgroups_path)
         lines = DecisionLines("CreateContainer")
-        decision = self._decide_container(view, ctr_view, lines, refuse=self._fail)
+        values = self._decide_container(view, ctr_view, lines, refuse=self._fail)
         lines.write_after(self.after_reply)
-        if decision.values is None:
+        if values is None:
             return api.CreateContainerResponse()
         self.counters.count_adjusted("CreateContainer")
         response = api.CreateContainerResponse()
         adjust = response.adjust
         adjust.annotations[NATIVE_LIMITS_ANNOTATION] = encode_native_limits(ctr_view.native)
-        set_resources(adjust.linux.resources, decision.values)
+        set_resources(adjust.linux.resources, values)
         return response
 
     async def update_container(
@@ -480,12 +601,12 @@ class MidBatchPlugin:
         if container.id in self.known.containers:
             self.known.set_container(container.id, pod.id, ctr_view, container.linux.cgroups_path)
         lines = DecisionLines("UpdateContainer")
-        decision = self._decide_container(pod_view(pod), ctr_view, lines, refuse=self._fail)
+        values = self._decide_container(pod_view(pod), ctr_view, lines, refuse=self._fail)
         lines.write_after(self.after_reply)
-        if decision.values is None:
+        if values is None:
             return []
         self.counters.count_adjusted("UpdateContainer")
-        return [container_update(container.id, decision.values)]
+        return [container_update(container.id, values)]
 
     async def stop_container(
         self, pod: api.PodSandbox, container: api.Container
@@ -522,27 +643,55 @@ class MidBatchPlugin:
         lines: DecisionLines,
         *,
         refuse: bool,
-    ) -> Decision:
-        """Decide, count, and add the decision's line; `refuse` makes bad input an error reply.
+    ) -> CgroupValues | None:
+        """Decide, count, and add the decision's line; the values to set, if any.
+
+        `refuse` makes bad input an error reply.
 
         Only an operation the runtime can refuse on its own (creating or
         updating one container, running one pod) may be refused: an error from
         Synchronize would cost every pod on the node its plugin.
         """
-        decision = decide_container(pod, container, self.policy)
+        try:
+            decision = decide_container(pod, container, self.policy)
+        except Exception as exc:
+            where = {"namespace": pod.namespace, "pod": pod.name, "container": container.name}
+            self._decision_failed(exc, lines.method, where, refuse)
+            return None
         self.counters.count_decision(decision)
         if self._on_decision is not None:
             self._on_decision(pod, container, decision)
         if decision.error is not None:
             where = {"namespace": pod.namespace, "pod": pod.name, "container": container.name}
             self._invalid(decision, lines.method, where, refuse)
-        elif decision.values is not None:
-            lines.add(decision.tier, pod, container, _shared_values(decision.values))
-        else:
+            return None
+        if decision.values is None:
             # Untouched workloads are the common case: visible at debug only
             # (SIGUSR1), with the trace that says why.
             lines.add(None, pod, container, decision.trace[-1])
-        return decision
+            return None
+        values = _shared_values(decision.values)
+        lines.add(decision.tier, pod, container, values)
+        return values
+
+    def _decision_failed(
+        self, exc: Exception, method: str, where: Mapping[str, str], refuse: bool
+    ) -> None:
+        """A decision that raised (a bug): the failure policy decides, as for bad input.
+
+        Under Ignore the workload is left alone rather than its creation made to fail.
+        """
+        self.counters.count_invalid("internal")
+        log.error(
+            "decision failed, refusing it" if refuse else "decision failed, left untouched",
+            method=method,
+            error=f"{type(exc).__name__}: {exc}",
+            failure_policy=self.config.failure_policy,
+            exc_info=exc,
+            **where,
+        )
+        if refuse:
+            raise RpcError(Code.INTERNAL, f"nri-midbatch: decision failed: {exc}")
 
     def _invalid(
         self, decision: Decision, method: str, where: Mapping[str, str], refuse: bool
@@ -560,10 +709,16 @@ class MidBatchPlugin:
 
     def _decide_pod(self, pod: PodView, method: str, *, refuse: bool) -> PodTarget | None:
         """The pod decision, counted, and the pod it was made for; None if it sets nothing."""
-        decision = decide_pod(pod, self.policy)
-        if decision.values is not None and self._lacks_kubelet_limits(pod):
-            pod = self._with_kubelet_pod_limits(pod)
+        try:
             decision = decide_pod(pod, self.policy)
+            if decision.values is not None and self._lacks_kubelet_limits(pod):
+                pod = self._with_kubelet_pod_limits(pod)
+                decision = decide_pod(pod, self.policy)
+        except Exception as exc:
+            self._decision_failed(
+                exc, method, {"namespace": pod.namespace, "pod": pod.name}, refuse
+            )
+            return None
         self.counters.count_decision(decision)
         if self._on_decision is not None:
             self._on_decision(pod, None, decision)
@@ -650,11 +805,52 @@ class MidBatchPlugin:
             raise RpcError(Code.INTERNAL, f"nri-midbatch: pod cgroup not set: {reason}")
 
 
-def raises_quota(current: int, new: int) -> bool:
-    """Whether a CFS quota (-1: unlimited) goes up, which a v1 pod quota must allow first."""
-    if current < 0:
+def _above(current: int, limit: int) -> bool:
+    """Whether a quota or memory limit (UNLIMITED: none) is above `limit`."""
+    if limit == UNLIMITED:
         return False
-    return new < 0 or new > current
+    return current == UNLIMITED or current > limit
+
+
+def lowers(current: CgroupValues, new: CgroupValues) -> bool:
+    """Whether `new` takes any of a container's values down."""
+    return (
+        new.cpu_shares < current.cpu_shares
+        or _above(current.cpu_quota, new.cpu_quota)
+        or _above(current.memory_limit, new.memory_limit)
+    )
+
+
+def holds(reading: PodCgroupReading, values: CgroupValues) -> bool:
+    """Whether a container's cgroup holds `values`, as far as it can be compared.
+
+    The memory limit reads back rounded down to the page; cgroup v2 holds a
+    weight, converted by the runtime its own way, which is not compared.
+    """
+    memory = values.memory_limit
+    memory_held = reading.memory_limit == memory or (
+        memory != UNLIMITED and 0 <= memory - reading.memory_limit < _PAGE
+    )
+    shares = reading.cpu_shares
+    return (
+        memory_held
+        and reading.cpu_quota == values.cpu_quota
+        and (shares is None or shares == clamp_cpu_shares(values.cpu_shares))
+    )
+
+
+def exceeds(reading: PodCgroupReading, values: CgroupValues) -> bool:
+    """Whether a cgroup holds more than `values` in any file it can be compared on.
+
+    cgroup v2 holds a weight, which the runtime converts from shares its own
+    way: only the quota and the memory limit are compared there.
+    """
+    shares = reading.cpu_shares
+    return (
+        (shares is not None and shares > clamp_cpu_shares(values.cpu_shares))
+        or _above(reading.cpu_quota, values.cpu_quota)
+        or _above(reading.memory_limit, values.memory_limit)
+    )
 
 
 def _values_log(values: CgroupValues) -> dict[str, int]:

@@ -119,6 +119,8 @@ class ContainerChange:
     values: CgroupValues
     #: The runtime's path for the container's cgroup; empty: derive containerd's.
     cgroups_path: str = ""
+    #: What the old configuration gave it; None: it was in no tier (kubelet's values).
+    before: CgroupValues | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,12 +162,36 @@ def plan(
         if pod is None:
             continue
         after = decide_container(pod, container, new).values
-        if after is not None and after != decide_container(pod, container, old).values:
+        before = decide_container(pod, container, old).values
+        if after is not None and after != before:
             path = known.cgroups_path(container_id)
-            containers.append(ContainerChange(pod, container, after, path))
+            containers.append(ContainerChange(pod, container, after, path, before))
     pods = []
     for pod in known.pods.values() if pods_after else ():
         after = decide_pod(pod, new).values
         if after is not None and (not pods_before or after != decide_pod(pod, old).values):
             pods.append(PodChange(pod, after))
     return Plan(tuple(containers), tuple(pods))
+
+
+def split_pods(plan: Plan) -> tuple[tuple[PodChange, ...], tuple[PodChange, ...]]:
+    """The plan's pods to write before their containers, and those to write after.
+
+    A pod goes up before its containers and down after them (lowering.py):
+    first come the pods with a container whose CFS quota may rise (on cgroup
+    v1 a child's quota above its pod's is EINVAL), including one that was in
+    no tier, whose kubelet values are unknown here.
+    """
+    up = {
+        change.pod.cgroup_parent
+        for change in plan.containers
+        if change.before is None or raises_quota(change.before.cpu_quota, change.values.cpu_quota)
+    }
+    first = tuple(change for change in plan.pods if change.pod.cgroup_parent in up)
+    last = tuple(change for change in plan.pods if change.pod.cgroup_parent not in up)
+    return first, last
+
+
+def raises_quota(current: int, new: int) -> bool:
+    """Whether a CFS quota (-1: unlimited) goes up, which a v1 pod quota must allow first."""
+    return current >= 0 and (new < 0 or new > current)

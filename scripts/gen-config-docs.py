@@ -300,7 +300,8 @@ created with are still never loosened.
   at `Configure`; a runtime that reports none is looked up by its own version): the plugin
   asks the runtime to apply the new values with `UpdateContainers`, from a task of its own.
   Containers the runtime reports it could not update get their cgroup files written
-  instead (logged: `runtime could not update containers, writing their cgroup files`); if
+  instead (logged for each, with its pod and container: `runtime could not update the
+  container, writing its cgroup files`); if
   the call itself fails, everything goes through the cgroup files.
 - **Containers, on older runtimes** (any containerd or CRI-O release on an NRI older than
   v0.12.2): their `UpdateContainers` can deadlock the runtime, so the plugin writes the
@@ -308,9 +309,11 @@ created with are still never loosened.
   `memory.limit_in_bytes` on cgroup v1; `cpu.weight`, the quota of `cpu.max`, `memory.max`
   on v2. On v2 the shares become a weight by kubelet's formula, which is not always the one
   the runtime used when it created the container.
-- **Pods**: the pod cgroup files, as at `RunPodSandbox`. When files are written, pods go
-  first, then containers, then the pods whose write failed once more: on cgroup v1 a pod's
-  quota cannot go below a child's, so lowering it only works once the containers are lower.
+- **Pods**: the pod cgroup files, as at `RunPodSandbox`. A pod goes up before its
+  containers and down after them: first the pods whose containers' quota rises (on cgroup
+  v1 a child's quota above its pod's is refused), then the containers (written, or
+  `UpdateContainers` answered), then the other pods and any first write that failed
+  ([troubleshooting.md](troubleshooting.md#order-of-lowering)).
   With `cgroups.podLevel: false` pod files are left alone.
 - **Workloads that leave every tier** (or whose decision fails under the new
   configuration) are not touched: the plugin does not know the values kubelet gave them,

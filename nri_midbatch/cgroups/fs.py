@@ -111,9 +111,24 @@ def read_pod_values(root: Path, driver: CgroupDriver, cgroup_parent: str) -> Pod
     Raises CgroupPathError for a refused path, OSError if a file cannot be
     read and ValueError if its content is not a cgroup value.
     """
+    return _read_values(root, pod_relpath(driver, cgroup_parent), cgroup_parent)
+
+
+def read_container_values(
+    root: Path, driver: CgroupDriver, cgroup_parent: str, container_id: str, cgroups_path: str = ""
+) -> PodCgroupReading:
+    """The same three values in a container's cgroup (found as apply_container_values does).
+
+    Raises as read_pod_values does; FileNotFoundError once the container is gone.
+    """
+    relpath = container_relpath(driver, cgroup_parent, container_id, cgroups_path)
+    return _read_values(root, relpath, cgroups_path or cgroup_parent)
+
+
+def _read_values(root: Path, relpath: PurePosixPath, cgroup_parent: str) -> PodCgroupReading:
     version = detect_version(root)
     files = pod_files(version)
-    paths = _file_paths(root, version, pod_relpath(driver, cgroup_parent), cgroup_parent, files)
+    paths = _file_paths(root, version, relpath, cgroup_parent, files)
     cpu, quota, memory = (
         parse_value(file, _read(path)) for file, path in zip(files, paths, strict=True)
     )

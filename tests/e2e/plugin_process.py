@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,10 +55,21 @@ def event(name: str) -> Callable[[Record], bool]:
 class PluginProcess:
     """`nri-midbatch run` against a socket, logging JSON to a file."""
 
-    def __init__(self, workdir: Path, socket_path: Path, *, config: str | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        socket_path: Path,
+        *,
+        config: str | None = None,
+        wrapper: Sequence[str] = (),
+        metrics_address: str = "127.0.0.1:0",
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        """`wrapper`: a command that execs the rest (same pid), e.g. a mount namespace."""
         workdir.mkdir(parents=True, exist_ok=True)
         self.log_path = workdir / "plugin.log"
         args = [
+            *wrapper,
             str(EXECUTABLE),
             "run",
             "--socket-path",
@@ -69,7 +80,8 @@ class PluginProcess:
             "debug",
             # An ephemeral port, logged as "serving metrics and health".
             "--metrics-address",
-            "127.0.0.1:0",
+            metrics_address,
+            *extra_args,
         ]
         if config is not None:
             config_path = workdir / "config.yaml"

@@ -22,11 +22,11 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
+from nri_midbatch import lowering as lowering_module
 from nri_midbatch import plugin as plugin_module
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.app import App
 from nri_midbatch.cgroups.fs import apply_pod_values
-from nri_midbatch.cgroups.paths import CgroupPathError
 from nri_midbatch.config import load_config_file
 from nri_midbatch.nri.loopback import LoopbackRuntime, socketpair_streams
 
@@ -162,6 +162,7 @@ async def running_node(
     runtime_name: str = "containerd",
     runtime_version: str = "v1.7.24",
     watch: bool = True,
+    failed_updates: tuple[str, ...] = (),
     **config: Any,
 ) -> AsyncIterator[Node]:
     tree = Tree(tmp_path / "cgroup")
@@ -177,7 +178,7 @@ async def running_node(
         reload_interval=0.05,
     )
     (plugin_reader, plugin_writer), (rt_reader, rt_writer) = await socketpair_streams()
-    runtime = LoopbackRuntime(rt_reader, rt_writer)
+    runtime = LoopbackRuntime(rt_reader, rt_writer, failed_updates=failed_updates)
     task = asyncio.create_task(app.session.run(plugin_reader, plugin_writer))
     services = app._services() if watch else _nothing()
     try:
@@ -244,6 +245,8 @@ def test_file_change_brings_containers_and_pods_to_the_new_values(tmp_path: Path
                 lambda: node.tree.read(parent, live.id) == HALVED_VALUES, "container follows"
             )
             await until(lambda: node.tree.read(parent)[1] == "50000", "pod follows")
+            # The pod goes last; the pass is counted once its thread is back.
+            await until(lambda: node.app.followed[("cgroup_files", "ok")] == 2, "pass counted")
             assert node.app.reloads == {"applied": 1}
             assert node.runtime.record.updates == []
             return node
@@ -463,22 +466,13 @@ def test_a_reload_lets_a_synchronizes_pending_pod_writes_land_first(
 ) -> None:
     """A Synchronize's pod writes were decided under the old configuration: they go first.
 
-    Otherwise a write still waiting for its retry would land after the
-    reload's plan and put the old values back.
+    Otherwise a pod still waiting for the runtime to lower its containers
+    would be written after the reload's plan, and put the old values back.
     """
     pod = batch_pod()
     parent = pod.linux.cgroup_parent
     live = container("c-app", pod, "app")
-    monkeypatch.setattr(plugin_module, "POD_RETRY_SECONDS", 0.2)
-    refused: list[str] = []
-
-    def refuse_once(root: Path, driver: Any, cgroup_parent: str, values: Any) -> Any:
-        if not refused:
-            refused.append(cgroup_parent)
-            raise CgroupPathError("refused once, as cgroup v1 may until the containers follow")
-        return apply_pod_values(root, driver, cgroup_parent, values)
-
-    monkeypatch.setattr(plugin_module, "apply_pod_values", refuse_once)
+    monkeypatch.setattr(lowering_module, "POLL_SECONDS", POLL)
 
     async def scenario() -> Node:
         async with running_node(tmp_path, watch=False) as node:
@@ -489,14 +483,116 @@ def test_a_reload_lets_a_synchronizes_pending_pod_writes_land_first(
                 api.SynchronizeRequest(pods=[pod], containers=[live]),
                 api.SynchronizeResponse,
             )
+            # The pod waits for the runtime to lower its container.
             node.rewrite(rules={"cpuNormalizationRatio": 2.0})
-            await node.app.reload("SIGHUP")
+            reload = asyncio.create_task(node.app.reload("SIGHUP"))
+            await asyncio.sleep(POLL * 5)
+            assert not reload.done()
+            assert node.tree.read(parent) == BESTEFFORT
+            node.tree.add(parent, APP_VALUES, live.id)  # the runtime applies the update
+            await asyncio.wait_for(reload, STEP_TIMEOUT)
             assert node.app.reloads == {"applied": 1}
             # Nothing left to come after the reload's own writes.
             await node.app.plugin.after_reply.settle()
             return node
 
     node = run(scenario())
-    assert refused == [parent]
     assert node.tree.read(parent) == HALVED_VALUES
     assert node.tree.read(parent, live.id) == HALVED_VALUES
+
+
+def test_reload_lowers_a_pod_only_after_update_containers_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runtime has applied the updates when it replies: only then may the pod go down."""
+    pod = batch_pod()
+    parent = pod.linux.cgroup_parent
+    live = container("c-app", pod, "app")
+    #: how many updates the runtime had received at each pod write
+    seen: list[int] = []
+
+    async def scenario() -> None:
+        async with running_node(
+            tmp_path, nri_version="v0.12.2", runtime_version="v2.4.0", watch=False
+        ) as node:
+            node.tree.add(parent, BESTEFFORT)
+            await node.call("RunPodSandbox", api.RunPodSandboxRequest(pod=pod), api.Empty)
+            node.tree.add(parent, APP_VALUES, live.id)
+            await node.create(pod, live)
+
+            def apply(root: Path, driver: Any, cgroup_parent: str, values: Any) -> Any:
+                seen.append(len(node.runtime.record.updates))
+                return apply_pod_values(root, driver, cgroup_parent, values)
+
+            monkeypatch.setattr(plugin_module, "apply_pod_values", apply)
+            node.rewrite(rules={"cpuNormalizationRatio": 2.0})
+            await node.app.reload("SIGHUP")
+            assert node.tree.read(parent) == HALVED_VALUES
+
+    run(scenario())
+    assert seen == [1]
+
+
+def test_cgroup_file_reload_lowers_a_pod_after_its_containers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without UpdateContainers the plugin writes both: containers down first, then the pod."""
+    pod = batch_pod()
+    parent = pod.linux.cgroup_parent
+    live = container("c-app", pod, "app")
+    #: the container's quota at each pod write
+    seen: list[str] = []
+
+    async def scenario() -> None:
+        async with running_node(tmp_path, watch=False) as node:
+            node.tree.add(parent, BESTEFFORT)
+            await node.call("RunPodSandbox", api.RunPodSandboxRequest(pod=pod), api.Empty)
+            node.tree.add(parent, APP_VALUES, live.id)
+            await node.create(pod, live)
+
+            def apply(root: Path, driver: Any, cgroup_parent: str, values: Any) -> Any:
+                seen.append(node.tree.read(parent, live.id)[1])
+                return apply_pod_values(root, driver, cgroup_parent, values)
+
+            monkeypatch.setattr(plugin_module, "apply_pod_values", apply)
+            node.rewrite(rules={"cpuNormalizationRatio": 2.0})
+            await node.app.reload("SIGHUP")
+            assert node.tree.read(parent) == HALVED_VALUES
+
+    run(scenario())
+    assert seen == ["50000"]
+
+
+def test_a_container_the_runtime_could_not_update_is_named_counted_and_written(
+    tmp_path: Path,
+) -> None:
+    pod = batch_pod()
+    parent = pod.linux.cgroup_parent
+    live = container("c-app", pod, "app")
+
+    async def scenario() -> Node:
+        async with running_node(
+            tmp_path,
+            nri_version="v0.12.2",
+            runtime_version="v2.4.0",
+            watch=False,
+            failed_updates=("c-app",),
+        ) as node:
+            node.tree.add(parent, BESTEFFORT)
+            await node.call("RunPodSandbox", api.RunPodSandboxRequest(pod=pod), api.Empty)
+            node.tree.add(parent, APP_VALUES, live.id)
+            await node.create(pod, live)
+            node.rewrite(rules={"cpuNormalizationRatio": 2.0})
+            with capture_logs() as logs:
+                await node.app.reload("SIGHUP")
+            (warning,) = [line for line in logs if line["log_level"] == "warning"]
+            assert warning["event"] == (
+                "runtime could not update the container, writing its cgroup files"
+            )
+            assert (warning["pod"], warning["container"]) == (pod.name, "app")
+            return node
+
+    node = run(scenario())
+    assert node.app.followed[("update_containers", "refused")] == 1
+    assert node.tree.read(parent, live.id) == HALVED_VALUES
+    assert node.tree.read(parent) == HALVED_VALUES

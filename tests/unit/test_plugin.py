@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import structlog
 
+from nri_midbatch import lowering as lowering_module
 from nri_midbatch import plugin as plugin_module
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.cgroups.files import CgroupVersion
@@ -671,18 +672,143 @@ def test_synchronize_raises_a_pod_before_the_reply_when_a_container_goes_up(
     assert at_reply == after == ("512", "100000", str(512 * MI))
 
 
-def test_synchronize_tries_a_failed_pod_write_again(
+HALVED_CONFIG = {"rules": {"cpuNormalizationRatio": 2.0}}
+
+
+def lowered_batch_pod(tree: CgroupTree) -> tuple[api.PodSandbox, api.Container, MidBatchPlugin]:
+    """A batch pod and its container at the batch values, and a plugin that halves the quota."""
+    pod = batch_pod()
+    parent = pod.linux.cgroup_parent
+    tree.add_pod(parent, ("512", "100000", str(512 * MI)))
+    tree.add_pod(f"{parent}/c-app", ("512", "100000", str(512 * MI)))
+    ctr = make_container(
+        "c-app", pod, "app", current=resources(shares=512, quota=100_000, memory=512 * MI)
+    )
+    ctr.annotations[NATIVE_LIMITS_ANNOTATION] = "{}"
+    return pod, ctr, MidBatchPlugin(make_config(tree, **HALVED_CONFIG))
+
+
+def count_container_reads(monkeypatch: pytest.MonkeyPatch) -> asyncio.Queue[str]:
+    """Each read of a container's cgroup files by the plugin, by container id."""
+    reads: asyncio.Queue[str] = asyncio.Queue()
+    real = plugin_module.read_container_values
+
+    def read(root: Path, driver: Any, parent: str, container_id: str, path: str = "") -> Any:
+        reads.put_nowait(container_id)
+        return real(root, driver, parent, container_id, path)
+
+    monkeypatch.setattr(plugin_module, "read_container_values", read)
+    return reads
+
+
+def test_synchronize_lowers_a_pod_only_once_the_runtime_lowered_its_containers(
     tree: CgroupTree, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """As cgroup v1 refuses a pod quota below a container's until the runtime lowered it."""
-    pod, ctr, plugin = new_batch_pod(tree)
+    """The runtime applies the reply's updates later: the pod waits for the container files."""
+    pod, ctr, plugin = lowered_batch_pod(tree)
+    parent = pod.linux.cgroup_parent
+    monkeypatch.setattr(lowering_module, "POLL_SECONDS", 0.001)
+
+    async def scenario() -> tuple[tuple[str, str, str], tuple[str, str, str]]:
+        reads = count_container_reads(monkeypatch)
+        response = await plugin.synchronize([pod], [ctr])
+        assert [values_of(u.linux.resources) for u in response.update] == [(512, 50_000, 512 * MI)]
+        for _ in range(3):  # three polls saw the container still at its old quota
+            await asyncio.wait_for(reads.get(), STEP_TIMEOUT)
+        before_runtime = tree.pod(parent)
+        # The runtime applies the update.
+        tree.add_pod(f"{parent}/c-app", ("512", "50000", str(512 * MI)))
+        await asyncio.wait_for(plugin.after_reply.settle(), STEP_TIMEOUT)
+        return before_runtime, tree.pod(parent)
+
+    before_runtime, after = run(scenario())
+    assert before_runtime == ("512", "100000", str(512 * MI))
+    assert after == ("512", "50000", str(512 * MI))
+    assert (plugin.counters.pod_writes_ok, plugin.counters.pods_lowered_unconfirmed) == (1, 0)
+
+
+def test_synchronize_writes_a_pod_whose_containers_are_never_lowered_after_a_while(
+    tree: CgroupTree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An update the runtime failed to apply must not hold the pod forever: logged, counted."""
+    pod, ctr, plugin = lowered_batch_pod(tree)
+    monkeypatch.setattr(lowering_module, "POLL_SECONDS", 0.001)
+    monkeypatch.setattr(lowering_module, "STALL_SECONDS", 0.05)
+
+    async def scenario() -> None:
+        await plugin.synchronize([pod], [ctr])
+        await asyncio.wait_for(plugin.after_reply.settle(), STEP_TIMEOUT)
+
+    with structlog.testing.capture_logs() as logs:
+        run(scenario())
+    # The fake tree takes the pod's lower quota; cgroup v1 would refuse it (EINVAL).
+    assert tree.pod(pod.linux.cgroup_parent) == ("512", "50000", str(512 * MI))
+    assert plugin.counters.pods_lowered_unconfirmed == 1
+    (warning,) = [line for line in logs if line["log_level"] == "warning"]
+    assert warning["event"] == "runtime did not lower containers in time, writing their pods anyway"
+    assert warning["first_pod"] == f"default/{pod.name}"
+
+
+def test_synchronize_takes_a_removed_container_as_lowered(tree: CgroupTree) -> None:
+    """A container whose cgroup is gone holds nothing back: its pod is written at once."""
+    pod, ctr, plugin = lowered_batch_pod(tree)
+    parent = pod.linux.cgroup_parent
+    for controller in ("cpu", "memory"):
+        directory = tree.root / controller / parent.strip("/") / "c-app"
+        for file in directory.iterdir():
+            file.unlink()
+        directory.rmdir()
+
+    async def scenario() -> None:
+        await plugin.synchronize([pod], [ctr])
+        await asyncio.wait_for(plugin.after_reply.settle(), STEP_TIMEOUT)
+
+    run(scenario())
+    assert tree.pod(parent) == ("512", "50000", str(512 * MI))
+    assert plugin.counters.pods_lowered_unconfirmed == 0
+
+
+def test_a_newer_synchronize_ends_the_wait_of_the_last_one(
+    tree: CgroupTree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The newer one decides every pod anew: nothing of the old one stays waiting."""
+    pod, ctr, plugin = lowered_batch_pod(tree)
+    monkeypatch.setattr(lowering_module, "POLL_SECONDS", 0.001)
+    monkeypatch.setattr(lowering_module, "STALL_SECONDS", 60.0)
+
+    async def scenario() -> None:
+        await plugin.synchronize([pod], [ctr])
+        # The pod is gone by the next one; its container's files never changed.
+        await plugin.synchronize([], [])
+        await asyncio.wait_for(plugin.after_reply.settle(), STEP_TIMEOUT)
+
+    run(scenario())
+    assert tree.pod(pod.linux.cgroup_parent) == ("512", "100000", str(512 * MI))
+    assert plugin.counters.pods_lowered_unconfirmed == 0
+
+
+def raised_batch_pod(tree: CgroupTree) -> tuple[api.PodSandbox, api.Container, MidBatchPlugin]:
+    """A batch pod set under a config that halved the quota, and a plugin with the default."""
+    pod = batch_pod()
+    tree.add_pod(pod.linux.cgroup_parent, ("512", "50000", str(512 * MI)))
+    ctr = make_container(
+        "c-app", pod, "app", current=resources(shares=512, quota=50_000, memory=512 * MI)
+    )
+    ctr.annotations[NATIVE_LIMITS_ANNOTATION] = "{}"
+    return pod, ctr, MidBatchPlugin(make_config(tree))
+
+
+def test_synchronize_tries_a_refused_raise_once_more_after_the_reply(
+    tree: CgroupTree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pod, ctr, plugin = raised_batch_pod(tree)
     refusals = fail_pod_writes(monkeypatch, times=1)
 
     with structlog.testing.capture_logs() as logs:
         _, at_reply, after = sync_directly(tree, plugin, [pod], [ctr])
 
     assert refusals == [pod.linux.cgroup_parent]
-    assert at_reply == BESTEFFORT_DEFAULTS
+    assert at_reply == ("512", "50000", str(512 * MI))
     assert after == ("512", "100000", str(512 * MI))
     assert (plugin.counters.pod_writes_ok, plugin.counters.pod_writes_failed) == (1, 0)
     assert not [line for line in logs if line["log_level"] == "warning"]
@@ -691,14 +817,14 @@ def test_synchronize_tries_a_failed_pod_write_again(
 def test_synchronize_reports_a_pod_write_that_fails_twice(
     tree: CgroupTree, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pod, ctr, plugin = new_batch_pod(tree)
+    pod, ctr, plugin = raised_batch_pod(tree)
     refusals = fail_pod_writes(monkeypatch, times=2)
 
     with structlog.testing.capture_logs() as logs:
         _, _, after = sync_directly(tree, plugin, [pod], [ctr])
 
     assert len(refusals) == 2
-    assert after == BESTEFFORT_DEFAULTS
+    assert after == ("512", "50000", str(512 * MI))
     assert (plugin.counters.pod_writes_ok, plugin.counters.pod_writes_failed) == (0, 1)
     (warning,) = [line for line in logs if line["log_level"] == "warning"]
     assert warning["event"] == "pod cgroup not set"
@@ -721,7 +847,6 @@ def test_synchronize_leaves_a_pod_removed_before_its_write_alone(tree: CgroupTre
 
 def fail_pod_writes(monkeypatch: pytest.MonkeyPatch, *, times: int) -> list[str]:
     """The first `times` pod writes fail with EINVAL, as v1 answers a quota below a child's."""
-    monkeypatch.setattr(plugin_module, "POD_RETRY_SECONDS", 0.01)
     refused: list[str] = []
     real = apply_pod_values
 
@@ -998,3 +1123,118 @@ def test_configure_event_mask_for_containerd_1_7(tree: CgroupTree) -> None:
             assert c.session.state.events == EXPECTED_EVENTS
 
     run(scenario())
+
+
+# ---------------------------------------------------------------------------
+# A decision that raises (a bug): the failure policy decides, logged and counted
+# ---------------------------------------------------------------------------
+
+
+def break_decisions(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_args: Any) -> Any:
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(plugin_module, "decide_container", broken)
+    monkeypatch.setattr(plugin_module, "decide_pod", broken)
+
+
+def test_ignore_leaves_a_workload_alone_when_its_decision_raises(
+    tree: CgroupTree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pod = batch_pod()
+    tree.add_pod(pod.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
+    break_decisions(monkeypatch)
+
+    async def scenario() -> Connected:
+        async with connected(make_config(tree), nri_version="v0.12.0") as c:
+            await c.run_pod_sandbox(pod)
+            reply = await c.create(pod, make_container("c-app", pod, "app"))
+            assert reply.SerializeToString() == b""
+            synced = await c.sync([pod], [make_container("c-app", pod, "app")])
+            assert list(synced.update) == []
+            return c
+
+    with structlog.testing.capture_logs() as logs:
+        c = run(scenario())
+    assert tree.pod(pod.linux.cgroup_parent) == BESTEFFORT_DEFAULTS
+    # RunPodSandbox, CreateContainer, and Synchronize's container and pod.
+    assert c.plugin.counters.invalid == {"internal": 4}
+    errors = [line for line in logs if line["log_level"] == "error"]
+    assert [(e["method"], e["pod"], e.get("container")) for e in errors] == [
+        ("RunPodSandbox", pod.name, None),
+        ("CreateContainer", pod.name, "app"),
+        ("Synchronize", pod.name, "app"),
+        ("Synchronize", pod.name, None),
+    ]
+    assert all(e["event"] == "decision failed, left untouched" for e in errors)
+    assert all("ZeroDivisionError" in e["error"] for e in errors)
+
+
+def test_fail_refuses_a_workload_whose_decision_raises(
+    tree: CgroupTree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pod = batch_pod()
+    break_decisions(monkeypatch)
+
+    async def scenario() -> None:
+        async with connected(make_config(tree, failurePolicy="Fail"), nri_version="v0.12.0") as c:
+            with pytest.raises(RpcError) as error:
+                await c.create(pod, make_container("c-app", pod, "app"))
+            assert error.value.code == Code.INTERNAL
+            assert "decision failed" in error.value.message
+            assert c.plugin.counters.invalid == {"internal": 1}
+
+    run(scenario())
+
+
+# ---------------------------------------------------------------------------
+# Synchronize: containers the runtime reports right but whose files are not
+# ---------------------------------------------------------------------------
+
+
+def settled_batch_pod(
+    tree: CgroupTree, container_files: tuple[str, str, str]
+) -> tuple[api.PodSandbox, api.Container, MidBatchPlugin]:
+    """A batch container the runtime reports at the batch values, its files as given."""
+    pod = batch_pod()
+    parent = pod.linux.cgroup_parent
+    tree.add_pod(parent, ("512", "100000", str(512 * MI)))
+    tree.add_pod(f"{parent}/c-app", container_files)
+    ctr = make_container(
+        "c-app", pod, "app", current=resources(shares=512, quota=100_000, memory=512 * MI)
+    )
+    ctr.annotations[NATIVE_LIMITS_ANNOTATION] = "{}"
+    return pod, ctr, MidBatchPlugin(make_config(tree))
+
+
+def test_synchronize_repairs_a_container_whose_files_miss_the_reported_values(
+    tree: CgroupTree,
+) -> None:
+    """containerd killed mid-update stores the new values first: its next report lies."""
+    pod, ctr, plugin = settled_batch_pod(tree, BESTEFFORT_DEFAULTS)
+
+    async def scenario() -> Sequence[api.ContainerUpdate]:
+        response = await plugin.synchronize([pod], [ctr])
+        await asyncio.wait_for(plugin.after_reply.settle(), STEP_TIMEOUT)
+        return response.update
+
+    with structlog.testing.capture_logs() as logs:
+        assert list(run(scenario())) == []
+    assert tree.pod(f"{pod.linux.cgroup_parent}/c-app") == ("512", "100000", str(512 * MI))
+    assert (plugin.counters.containers_repaired, plugin.counters.container_repairs_failed) == (1, 0)
+    (warning,) = [line for line in logs if line["log_level"] == "warning"]
+    assert warning["event"].startswith("container cgroup repaired")
+    assert (warning["pod"], warning["container"]) == (pod.name, "app")
+
+
+def test_synchronize_leaves_containers_that_hold_their_values_alone(tree: CgroupTree) -> None:
+    pod, ctr, plugin = settled_batch_pod(tree, ("512", "100000", str(512 * MI)))
+    before = tree.snapshot()
+
+    async def scenario() -> None:
+        await plugin.synchronize([pod], [ctr])
+        await asyncio.wait_for(plugin.after_reply.settle(), STEP_TIMEOUT)
+
+    run(scenario())
+    assert tree.snapshot() == before
+    assert (plugin.counters.containers_repaired, plugin.counters.container_repairs_failed) == (0, 0)

@@ -1,0 +1,128 @@
+"""Lowering a pod only once the runtime has lowered its containers.
+
+A pod's cgroup bounds its containers'. Lowered first, it would hold less than
+its children for a while, and on cgroup v1 the kernel refuses outright a pod
+CFS quota below a child's (EINVAL). So a pod goes down only after its
+containers, and up before them (the plugin raises those before its reply).
+
+After a Synchronize, the runtime applies the reply's container updates on
+its own time: containerd does it in its plugin accept loop once it has the
+reply, one container after another, 0.3 to 0.9 s later on a quiet node. It
+tells the plugin nothing when it is done: no reply, and no event unless a pod
+happens to change. The only witness is the containers' own cgroup files. So a
+pod whose containers are being lowered waits here until none of those
+containers holds more than the values sent for it (or its cgroup is gone),
+and is written then. (After a reload, UpdateContainers returns once the
+runtime has applied the updates, and the cgroup-file path writes containers
+itself: the order holds there without waiting; see MidBatchPlugin.write_plan.)
+
+Bounded in time and reads:
+- polled every `POLL_SECONDS`, from the work queue that runs after replies,
+  so a poll never delays a request by more than one slice;
+- pods are waited for in the order of the updates sent, which is the order
+  the runtime applies them: a poll stops at the first container not yet
+  lowered, so it usually reads one container's files;
+- with no container seen lowered for `STALL_SECONDS` (an update the runtime
+  failed to apply, or one changed again since), the pods still waiting are
+  written anyway, the kernel decides, and the warning names them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+
+from nri_midbatch.after_reply import DEFAULT_SLICE_SECONDS, AfterReply
+
+log = structlog.get_logger(__name__)
+
+#: Fine next to the 0.3-0.9 s the runtime takes; one read of two or three files each.
+POLL_SECONDS = 0.02
+#: Longer than containerd takes for one container (a runc update, 10-50 ms under load).
+STALL_SECONDS = 5.0
+
+#: True once the container holds no more than what the runtime was asked to set.
+Check = Callable[[], bool]
+#: Writes the pod.
+Write = Callable[[], None]
+
+
+@dataclass(slots=True)
+class _Waiting:
+    name: str
+    checks: deque[Check]
+    write: Write
+
+
+class LoweringWait:
+    """The pods of one Synchronize that wait for their containers to be lowered."""
+
+    def __init__(
+        self,
+        after_reply: AfterReply,
+        *,
+        on_stall: Callable[[int], None] | None = None,
+    ) -> None:
+        """on_stall(pods): told how many pods are written unconfirmed, to count them."""
+        self._after_reply = after_reply
+        self._on_stall = on_stall
+        self._poll = POLL_SECONDS
+        self._stall = STALL_SECONDS
+        self._waiting: deque[_Waiting] = deque()
+        self._progress_at = 0.0
+        self._cancelled = False
+
+    def add(self, name: str, checks: list[Check], write: Write) -> None:
+        """Write a pod (`name` for the log) once every check holds."""
+        self._waiting.append(_Waiting(name, deque(checks), write))
+
+    def start(self) -> None:
+        """Begin once the reply is out (call from the handler that replies)."""
+        if self._waiting:
+            self._progress_at = time.monotonic()
+            self._after_reply.defer(self._check)
+
+    def cancel(self) -> None:
+        """A newer Synchronize has taken over: it decides every pod anew."""
+        self._cancelled = True
+        self._waiting.clear()
+
+    def _check(self) -> None:
+        if self._cancelled:
+            return
+        waiting = self._waiting
+        # Many containers seen lowered at once (a node's worth): a slice at a time.
+        deadline = time.perf_counter() + DEFAULT_SLICE_SECONDS
+        while waiting:
+            head = waiting[0]
+            while head.checks and head.checks[0]():
+                head.checks.popleft()
+                self._progress_at = time.monotonic()
+                if time.perf_counter() >= deadline:
+                    self._after_reply.defer(self._check)
+                    return
+            if head.checks:
+                break
+            waiting.popleft()
+            # Each write is a piece of work of its own: a request arriving
+            # meanwhile waits for one pod, not for all of them.
+            self._after_reply.defer(head.write)
+        if not waiting:
+            return
+        if time.monotonic() - self._progress_at < self._stall:
+            self._after_reply.defer_later(self._poll, self._check)
+            return
+        log.warning(
+            "runtime did not lower containers in time, writing their pods anyway",
+            waited_seconds=self._stall,
+            pods=len(waiting),
+            first_pod=waiting[0].name,
+        )
+        if self._on_stall is not None:
+            self._on_stall(len(waiting))
+        while waiting:
+            self._after_reply.defer(waiting.popleft().write)

@@ -1,0 +1,73 @@
+"""A metrics address taken at start: the plugin runs on, says so, and binds once it is free.
+
+NRI comes first: a plugin that exits over a port leaves the node's pods without values.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import urllib.request
+
+import pytest
+from structlog.testing import capture_logs
+
+from nri_midbatch import app as app_module
+from nri_midbatch.app import App
+from nri_midbatch.config import Config
+
+from .nri_fixtures import STEP_TIMEOUT, run
+
+
+def test_a_taken_metrics_address_is_logged_counted_and_bound_once_free(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(app_module, "METRICS_RETRY_SECONDS", 0.01)
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+
+    async def scenario() -> str:
+        with capture_logs() as logs:
+            app = App(
+                Config(),
+                name="midbatch",
+                idx="10",
+                config_path=None,
+                metrics_address=f"127.0.0.1:{port}",
+            )
+        assert app.health is None
+        (error,) = [line for line in logs if line["log_level"] == "error"]
+        assert error["event"] == "cannot serve metrics, retrying"
+        assert error["address"] == f"127.0.0.1:{port}"
+        async with app._services():
+            await asyncio.sleep(0.05)
+            assert app.health is None
+            assert app.metrics_bind_failures >= 2
+            holder.close()
+            async with asyncio.timeout(STEP_TIMEOUT):
+                while app.health is None:
+                    await asyncio.sleep(0.01)
+            url = f"http://127.0.0.1:{port}/metrics"
+            return await asyncio.to_thread(
+                lambda: urllib.request.urlopen(url, timeout=2).read().decode()
+            )
+
+    text = run(scenario())
+    failures = [
+        line for line in text.splitlines() if line.startswith("nri_midbatch_metrics_bind_failures")
+    ]
+    assert failures and float(failures[0].split()[-1]) >= 2, failures
+
+
+def test_an_address_that_cannot_be_bound_for_good_still_raises() -> None:
+    """A typo is the operator's to fix at once: the caller reports it (exit 2)."""
+    with pytest.raises(OSError):
+        App(
+            Config(),
+            name="midbatch",
+            idx="10",
+            config_path=None,
+            metrics_address="no-such-host.invalid:9464",
+        )
