@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,6 @@ BESTEFFORT = ("2", "-1", V1_UNLIMITED_MEMORY)
 FILES = (("cpu", "cpu.shares"), ("cpu", "cpu.cfs_quota_us"), ("memory", "memory.limit_in_bytes"))
 
 POLL = 0.01
-
 
 # ---------------------------------------------------------------------------
 # A fake cgroup v1 tree with pod and container directories
@@ -130,6 +129,17 @@ class Node:
     tree: Tree
     config_path: Path
     base: dict[str, Any]
+    #: The reason of each reload the App has finished, follow-up writes and counts included.
+    reloaded: asyncio.Queue[str] = field(default_factory=asyncio.Queue)
+
+    async def watched_reload(self) -> str:
+        """Wait for the file watcher's next reload pass to end, and return its reason.
+
+        Waiting for the files to change is not enough: the pass counts what it
+        wrote only after its writer thread returns.
+        """
+        async with asyncio.timeout(STEP_TIMEOUT):
+            return await self.reloaded.get()
 
     async def call(self, method: str, request: Any, response_type: type[Any]) -> Any:
         return await self.runtime.call(method, request, response_type)
@@ -179,6 +189,14 @@ async def running_node(
     )
     (plugin_reader, plugin_writer), (rt_reader, rt_writer) = await socketpair_streams()
     runtime = LoopbackRuntime(rt_reader, rt_writer, failed_updates=failed_updates)
+    node = Node(app, runtime, tree, config_path, base)
+    reload = app.reload
+
+    async def reload_and_tell(reason: str) -> None:
+        await reload(reason)
+        node.reloaded.put_nowait(reason)
+
+    app.reload = reload_and_tell  # type: ignore[method-assign]
     task = asyncio.create_task(app.session.run(plugin_reader, plugin_writer))
     services = app._services() if watch else _nothing()
     try:
@@ -186,7 +204,7 @@ async def running_node(
             await runtime.start(
                 runtime_name=runtime_name, runtime_version=runtime_version, nri_version=nri_version
             )
-            yield Node(app, runtime, tree, config_path, base)
+            yield node
     finally:
         await runtime.close()
         app.session.close()
@@ -196,13 +214,6 @@ async def running_node(
 @asynccontextmanager
 async def _nothing() -> AsyncIterator[None]:
     yield
-
-
-async def until(condition: Callable[[], bool], what: str, timeout: float = STEP_TIMEOUT) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(POLL)
-    assert condition(), what
 
 
 def reloads_metric(app: App) -> dict[str, float]:
@@ -241,12 +252,9 @@ def test_file_change_brings_containers_and_pods_to_the_new_values(tmp_path: Path
             await node.state_change(api.REMOVE_CONTAINER, pod, gone)
 
             node.rewrite(rules={"cpuNormalizationRatio": 2.0})
-            await until(
-                lambda: node.tree.read(parent, live.id) == HALVED_VALUES, "container follows"
-            )
-            await until(lambda: node.tree.read(parent)[1] == "50000", "pod follows")
-            # The pod goes last; the pass is counted once its thread is back.
-            await until(lambda: node.app.followed[("cgroup_files", "ok")] == 2, "pass counted")
+            assert await node.watched_reload() == "file changed"
+            assert node.tree.read(parent, live.id) == HALVED_VALUES
+            assert node.tree.read(parent)[1] == "50000"
             assert node.app.reloads == {"applied": 1}
             assert node.runtime.record.updates == []
             return node
@@ -278,7 +286,7 @@ def test_invalid_file_keeps_the_values_counts_and_names_the_field(tmp_path: Path
 
             # A misspelt key: the whole file is refused, nothing half-applied.
             node.rewrite(rules={"cpuNormalisationRatio": 2.0})
-            await until(lambda: node.app.reloads.get("invalid") == 1, "invalid counted")
+            assert await node.watched_reload() == "file changed"
             assert node.app.reloads == {"invalid": 1}
             assert node.app.plugin.config is config
             assert node.tree.snapshot() == before
@@ -286,8 +294,9 @@ def test_invalid_file_keeps_the_values_counts_and_names_the_field(tmp_path: Path
 
             # Fixed: the next change is applied as usual.
             node.rewrite(rules={"cpuNormalizationRatio": 2.0})
-            await until(lambda: node.tree.read(parent, live.id) == HALVED_VALUES, "applied")
-            await until(lambda: node.tree.read(parent) == HALVED_VALUES, "pod applied")
+            assert await node.watched_reload() == "file changed"
+            assert node.tree.read(parent, live.id) == HALVED_VALUES
+            assert node.tree.read(parent) == HALVED_VALUES
             assert node.app.reloads == {"invalid": 1, "applied": 1}
             return node
 
