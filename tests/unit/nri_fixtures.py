@@ -61,6 +61,26 @@ def container(
     )
 
 
+def resources(
+    *,
+    shares: int | None = None,
+    quota: int | None = None,
+    period: int | None = None,
+    memory: int | None = None,
+) -> api.LinuxResources:
+    """LinuxResources with only the given fields present, as a runtime sends them."""
+    result = api.LinuxResources()
+    if shares is not None:
+        result.cpu.shares.value = shares
+    if quota is not None:
+        result.cpu.quota.value = quota
+    if period is not None:
+        result.cpu.period.value = period
+    if memory is not None:
+        result.memory.limit.value = memory
+    return result
+
+
 def update(container_id: str) -> api.ContainerUpdate:
     return api.ContainerUpdate(container_id=container_id)
 

@@ -17,8 +17,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from http.client import HTTPConnection
 
@@ -30,20 +28,11 @@ from nri_midbatch.obs.health import HealthServer, parse_address
 from nri_midbatch.obs.httpd import MAX_HEAD_BYTES
 from nri_midbatch.obs.metrics import Metrics
 
+from .http_fixtures import http_get
 from .nri_fixtures import run
 
 STALL_AFTER = 0.5
 WEDGE = 1.0
-
-
-def http_get(url: str, timeout: float = 2) -> tuple[int, str, str]:
-    """(status, Content-Type, body) for any status, 5xx and 404 included."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as reply:
-            return reply.status, reply.headers["Content-Type"], reply.read().decode()
-    except urllib.error.HTTPError as error:
-        with error:
-            return error.code, error.headers["Content-Type"], error.read().decode()
 
 
 def stop_in_background(server: HealthServer) -> None:

@@ -11,8 +11,6 @@ import asyncio
 import json
 import platform
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -28,6 +26,7 @@ from nri_midbatch.config import Config, load_config_text
 from nri_midbatch.nri.loopback import LoopbackRuntime, socketpair_streams
 from nri_midbatch.rpc.errors import RpcError
 
+from .http_fixtures import http_get
 from .nri_fixtures import STEP_TIMEOUT, run
 
 QOS = "koordinator.sh/qosClass"
@@ -102,15 +101,6 @@ def make_config(root: Path, **extra: Any) -> Config:
 # ---------------------------------------------------------------------------
 # Scraping
 # ---------------------------------------------------------------------------
-
-
-def http_get(url: str) -> tuple[int, str, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as reply:
-            return reply.status, reply.headers["Content-Type"], reply.read().decode()
-    except urllib.error.HTTPError as error:
-        with error:
-            return error.code, error.headers["Content-Type"], error.read().decode()
 
 
 class Scrape:

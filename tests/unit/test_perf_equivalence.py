@@ -36,6 +36,8 @@ from nri_midbatch.wire.connection import _response_with_payload
 from nri_midbatch.wire.mux import frame_message, frame_ttrpc
 from nri_midbatch.wire.ttrpc import MessageType, encode_message
 
+from .nri_fixtures import resources
+
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 UINT64 = st.integers(min_value=0, max_value=2**64 - 1)
 
@@ -139,17 +141,9 @@ def _reference_current(resources: api.LinuxResources) -> CgroupValues:
 def test_values_read_without_presence_checks_are_the_same(
     shares: int | None, quota: int | None, period: int | None, memory: int | None
 ) -> None:
-    resources = api.LinuxResources()
-    if shares is not None:
-        resources.cpu.shares.value = shares
-    if quota is not None:
-        resources.cpu.quota.value = quota
-    if period is not None:
-        resources.cpu.period.value = period
-    if memory is not None:
-        resources.memory.limit.value = memory
-    assert native_limits(resources) == _reference_native(resources)
-    assert current_values(resources) == _reference_current(resources)
+    given = resources(shares=shares, quota=quota, period=period, memory=memory)
+    assert native_limits(given) == _reference_native(given)
+    assert current_values(given) == _reference_current(given)
 
 
 @pytest.mark.parametrize("text", ['{"cpuQuota":null}', '{"cpuQuota":0}', '{"cpuPeriod":false}'])

@@ -34,7 +34,7 @@ from nri_midbatch.plugin import NATIVE_LIMITS_ANNOTATION, MidBatchPlugin
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.wire.status import Code
 
-from .nri_fixtures import STEP_TIMEOUT, run
+from .nri_fixtures import STEP_TIMEOUT, resources, run
 
 QOS = "koordinator.sh/qosClass"
 PRIORITY = "koordinator.sh/priority-class"
@@ -126,25 +126,6 @@ def make_config(tree: CgroupTree, **overrides: Any) -> Config:
 
 def spec(containers: Mapping[str, Mapping[str, Mapping[str, str]]]) -> str:
     return json.dumps({"containers": containers})
-
-
-def resources(
-    *,
-    shares: int | None = None,
-    quota: int | None = None,
-    period: int | None = None,
-    memory: int | None = None,
-) -> api.LinuxResources:
-    result = api.LinuxResources()
-    if shares is not None:
-        result.cpu.shares.value = shares
-    if quota is not None:
-        result.cpu.quota.value = quota
-    if period is not None:
-        result.cpu.period.value = period
-    if memory is not None:
-        result.memory.limit.value = memory
-    return result
 
 
 def make_pod(
