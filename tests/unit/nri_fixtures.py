@@ -26,11 +26,14 @@ T = TypeVar("T")
 
 ALL_EVENTS: frozenset[Event] = frozenset(Event)
 
-#: Upper bound for any single await in a test: a hang fails fast instead of blocking.
-STEP_TIMEOUT = 2.0
+#: Upper bound for any single await in a test: a hang fails instead of blocking. Generous,
+#: as up to 8 processes share a 2-core machine; a passing test never waits it out.
+STEP_TIMEOUT = 10.0
+#: Upper bound for a new plugin process to start and register (Python's imports under load).
+STARTUP_TIMEOUT = 60.0
 
 
-def run(coro: Coroutine[Any, Any, T], timeout: float = 5.0) -> T:
+def run(coro: Coroutine[Any, Any, T], timeout: float = 3 * STEP_TIMEOUT) -> T:
     """asyncio.run with an overall deadline."""
 
     async def bounded() -> T:

@@ -29,7 +29,7 @@ from nri_midbatch.config import Config, load_config_file, load_config_text
 from nri_midbatch.nri.loopback import LoopbackRuntime
 from nri_midbatch.obs.logging import FALLBACK_LOG_FILE, JOURNAL_SOCKET
 
-from .nri_fixtures import run
+from .nri_fixtures import STARTUP_TIMEOUT, run
 
 NRI_ENV = ("NRI_PLUGIN_NAME", "NRI_PLUGIN_IDX", "NRI_PLUGIN_SOCKET")
 
@@ -335,7 +335,9 @@ def test_prelaunched_process_registers_configures_and_exits_on_close(
         runtime = LoopbackRuntime(reader, writer)
         try:
             configured, synced = await runtime.start(
-                runtime_name="containerd", runtime_version="v1.7.24", registration_timeout=4.0
+                runtime_name="containerd",
+                runtime_version="v1.7.24",
+                registration_timeout=STARTUP_TIMEOUT,
             )
             (registration,) = runtime.record.registrations
             assert (registration.plugin_name, registration.plugin_idx) == ("midbatch", "10")
@@ -357,9 +359,9 @@ def test_prelaunched_process_registers_configures_and_exits_on_close(
             await runtime.close()
 
     try:
-        run(scenario(), timeout=8.0)
+        run(scenario(), timeout=2 * STARTUP_TIMEOUT)
         # The runtime closed the socket: a pre-launched plugin is done.
-        assert process.wait(timeout=3.0) == 0
+        assert process.wait(timeout=STARTUP_TIMEOUT) == 0
     finally:
         if process.poll() is None:
             process.kill()

@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping, Sequence
 from contextlib import asynccontextmanager
@@ -42,7 +41,7 @@ from nri_midbatch.record import (
 from nri_midbatch.replay import load_recording, replay
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.wire.status import Code
-from tests.unit.nri_fixtures import run
+from tests.unit.nri_fixtures import STARTUP_TIMEOUT, STEP_TIMEOUT, run
 
 SPEC = (
     '{"containers":{"main":{"requests":{"kubernetes.io/batch-cpu":"500",'
@@ -188,7 +187,7 @@ class BlockedSink:
 
     def write(self, lines: Sequence[bytes]) -> Written:
         self.entered.set()
-        self.release.wait(timeout=10)
+        self.release.wait(timeout=STEP_TIMEOUT)
         self.lines.extend(lines)
         return Written(len(lines), 0)
 
@@ -204,31 +203,34 @@ def test_a_full_queue_drops_records_never_events() -> None:
     calls = 12
 
     async def scenario() -> tuple[
-        list[api.CreateContainerResponse], float, list[MutableMapping[str, Any]]
+        list[api.CreateContainerResponse], bool, list[MutableMapping[str, Any]]
     ]:
         async with recorded_plugin(recorder) as runtime:
             await runtime.start()  # two calls: the writer takes the first and blocks
-            await asyncio.to_thread(sink.entered.wait, 2)
+            await asyncio.to_thread(sink.entered.wait, STEP_TIMEOUT)
             replies = []
             with capture_logs() as logs:
-                started = time.monotonic()
                 for _ in range(calls):
                     replies.append(
                         await runtime.call("CreateContainer", create, api.CreateContainerResponse)
                     )
-                elapsed = time.monotonic() - started
+                # The sink has not finished a write yet: every reply came while it was stuck.
+                answered_while_stuck = not sink.lines
                 dropped_while_blocked = recorder.dropped
                 sink.release.set()
-                await asyncio.sleep(0.1)  # the writer drains; the queue has room again
+                # The writer drains; the queue has room again.
+                async with asyncio.timeout(STEP_TIMEOUT):
+                    while recorder.written + recorder.dropped < 2 + calls:
+                        await asyncio.sleep(0.01)
                 await runtime.call("CreateContainer", create, api.CreateContainerResponse)
             assert dropped_while_blocked > 0
-            return replies, elapsed, logs
+            return replies, answered_while_stuck, logs
 
-    replies, elapsed, logs = run(scenario())
+    replies, answered_while_stuck, logs = run(scenario(), timeout=3 * STEP_TIMEOUT)
     # Every event was answered, with the plugin's adjustment, while the writer was stuck.
     assert len(replies) == calls
     assert all(reply.adjust.linux.resources.cpu.shares.value == 512 for reply in replies)
-    assert elapsed < 1.0
+    assert answered_while_stuck
     assert recorder.dropped >= calls - 1
     assert recorder.written + recorder.dropped == 2 + calls + 1
     assert len(sink.lines) == recorder.written
@@ -495,12 +497,12 @@ def run_plugin_process(
         runtime = LoopbackRuntime(reader, writer)
         await scenario(runtime, log_file)
         process.send_signal(signal.SIGTERM)
-        await asyncio.to_thread(process.wait, 5.0)
+        await asyncio.to_thread(process.wait, STARTUP_TIMEOUT)
         await runtime.close()
 
     try:
-        run(drive(), timeout=10.0)
-        _, stderr = process.communicate(timeout=5.0)
+        run(drive(), timeout=3 * STARTUP_TIMEOUT)
+        _, stderr = process.communicate(timeout=STARTUP_TIMEOUT)
     finally:
         if process.poll() is None:
             process.kill()
@@ -515,7 +517,7 @@ def metrics(log_file: Path) -> dict[str, float]:
         for line in log_file.read_text().splitlines()
         if '"serving metrics and health"' in line
     ]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=STEP_TIMEOUT) as reply:
         text = reply.read().decode()
     samples = (line.split() for line in text.splitlines() if line and not line.startswith("#"))
     return {sample[0]: float(sample[1]) for sample in samples if len(sample) == 2}
@@ -525,10 +527,10 @@ def test_sigterm_with_the_recording_disk_full_exits_0(tmp_path: Path) -> None:
     calls = 20
 
     async def scenario(runtime: LoopbackRuntime, log_file: Path) -> None:
-        await runtime.start(registration_timeout=4.0)
+        await runtime.start(registration_timeout=STARTUP_TIMEOUT)
         await _create_calls(runtime, calls)
         # Every record is lost, and counted, once the writer has been through them.
-        async with asyncio.timeout(5.0):
+        async with asyncio.timeout(STEP_TIMEOUT):
             while (await asyncio.to_thread(metrics, log_file)).get(
                 "nri_midbatch_records_dropped_total"
             ) != 2 + calls:
@@ -632,7 +634,9 @@ def test_run_records_redacted_unless_asked_for_raw(tmp_path: Path, raw: bool) ->
     pod = batch_pod()
 
     async def scenario(runtime: LoopbackRuntime, _log_file: Path) -> None:
-        await runtime.start(pods=[pod], containers=[secret_container(pod)])
+        await runtime.start(
+            pods=[pod], containers=[secret_container(pod)], registration_timeout=STARTUP_TIMEOUT
+        )
 
     args = ["--record", str(path), *(["--record-raw"] if raw else [])]
     status, _, _ = run_plugin_process(tmp_path, args, scenario)
