@@ -29,10 +29,9 @@ from nri_midbatch.obs.httpd import MAX_HEAD_BYTES
 from nri_midbatch.obs.metrics import Metrics
 
 from .http_fixtures import http_get
-from .nri_fixtures import run
+from .nri_fixtures import STEP_TIMEOUT, run
 
 STALL_AFTER = 0.5
-WEDGE = 1.0
 
 
 def stop_in_background(server: HealthServer) -> None:
@@ -84,12 +83,12 @@ def url(server: HealthServer, path: str) -> str:
 def test_healthz_stays_ok_while_the_loop_beats(server: HealthServer) -> None:
     async def scenario() -> list[tuple[int, str]]:
         beat = asyncio.create_task(server.heartbeat())
-        seen = []
+        seen: list[tuple[int, str]] = []
         try:
             # Longer than stall_after: an idle but healthy loop must never look stalled,
             # whatever stall_after is set to.
             end = time.monotonic() + 2 * STALL_AFTER
-            while time.monotonic() < end:
+            while time.monotonic() < end or len(seen) <= 5:
                 status, _, body = await asyncio.to_thread(http_get, url(server, "/healthz"))
                 seen.append((status, body))
                 await asyncio.sleep(0.05)
@@ -104,49 +103,62 @@ def test_healthz_stays_ok_while_the_loop_beats(server: HealthServer) -> None:
 
 def test_healthz_fails_with_the_stall_while_the_loop_is_wedged(server: HealthServer) -> None:
     probe = url(server, "/healthz")
-    during: list[tuple[int, str, str]] = []
+    during: list[tuple[float, tuple[int, str, str]]] = []
     wedged = threading.Event()
+    seen_stalled = threading.Event()
 
     def probe_during_the_wedge() -> None:
-        wedged.wait(timeout=2)
-        time.sleep(0.7)  # well past stall_after, well before the wedge ends
-        during.append(http_get(probe))
+        # Probe until the stall shows, at whatever pace the machine allows.
+        wedged.wait(timeout=STEP_TIMEOUT)
+        give_up = time.monotonic() + STEP_TIMEOUT
+        answer = http_get(probe)
+        while answer[0] == 200 and time.monotonic() < give_up:
+            time.sleep(0.05)
+            answer = http_get(probe)
+        during.append((time.monotonic(), answer))
+        seen_stalled.set()
 
-    async def scenario() -> tuple[int, str, str]:
+    async def scenario() -> tuple[float, tuple[int, str, str]]:
         beat = asyncio.create_task(server.heartbeat())
         try:
             await asyncio.sleep(0.05)
+            probed = time.monotonic()
             before = await asyncio.to_thread(http_get, probe)
             assert before[0] == 200
 
             async def wedge() -> None:
                 wedged.set()
-                time.sleep(WEDGE)  # blocks the loop itself, as a stuck handler would
+                # Blocks the loop itself, as a stuck handler would, until the prober saw it.
+                seen_stalled.wait(timeout=2 * STEP_TIMEOUT)
 
             prober = threading.Thread(target=probe_during_the_wedge)
             prober.start()
             await asyncio.create_task(wedge())
-            await asyncio.to_thread(prober.join, 2)
+            await asyncio.to_thread(prober.join, STEP_TIMEOUT)
 
             # The loop runs again: the heartbeat catches up and health comes back.
-            deadline = time.monotonic() + 1.0
-            after = await asyncio.to_thread(http_get, probe)
-            while after[0] != 200 and time.monotonic() < deadline:
-                await asyncio.sleep(0.02)
+            async with asyncio.timeout(STEP_TIMEOUT):
                 after = await asyncio.to_thread(http_get, probe)
-            return after
+                while after[0] != 200:
+                    await asyncio.sleep(0.02)
+                    after = await asyncio.to_thread(http_get, probe)
+            return probed, after
         finally:
             beat.cancel()
 
-    after = run(scenario())
-    (answer,) = during
+    probed, after = run(scenario())
+    ((answered, answer),) = during
     status, content_type, body = answer
     assert status == 500
     assert content_type.startswith("text/plain")
     assert "event loop stalled for" in body
     match = re.search(r"stalled for ([0-9.]+)s", body)
     assert match is not None
-    assert STALL_AFTER < float(match.group(1)) < WEDGE
+    # The stall reported is past stall_after, and it is this wedge's: the loop had
+    # beaten at most stall_after before `before` was answered healthy. (0.05: the
+    # body rounds to a tenth.)
+    reported = float(match.group(1))
+    assert STALL_AFTER - 0.05 <= reported <= answered - probed + STALL_AFTER + 0.05
     assert after[0] == 200 and after[2] == "ok\n"
 
 
