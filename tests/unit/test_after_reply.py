@@ -16,7 +16,7 @@ from nri_midbatch.rpc.service import CallContext, Method, Service
 from nri_midbatch.wire.mux import frame_message
 from nri_midbatch.wire.ttrpc import MessageType, encode_message
 
-from .nri_fixtures import run
+from .nri_fixtures import STEP_TIMEOUT, run
 
 PLUGIN_CONN = 1
 
@@ -46,7 +46,7 @@ def test_work_runs_once_the_reply_is_on_the_socket() -> None:
         serving = asyncio.create_task(conn.run())
         request = ttrpc_pb2.Request(service="s", method="m").SerializeToString()
         peer.send(frame_message(PLUGIN_CONN, encode_message(1, MessageType.REQUEST, request)))
-        async with asyncio.timeout(2):
+        async with asyncio.timeout(STEP_TIMEOUT):
             while not seen:
                 await asyncio.sleep(0.001)
         conn.close()
@@ -90,7 +90,7 @@ def test_settle_waits_for_delayed_work_and_what_it_queues() -> None:
 
 
 def test_settle_returns_at_once_when_nothing_is_queued() -> None:
-    run(AfterReply().settle(), timeout=1)
+    run(AfterReply().settle(), timeout=STEP_TIMEOUT)
 
 
 def test_a_failing_piece_of_work_is_logged_and_the_rest_runs() -> None:
@@ -125,5 +125,5 @@ def test_flush_runs_what_is_queued_and_drops_what_waits() -> None:
         await after_reply.settle()  # nothing left: returns at once
         return abandoned
 
-    assert run(scenario(), timeout=1) == 1
+    assert run(scenario(), timeout=STEP_TIMEOUT) == 1  # well before the delayed 60 s
     assert done == ["queued"]
