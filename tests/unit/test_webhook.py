@@ -281,7 +281,7 @@ class Client:
     def raw(
         self, method: str, path: str, body: bytes | None = None, headers: Mapping[str, str] = {}
     ) -> tuple[int, str, bytes]:
-        connection = HTTPSConnection("127.0.0.1", self.port, context=self.context, timeout=5)
+        connection = HTTPSConnection("127.0.0.1", self.port, context=self.context, timeout=10)
         try:
             connection.request(method, path, body, dict(headers))
             reply = connection.getresponse()
@@ -916,7 +916,7 @@ def test_a_body_over_the_limit_is_refused_unread(server: WebhookServer, tls: Tls
         assert reply.startswith(b"HTTP/1.1 413 ")
         assert reply.endswith(f"\r\n\r\nbody over {3 * 1024 * 1024} bytes\n".encode())
         assert b"\r\nConnection: close\r\n" in reply
-        sock.settimeout(3)
+        sock.settimeout(10)
         assert sock.recv(1) == b""
 
 
