@@ -11,8 +11,6 @@ import io
 import json
 import os
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -29,7 +27,7 @@ from nri_midbatch.config import Config, load_config_file, load_config_text
 from nri_midbatch.nri.loopback import LoopbackRuntime
 from nri_midbatch.obs.logging import FALLBACK_LOG_FILE, JOURNAL_SOCKET
 
-from .nri_fixtures import STARTUP_TIMEOUT, run
+from .nri_fixtures import STARTUP_TIMEOUT, run, start_prelaunched
 
 NRI_ENV = ("NRI_PLUGIN_NAME", "NRI_PLUGIN_IDX", "NRI_PLUGIN_SOCKET")
 
@@ -254,13 +252,6 @@ def test_check_config_of_a_missing_file_exits_1(
 # ---------------------------------------------------------------------------
 
 
-def _plugin_command() -> list[str]:
-    script = Path(sys.executable).parent / "nri-midbatch"
-    if script.exists():
-        return [str(script)]
-    return [sys.executable, "-m", "nri_midbatch.cli"]
-
-
 @pytest.fixture
 def fallback_log() -> Iterator[None]:
     """With no journal, a pre-launched plugin logs to FALLBACK_LOG_FILE; clean up after."""
@@ -297,17 +288,7 @@ def metrics_port(request: pytest.FixtureRequest) -> Iterator[None]:
 def test_prelaunched_process_registers_configures_and_exits_on_close(
     fallback_log: None, metrics_port: None
 ) -> None:
-    plugin_end, runtime_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    fd = plugin_end.fileno()
-    process = subprocess.Popen(
-        _plugin_command(),
-        env={"NRI_PLUGIN_NAME": "midbatch", "NRI_PLUGIN_IDX": "10", "NRI_PLUGIN_SOCKET": str(fd)},
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        pass_fds=[fd],
-    )
-    plugin_end.close()
+    process, runtime_end = start_prelaunched()
     pod = api.PodSandbox(
         id="p",
         uid="uid-p",

@@ -8,9 +8,7 @@ import errno
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping, Sequence
@@ -41,7 +39,7 @@ from nri_midbatch.record import (
 from nri_midbatch.replay import load_recording, replay
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.wire.status import Code
-from tests.unit.nri_fixtures import STARTUP_TIMEOUT, STEP_TIMEOUT, run
+from tests.unit.nri_fixtures import STARTUP_TIMEOUT, STEP_TIMEOUT, run, start_prelaunched
 
 SPEC = (
     '{"containers":{"main":{"requests":{"kubernetes.io/batch-cpu":"500",'
@@ -478,19 +476,16 @@ def run_plugin_process(
     Metrics are served on an ephemeral port (see `metrics`). Returns the exit status, stderr
     and the plugin's log.
     """
-    plugin_end, runtime_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    fd = plugin_end.fileno()
     log_file = tmp_path / "plugin.log"
-    command = [str(Path(sys.executable).parent / "nri-midbatch"), "run", *args]
-    process = subprocess.Popen(
-        [*command, "--metrics-address", "127.0.0.1:0", "--log-file", str(log_file)],
-        env={"NRI_PLUGIN_NAME": "midbatch", "NRI_PLUGIN_IDX": "10", "NRI_PLUGIN_SOCKET": str(fd)},
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
+    process, runtime_end = start_prelaunched(
+        "run",
+        *args,
+        "--metrics-address",
+        "127.0.0.1:0",
+        "--log-file",
+        str(log_file),
         stderr=subprocess.PIPE,
-        pass_fds=[fd],
     )
-    plugin_end.close()
 
     async def drive() -> None:
         reader, writer = await asyncio.open_unix_connection(sock=runtime_end)
