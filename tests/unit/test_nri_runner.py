@@ -97,7 +97,7 @@ class FakeRuntime:
             if self.behaviour == "normal":
                 runtime = LoopbackRuntime(reader, writer)
                 self.runtimes.append(runtime)
-                await runtime.start(registration_timeout=1.0)
+                await runtime.start(registration_timeout=STEP)
                 await self.synced.put(runtime)
                 await runtime.conn.wait_closed()
                 return
@@ -471,7 +471,7 @@ def test_runner_survives_a_session_that_raises(tmp_path: Path) -> None:
         session = Flaky(RecordingPlugin(), "midbatch", "10")
         stop = asyncio.Event()
         task = asyncio.create_task(run_external(session, str(path), stop, FAST))
-        await next_sync(fake, timeout=3.0)
+        await next_sync(fake)
         assert Flaky.failures == 2
         assert session.state.synchronized
         await stop_runner(stop, task)

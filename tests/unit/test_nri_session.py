@@ -89,7 +89,7 @@ def test_conn_1_is_served_before_register_plugin_is_answered() -> None:
 
     async def scenario() -> None:
         peer, (reader, writer) = await RawPeer.pair()
-        session = Session(plugin, "midbatch", "10", registration_timeout=2.0)
+        session = Session(plugin, "midbatch", "10", registration_timeout=STEP_TIMEOUT)
         task = asyncio.create_task(session.run(reader, writer))
         message, request = await peer.read_request(2)
         # The plugin's first message: RegisterPlugin on conn 2, stream 1.
@@ -254,7 +254,7 @@ def test_configure_never_answers_zero() -> None:
 
     async def scenario() -> None:
         async with loopback(plugin) as lb:
-            async with asyncio.timeout(2):
+            async with asyncio.timeout(STEP_TIMEOUT):
                 await lb.runtime.record.registered.wait()
             with pytest.raises(RpcError) as info:
                 await lb.runtime.call(
@@ -285,7 +285,7 @@ def test_split_synchronize_is_buffered_and_delivered_once() -> None:
 
     async def scenario() -> None:
         async with loopback(plugin) as lb:
-            async with asyncio.timeout(2):
+            async with asyncio.timeout(STEP_TIMEOUT):
                 await lb.runtime.record.registered.wait()
             await lb.runtime.call("Configure", configure(), api.ConfigureResponse)
             for i, (pods, containers) in enumerate(chunks):
@@ -715,7 +715,7 @@ def test_event_before_configure_and_second_configure_are_refused() -> None:
 
     async def scenario() -> None:
         peer, (reader, writer) = await RawPeer.pair()
-        session = Session(plugin, "midbatch", "10", registration_timeout=2.0)
+        session = Session(plugin, "midbatch", "10", registration_timeout=STEP_TIMEOUT)
         task = asyncio.create_task(session.run(reader, writer))
         await peer.read_request(2)
         create = api.CreateContainerRequest(pod=pod("p"), container=container("c", "p"))

@@ -253,7 +253,7 @@ def test_requests_are_served_concurrently() -> None:
     async def scenario() -> None:
         async with served(handlers) as (_conn, peer):
             peer.send_request(1, 1, SERVICE, "Slow")
-            async with asyncio.timeout(1):
+            async with asyncio.timeout(STEP_TIMEOUT):
                 await handlers.slow_started.wait()
             peer.send_request(1, 3, SERVICE, "Echo", KV(key="fast"))
             message, response = await peer.read_response(1)
@@ -544,7 +544,7 @@ def test_truncated_frame_then_eof_closes_cleanly() -> None:
         conn = MuxConnection(reader, writer, {SERVICE: handlers.service()})
         task = asyncio.create_task(conn.run())
         peer.send_request(1, 1, SERVICE, "Slow")
-        async with asyncio.timeout(1):
+        async with asyncio.timeout(STEP_TIMEOUT):
             await handlers.slow_started.wait()
         call = asyncio.create_task(conn.call(RUNTIME, "Do", KV(), KV))
         await peer.read_request(2)
