@@ -166,7 +166,10 @@ def test_connection_closed_before_configure_is_a_registration_error() -> None:
         task = asyncio.create_task(session.run(reader, writer))
         message, _ = await peer.read_request(2)
         peer.send_response(2, message.stream_id, raw=b"")
-        await asyncio.sleep(0.01)
+        # Close only once the session has the reply: then it waits for Configure.
+        async with asyncio.timeout(STEP_TIMEOUT):
+            while not session.state.register_replied:
+                await asyncio.sleep(0)
         peer.close()
         with pytest.raises(RegistrationError, match="before Configure"):
             await task
