@@ -33,7 +33,7 @@ from nri_midbatch.reconcile import Plan, split_pods
 from nri_midbatch.record import Recorder, note_decision
 from nri_midbatch.reload import FileWatch
 
-__all__ = ["App", "ConfigError", "load_startup_config"]
+__all__ = ["App"]
 
 log = structlog.get_logger(__name__)
 
@@ -42,12 +42,11 @@ RELOAD_INTERVAL = 1.0
 METRICS_RETRY_SECONDS = 5.0
 #: Bind errors that may go away: another process holds the port, or the address is not up yet.
 _PASSING_BIND_ERRORS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL})
+#: How long a reload waits for the runtime to answer UpdateContainers before it writes
+#: the containers' cgroup files itself (the runtime's own request timeout is 2 s).
+UPDATE_CONTAINERS_TIMEOUT = 10.0
 #: Runtimes before this never synchronize pre-launched plugins.
 PRELAUNCHED_SYNC_FROM: Version = (0, 7, 0)
-
-
-def load_startup_config(path: str | None) -> Config:
-    return load_config_file(path) if path else Config()
 
 
 class App:
@@ -63,6 +62,7 @@ class App:
         log_level: str = "info",
         reload_interval: float = RELOAD_INTERVAL,
         registration_timeout: float = DEFAULT_REGISTRATION_TIMEOUT,
+        update_containers_timeout: float = UPDATE_CONTAINERS_TIMEOUT,
     ) -> None:
         self.metrics = Metrics()
         self.recorder = recorder
@@ -101,6 +101,7 @@ class App:
         self.config_path = config_path
         self._watch = FileWatch(config_path) if config_path else None
         self._reload_interval = reload_interval
+        self._update_containers_timeout = update_containers_timeout
         self._log_level = log_level
         self._debug = False
         self._prelaunched = False
@@ -303,11 +304,20 @@ class App:
                 await self.reload("file changed")
 
     async def reload(self, reason: str) -> None:
+        """Load the file and apply it if it changed; never raises, so watching goes on."""
         if self.config_path is None:
             log.warning("reload asked, but no configuration file was given", reason=reason)
             return
         try:
-            config = load_config_file(self.config_path)
+            await self._reload(self.config_path, reason)
+        except Exception as exc:  # a bug here must not end the watch: say so, count it
+            self._count_reload("failed")
+            log.exception("configuration reload failed", reason=reason, error=str(exc))
+
+    async def _reload(self, path: str, reason: str) -> None:
+        try:
+            # In a thread: parsing up to MAX_CONFIG_BYTES of YAML must not hold up events.
+            config = await asyncio.to_thread(load_config_file, path)
         except ConfigError as exc:
             self._count_reload("invalid")
             log.error(
@@ -346,9 +356,21 @@ class App:
             await asyncio.to_thread(self.plugin.write_plan, Plan((), raised_first))
             updates = [container_update(c.container.id, c.values) for c in plan.containers]
             try:
-                failed = await self.session.update_containers(updates)
+                # Bounded here whatever the transport does: a runtime that never
+                # answers must not hold the reload, and with it the watch, for good.
+                async with asyncio.timeout(self._update_containers_timeout):
+                    failed = await self.session.update_containers(updates)
             except Exception as exc:  # a lost connection must not lose the pass
-                log.warning("UpdateContainers failed, writing cgroup files", error=str(exc))
+                self._count_followed("update_containers", "failed", len(updates))
+                if isinstance(exc, TimeoutError):
+                    error = f"no answer within {self._update_containers_timeout:g} s"
+                else:
+                    error = str(exc) or type(exc).__name__
+                log.warning(
+                    "UpdateContainers failed, writing cgroup files",
+                    error=error,
+                    containers=len(updates),
+                )
             else:
                 refused = {u.container_id for u in failed}
                 for change in plan.containers:

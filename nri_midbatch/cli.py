@@ -12,13 +12,17 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
 
 import structlog
 
 from nri_midbatch import __version__
 from nri_midbatch.nri.session import DEFAULT_REGISTRATION_TIMEOUT
-from nri_midbatch.obs.logging import LEVELS, configure_logging, open_sink
+from nri_midbatch.obs.logging import LEVELS, JournalWriter, configure_logging, open_sink
 from nri_midbatch.record import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, Recorder, RotatingFile
+
+if TYPE_CHECKING:  # loaded by the commands that need it: `--version` stays fast
+    from nri_midbatch.config import Config
 
 DEFAULT_SOCKET = "/var/run/nri/nri.sock"
 DEFAULT_NAME = "midbatch"
@@ -246,7 +250,7 @@ def _identity(
 
 
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from nri_midbatch.app import App, ConfigError, load_startup_config
+    from nri_midbatch.app import App
 
     socket_env = os.environ.get("NRI_PLUGIN_SOCKET")
     prelaunched_fd = None
@@ -255,22 +259,29 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             parser.error(f"NRI_PLUGIN_SOCKET {socket_env!r} must be a file descriptor number")
         prelaunched_fd = int(socket_env)
     name, idx = _identity(parser, args, prelaunched_fd is not None)
-    configure_logging(
-        args.log_level, args.log_format, open_sink(args.log_file, prelaunched_fd is not None)
-    )
     try:
-        config = load_startup_config(args.config)
-    except ConfigError as exc:
-        print(f"nri-midbatch: {exc}", file=sys.stderr)
+        sink: TextIO | JournalWriter = open_sink(args.log_file, prelaunched_fd is not None)
+    except OSError as exc:
+        if args.log_file:
+            print(
+                f"nri-midbatch: --log-file {args.log_file}: {exc.strerror or exc}", file=sys.stderr
+            )
+            return 2
+        # Pre-launched, no journal and no fallback log file: serving the node
+        # matters more than where its logs go.
+        sink = sys.stderr
+    configure_logging(args.log_level, args.log_format, sink)
+    config = _startup_config(args.config)
+    if config is None:
         return 2
     recorder = None
     if args.record:
         try:
-            sink = RotatingFile(Path(args.record), args.record_max_bytes, args.record_backups)
+            recording = RotatingFile(Path(args.record), args.record_max_bytes, args.record_backups)
         except OSError as exc:
             print(f"nri-midbatch: {args.record}: {exc.strerror or exc}", file=sys.stderr)
             return 2
-        recorder = Recorder(sink, raw=args.record_raw)
+        recorder = Recorder(recording, raw=args.record_raw)
 
     def make_app(metrics_address: str | None) -> App:
         return App(
@@ -319,14 +330,11 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from nri_midbatch.app import ConfigError, load_startup_config
     from nri_midbatch.replay import EXIT_CANNOT_RUN, replay_command
 
     configure_logging(args.log_level, "console")
-    try:
-        config = load_startup_config(args.config)
-    except ConfigError as exc:
-        print(f"nri-midbatch: {exc}", file=sys.stderr)
+    config = _startup_config(args.config)
+    if config is None:
         return EXIT_CANNOT_RUN
     return replay_command(
         Path(args.recording),
@@ -342,13 +350,10 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from nri_midbatch.app import ConfigError, load_startup_config
     from nri_midbatch.explain import explain_command
 
-    try:
-        config = load_startup_config(args.config)
-    except ConfigError as exc:
-        print(f"nri-midbatch: {exc}", file=sys.stderr)
+    config = _startup_config(args.config)
+    if config is None:
         return 2
     return explain_command(Path(args.pod), config, fmt=args.format, out=sys.stdout, err=sys.stderr)
 
@@ -357,14 +362,11 @@ def _webhook(args: argparse.Namespace) -> int:
     import ssl
     import threading
 
-    from nri_midbatch.config import Config, ConfigError, load_config_file
     from nri_midbatch.webhook.server import WebhookServer, load_tls_context
 
     configure_logging(args.log_level, args.log_format)
-    try:
-        config = load_config_file(args.config) if args.config else Config()
-    except ConfigError as exc:
-        print(f"nri-midbatch: {exc}", file=sys.stderr)
+    config = _startup_config(args.config)
+    if config is None:
         return 2
     try:
         load_tls_context(args.tls_cert, args.tls_key)
@@ -394,13 +396,22 @@ def _webhook(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_config(path: str) -> int:
-    from nri_midbatch.config import ConfigError, effective_config_yaml, load_config_file
+def _startup_config(path: str | None) -> Config | None:
+    """The configuration a command starts with; None, once the reason is printed, if unusable."""
+    from nri_midbatch.config import ConfigError, load_startup_config
 
     try:
-        config = load_config_file(path)
+        return load_startup_config(path)
     except ConfigError as exc:
         print(f"nri-midbatch: {exc}", file=sys.stderr)
+        return None
+
+
+def _check_config(path: str) -> int:
+    from nri_midbatch.config import effective_config_yaml
+
+    config = _startup_config(path)
+    if config is None:
         return 1
     sys.stdout.write(effective_config_yaml(config))
     return 0

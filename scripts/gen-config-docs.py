@@ -240,6 +240,7 @@ Errors name the source and the path of the field at fault, for example
 give the line and column instead).
 
 - [How the configuration is loaded](#how-the-configuration-is-loaded)
+- [What a configuration may be](#what-a-configuration-may-be)
 - [What a reload does to running workloads](#what-a-reload-does-to-running-workloads)
 - [Checking a file](#checking-a-file)
 - [Reference](#reference)
@@ -281,9 +282,35 @@ is counted in `nri_midbatch_config_reloads_total` by `result`:
   previous one stays in force`).
 - `rejected_from_runtime`: a pre-launched plugin's drop-in was refused at `Configure`
   (above).
+- `failed`: the reload met an error of the plugin's own (a bug); it is logged with its
+  traceback (`configuration reload failed`). Watching goes on either way.
 
-A file that disappears counts as no change. Without `--config` (a pre-launched plugin, or
-the built-in defaults) there is nothing to reload: `SIGHUP` only logs a warning.
+A file that disappears, or is replaced by a directory, is a change too: once it has held
+still for one more look it is refused as `invalid` (`cannot read`), and the previous
+configuration stays until a valid file is back. Without `--config` (a pre-launched plugin,
+or the built-in defaults) there is nothing to reload: `SIGHUP` only logs a warning.
+"""
+
+BOUNDS = f"""\
+## What a configuration may be
+
+The same bounds hold for the file (at start-up, at each reload, for `check-config`) and for
+a drop-in's text at `Configure`. Anything beyond them is refused with a reason like any
+invalid configuration, without reading or parsing further:
+
+- **A regular file**, once symlinks are followed. A FIFO, a socket, a device (a link to
+  `/dev/zero`) or a directory is refused without being read; the file is opened without
+  blocking.
+- **At most {config_module.MAX_CONFIG_BYTES:,} bytes** (1 MiB, a ConfigMap's own limit),
+  as UTF-8.
+- **Nested at most {config_module.MAX_DEPTH} levels deep** (the settings themselves go 4
+  deep).
+- **At most {config_module.MAX_NODES:,} values once YAML aliases are expanded**, and no
+  alias inside the node it refers to: anchors and aliases may share a list between tiers,
+  but a few lines that alias each other into billions of values (an "alias bomb") are
+  refused while they are still a few lines.
+- Values YAML itself cannot read, such as an integer of more than 4,300 digits, make the
+  file invalid like any other error.
 """
 
 RELOAD = """\
@@ -301,8 +328,10 @@ created with are still never loosened.
   asks the runtime to apply the new values with `UpdateContainers`, from a task of its own.
   Containers the runtime reports it could not update get their cgroup files written
   instead (logged for each, with its pod and container: `runtime could not update the
-  container, writing its cgroup files`); if
-  the call itself fails, everything goes through the cgroup files.
+  container, writing its cgroup files`); if the call itself fails, or gets no answer
+  within 10 seconds, everything goes through the cgroup files (logged: `UpdateContainers
+  failed, writing cgroup files`, and counted in
+  `nri_midbatch_reload_writes_total{path="update_containers",result="failed"}`).
 - **Containers, on older runtimes** (any containerd or CRI-O release on an NRI older than
   v0.12.2): their `UpdateContainers` can deadlock the runtime, so the plugin writes the
   containers' cgroup files itself: `cpu.shares`, `cpu.cfs_quota_us`,
@@ -344,7 +373,7 @@ def _cell(text: str) -> str:
 
 def render() -> str:
     keys = list(walk(Config))
-    out = [HEADER, LOADING, RELOAD, CHECKING, "## Reference\n"]
+    out = [HEADER, LOADING, BOUNDS, RELOAD, CHECKING, "## Reference\n"]
     out.append(
         "Paths use `[]` for the items of a list: `tiers[].name` is the `name` of each tier.\n"
     )

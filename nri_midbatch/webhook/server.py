@@ -7,7 +7,7 @@
 - Bodies need a Content-Length of at most `max_body` bytes (413 otherwise, unread).
 - The certificate and key are re-read when their files change (cert-manager and the Secret
   volume rotate them in place), and so is the configuration file; a file that does not load
-  keeps the previous one in force and is logged once per change.
+  keeps the previous one in force and is logged once per change (`reload.FileWatch`).
 - POST /mutate and /validate answer AdmissionReviews; GET /healthz and /readyz serve probes
   (/readyz fails while draining, so the Service stops sending work before the server stops);
   GET /metrics serves the webhook's own Prometheus families.
@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import json
-import os
 import ssl
 import threading
 import time
@@ -32,6 +31,7 @@ from nri_midbatch.obs.health import METRICS_CONTENT_TYPE
 from nri_midbatch.obs.httpd import BoundedHTTPServer, Request, Response
 from nri_midbatch.obs.metrics import WebhookMetrics
 from nri_midbatch.policy import Policy, compile_policy
+from nri_midbatch.reload import FileWatch
 
 from .admission import Answer, Endpoint, handle
 
@@ -56,8 +56,6 @@ _ENDPOINTS: dict[str, Endpoint] = {"/mutate": "mutate", "/validate": "validate"}
 
 log = structlog.get_logger("nri_midbatch.webhook")
 
-Signature = tuple[tuple[int, int, int] | None, ...]
-
 
 def load_tls_context(cert: str | Path, key: str | Path) -> ssl.SSLContext:
     """A server context: TLS 1.2 or newer, the certificate chain and key from PEM files."""
@@ -67,45 +65,28 @@ def load_tls_context(cert: str | Path, key: str | Path) -> ssl.SSLContext:
     return context
 
 
-def _signature(paths: tuple[Path, ...]) -> Signature:
-    result: list[tuple[int, int, int] | None] = []
-    for path in paths:
-        try:
-            st = os.stat(path)  # follows the ..data symlink a mounted volume swaps
-        except OSError:
-            result.append(None)
-        else:
-            result.append((st.st_ino, st.st_size, st.st_mtime_ns))
-    return tuple(result)
-
-
 class _Watched:
-    """Files loaded together; reloaded when any changes, retried until a load succeeds."""
+    """Files loaded together; reloaded when any changes, the old state kept if that fails."""
 
     def __init__(self, what: str, paths: tuple[Path, ...], load: Callable[[], None]) -> None:
         self.what = what
         self.paths = paths
         self._load = load
-        self._loaded = _signature(paths)
-        self._failed: Signature | None = None
+        self._watch = FileWatch(*paths, settle=False)
 
     def poll(self) -> bool | None:
         """True when reloaded, False when a change did not load, None when nothing changed."""
-        current = _signature(self.paths)
-        if current == self._loaded or None in current:
+        if not self._watch.changed():
             return None
         try:
             self._load()
         except Exception as error:  # any loader error keeps the old state
-            if current != self._failed:
-                log.error(
-                    f"{self.what} changed but does not load; keeping the previous one",
-                    error=str(error),
-                    files=[str(p) for p in self.paths],
-                )
-            retried, self._failed = current == self._failed, current
-            return None if retried else False
-        self._loaded, self._failed = current, None
+            log.error(
+                f"{self.what} changed but does not load; keeping the previous one",
+                error=str(error),
+                files=[str(p) for p in self.paths],
+            )
+            return False
         log.info(f"{self.what} reloaded", files=[str(p) for p in self.paths])
         return True
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +30,7 @@ from nri_midbatch.cgroups.fs import apply_pod_values
 from nri_midbatch.config import load_config_file
 from nri_midbatch.nri.loopback import LoopbackRuntime, socketpair_streams
 
+from .hostile_config import HOSTILE_YAML
 from .nri_fixtures import STEP_TIMEOUT, run
 
 QOS = "koordinator.sh/qosClass"
@@ -605,3 +606,131 @@ def test_a_container_the_runtime_could_not_update_is_named_counted_and_written(
     assert node.app.followed[("update_containers", "refused")] == 1
     assert node.tree.read(parent, live.id) == HALVED_VALUES
     assert node.tree.read(parent) == HALVED_VALUES
+
+
+# ---------------------------------------------------------------------------
+# Hostile files while events flow: refused, logged, counted; the watch goes on
+# ---------------------------------------------------------------------------
+
+
+async def until(condition: Callable[[], bool], what: str, timeout: float = STEP_TIMEOUT) -> None:
+    """Poll for a state that no single reload pass announces (a count, a refusal)."""
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(POLL)
+    assert condition(), what
+
+
+def _break(path: Path, how: str) -> str:
+    """Turn the configuration file bad in one of the ways an operator or attacker can."""
+    if how in HOSTILE_YAML:
+        write_config(path, HOSTILE_YAML[how][0])
+        return HOSTILE_YAML[how][1]
+    path.unlink()
+    if how == "deleted":
+        return "No such file or directory"
+    if how == "directory":
+        path.mkdir()
+        return "a directory, not a regular file"
+    if how == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to(how)
+    return "not a regular file"
+
+
+def _repair(path: Path, document: dict[str, Any]) -> None:
+    if path.is_dir() and not path.is_symlink():
+        path.rmdir()
+    write_config(path, document)
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        "nested-20000-deep",
+        "number-of-5000-digits",
+        "alias-bomb",
+        "too-large",
+        "deleted",
+        "directory",
+        "fifo",
+        "/dev/zero",
+    ],
+)
+def test_a_broken_file_is_refused_and_the_watch_goes_on(tmp_path: Path, how: str) -> None:
+    pod = batch_pod()
+    parent = pod.linux.cgroup_parent
+    live = container("c-app", pod, "app")
+
+    async def scenario() -> None:
+        async with running_node(tmp_path) as node:
+            node.tree.add(parent, BESTEFFORT)
+            await node.state_change(api.RUN_POD_SANDBOX, pod)
+            node.tree.add(parent, APP_VALUES, live.id)
+            config = node.app.plugin.config
+
+            reason = _break(node.config_path, how)
+            await until(lambda: node.app.reloads.get("invalid") == 1, "refusal counted")
+            assert node.app.plugin.config is config
+            assert reloads_metric(node.app)["invalid"] == 1
+            # Events are still served under the previous configuration.
+            await node.create(pod, live)
+
+            # Repaired: the watch is alive and applies it.
+            _repair(node.config_path, {**node.base, "rules": {"cpuNormalizationRatio": 2.0}})
+            await until(lambda: node.tree.read(parent, live.id) == HALVED_VALUES, "applied")
+            assert node.app.reloads == {"invalid": 1, "applied": 1}
+            logs.append(reason)
+
+    logs: list[str] = []
+    with capture_logs() as captured:
+        run(scenario(), timeout=30)
+    (reason,) = logs
+    (rejected,) = [e for e in captured if e["event"].startswith("configuration rejected")]
+    assert rejected["log_level"] == "error"
+    assert reason in rejected["error"]
+
+
+def test_a_runtime_that_never_answers_update_containers_does_not_stop_the_watch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pod = batch_pod()
+    parent = pod.linux.cgroup_parent
+    live = container("c-app", pod, "app")
+
+    async def scenario() -> None:
+        async with running_node(tmp_path, nri_version="v0.12.2", runtime_version="v2.4.0") as node:
+            node.app._update_containers_timeout = 0.2
+            asked: list[int] = []
+
+            async def never_answers(updates: Any, **_: Any) -> Any:
+                asked.append(len(updates))
+                await asyncio.Event().wait()
+
+            monkeypatch.setattr(node.app.session, "update_containers", never_answers)
+            node.tree.add(parent, BESTEFFORT)
+            await node.call("RunPodSandbox", api.RunPodSandboxRequest(pod=pod), api.Empty)
+            node.tree.add(parent, APP_VALUES, live.id)
+            await node.create(pod, live)
+
+            node.rewrite(rules={"cpuNormalizationRatio": 2.0})
+            # Unanswered: counted, and the container's files are written instead.
+            await until(
+                lambda: node.app.followed.get(("update_containers", "failed")) == 1, "counted"
+            )
+            await until(lambda: node.tree.read(parent, live.id) == HALVED_VALUES, "files")
+            # The watch is free for the next change.
+            node.rewrite(rules={"cpuNormalizationRatio": 4.0})
+            await until(lambda: node.app.reloads.get("applied") == 2, "next change applied")
+            await until(
+                lambda: node.app.followed.get(("update_containers", "failed")) == 2, "again"
+            )
+            assert asked == [1, 1]
+
+    with capture_logs() as captured:
+        run(scenario(), timeout=30)
+    failures = [
+        e for e in captured if e["event"] == "UpdateContainers failed, writing cgroup files"
+    ]
+    assert failures and failures[0]["error"] == "no answer within 0.2 s"

@@ -27,6 +27,7 @@ from nri_midbatch.config import Config, load_config_file, load_config_text
 from nri_midbatch.nri.loopback import LoopbackRuntime
 from nri_midbatch.obs.logging import FALLBACK_LOG_FILE, JOURNAL_SOCKET
 
+from .hostile_config import HOSTILE_YAML
 from .nri_fixtures import STARTUP_TIMEOUT, run, start_prelaunched
 
 NRI_ENV = ("NRI_PLUGIN_NAME", "NRI_PLUGIN_IDX", "NRI_PLUGIN_SOCKET")
@@ -245,6 +246,60 @@ def test_check_config_of_a_missing_file_exits_1(
     missing = tmp_path / "missing.yaml"
     assert exit_code(["check-config", str(missing)]) == 1
     assert f"{missing}: cannot read" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("text", "reason"), HOSTILE_YAML.values(), ids=HOSTILE_YAML.keys())
+def test_check_config_refuses_hostile_text_with_a_reason_not_a_traceback(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str, reason: str
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    assert exit_code(["check-config", str(path)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith(f"nri-midbatch: {path}: ")
+    assert reason in captured.err
+    assert "Traceback" not in captured.err
+
+
+@pytest.mark.parametrize("target", ["/dev/null", "/dev/zero", "directory", "fifo"])
+def test_check_config_refuses_what_is_not_a_regular_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, target: str
+) -> None:
+    path = tmp_path / "config.yaml"
+    if target == "directory":
+        path.mkdir()
+    elif target == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to(target)
+    assert exit_code(["check-config", str(path)]) == 1
+    assert "not a regular file" in capsys.readouterr().err
+
+
+def test_run_with_a_hostile_config_exits_2_with_the_reason(
+    capsys: pytest.CaptureFixture[str], fake_app: list[Any], tmp_path: Path
+) -> None:
+    path = tmp_path / "config.yaml"
+    text, reason = HOSTILE_YAML["nested-20000-deep"]
+    path.write_text(text)
+    assert exit_code(["run", "--config", str(path)]) == 2
+    assert reason in capsys.readouterr().err
+    assert FakeApp.instances == []
+
+
+def test_run_with_a_log_file_in_a_missing_directory_exits_2_with_the_reason(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The real open_sink: the file cannot be created.
+    monkeypatch.setattr(nri_midbatch.app, "App", FakeApp)
+    FakeApp.instances = []
+    log_file = tmp_path / "missing" / "plugin.log"
+    assert exit_code(["run", "--log-file", str(log_file)]) == 2
+    err = capsys.readouterr().err
+    assert f"nri-midbatch: --log-file {log_file}: No such file or directory" in err
+    assert "Traceback" not in err
+    assert FakeApp.instances == []
 
 
 # ---------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from fractions import Fraction
 from pathlib import Path
 
@@ -9,6 +11,8 @@ import pytest
 import yaml
 
 from nri_midbatch.config import (
+    MAX_CONFIG_BYTES,
+    MAX_DEPTH,
     CgroupDriver,
     Config,
     ConfigError,
@@ -18,6 +22,8 @@ from nri_midbatch.config import (
     load_config_text,
 )
 from nri_midbatch.policy import PriorityClass, QoSClass, compile_policy
+
+from .hostile_config import HOSTILE_YAML
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "config" / "default.yaml"
 
@@ -264,3 +270,76 @@ def test_compile_policy() -> None:
     assert policy.classifier.settings.qos_label == "example.com/qos"
     assert policy.classifier.settings.qos_from_cgroup_parent is True
     assert policy.spec_annotation == "node.koordinator.sh/extended-resource-spec"
+
+
+# ---------------------------------------------------------------------------
+# Hostile input: every failure is a ConfigError with a reason, nothing blocks or runs away
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "reason"), HOSTILE_YAML.values(), ids=HOSTILE_YAML.keys())
+def test_hostile_text_is_a_config_error_with_its_reason(text: str, reason: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config_text(text, "hostile.yaml")
+    assert str(caught.value).startswith("hostile.yaml: ")
+    assert reason in str(caught.value)
+
+
+def test_aliases_within_the_bounds_are_fine() -> None:
+    first = tier("a", "koord-batch", cpu="a-cpu", memory="a-mem", extra="namespaces: &ns [x, y]")
+    second = tier("b", "koord-mid", cpu="b-cpu", memory="b-mem", extra="namespaces: *ns")
+    config = load_config_text(f"tiers:\n  - {first}\n  - {second}\n", "anchors.yaml")
+    assert [t.namespaces for t in config.tiers] == [("x", "y"), ("x", "y")]
+
+
+def test_nesting_up_to_the_bound_is_parsed_and_beyond_it_refused() -> None:
+    # A value MAX_DEPTH levels down (the top mapping is level 1) is only refused by the model.
+    deep = "x: " + "[" * (MAX_DEPTH - 1) + "]" * (MAX_DEPTH - 1) + "\n"
+    assert "x: unknown key" in rejected(deep)
+    deeper = "x: " + "[" * MAX_DEPTH + "]" * MAX_DEPTH + "\n"
+    assert f"nested more than {MAX_DEPTH} levels deep" in rejected(deeper)
+
+
+def test_a_file_at_the_size_bound_loads_and_one_byte_more_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    body = "failurePolicy: Fail\n"
+    path.write_text(body + "#" * (MAX_CONFIG_BYTES - len(body)))
+    assert load_config_file(path).failure_policy is FailurePolicy.FAIL
+    path.write_text(body + "#" * (MAX_CONFIG_BYTES - len(body) + 1))
+    with pytest.raises(ConfigError, match=f"larger than {MAX_CONFIG_BYTES} bytes"):
+        load_config_file(path)
+
+
+@pytest.mark.parametrize("device", ["/dev/null", "/dev/zero"])
+def test_a_config_linked_to_a_device_is_refused_unread(tmp_path: Path, device: str) -> None:
+    path = tmp_path / "config.yaml"
+    path.symlink_to(device)
+    with pytest.raises(ConfigError, match=r"special file .*not a regular file"):
+        load_config_file(path)
+
+
+def test_a_directory_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="a directory, not a regular file"):
+        load_config_file(tmp_path)
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    os.mkfifo(path)
+    outcome: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            load_config_file(path)
+        except BaseException as error:
+            outcome.append(error)
+
+    # In a thread, so the test reports a blocked open instead of hanging; the bound
+    # only separates "returned" from "blocked forever".
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "reading a FIFO blocked"
+    (error,) = outcome
+    assert isinstance(error, ConfigError)
+    assert "special file" in str(error)

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import structlog
+import structlog.testing
 
 from nri_midbatch import lowering as lowering_module
 from nri_midbatch import plugin as plugin_module
@@ -34,6 +35,7 @@ from nri_midbatch.plugin import NATIVE_LIMITS_ANNOTATION, MidBatchPlugin
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.wire.status import Code
 
+from .hostile_config import HOSTILE_YAML
 from .nri_fixtures import STEP_TIMEOUT, resources, run
 
 QOS = "koordinator.sh/qosClass"
@@ -1089,6 +1091,26 @@ def test_configure_with_an_invalid_config_keeps_the_previous_one(tree: CgroupTre
             assert values_of(reply.adjust.linux.resources) == (2, 25_000, -1)
 
     run(scenario())
+
+
+@pytest.mark.parametrize(("text", "reason"), HOSTILE_YAML.values(), ids=HOSTILE_YAML.keys())
+def test_configure_with_a_hostile_drop_in_keeps_the_previous_config(
+    tree: CgroupTree, text: str, reason: str
+) -> None:
+    """A pre-launched plugin's bad drop-in is refused: registration still succeeds."""
+    startup = make_config(tree, rules={"cpuNormalizationRatio": 2.0})
+
+    async def scenario() -> None:
+        async with connected(startup, config_text=text) as c:
+            assert c.configured.events == EXPECTED_EVENTS
+            assert c.plugin.counters.config_rejected == 1
+            assert c.plugin.config is startup
+
+    with structlog.testing.capture_logs() as logs:
+        run(scenario())
+    (refused,) = [e for e in logs if e["event"] == "configuration from the runtime rejected"]
+    assert refused["log_level"] == "error"
+    assert reason in refused["error"]
 
 
 def test_configure_event_mask_for_containerd_1_7(tree: CgroupTree) -> None:

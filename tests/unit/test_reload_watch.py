@@ -37,14 +37,32 @@ def test_a_truncated_moment_is_never_reported(tmp_path: Path) -> None:
     assert path.read_text() == "failurePolicy: Fail\n"
 
 
-def test_a_vanished_file_is_no_change(tmp_path: Path) -> None:
+def test_a_vanished_file_is_a_change_once_settled(tmp_path: Path) -> None:
+    # The reader then finds it gone, and refuses the reload with that reason.
     path = tmp_path / "config.yaml"
     rewrite(path, "failurePolicy: Ignore\n", stamp=1)
     watch = FileWatch(path)
     path.unlink()
     assert not watch.changed()
+    assert watch.changed()
     assert not watch.changed()
     rewrite(path, "failurePolicy: Ignore\n", stamp=4)
     # Back (the inode number may be reused, the time is new): a change, once settled.
     assert not watch.changed()
+    assert watch.changed()
+
+
+def test_without_settling_each_change_of_any_file_is_reported_at_once(tmp_path: Path) -> None:
+    # The webhook's certificate and key: loaded together, retried on every change.
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    rewrite(cert, "a", stamp=1)
+    rewrite(key, "a", stamp=1)
+    watch = FileWatch(cert, key, settle=False)
+    assert not watch.changed()
+    rewrite(cert, "b", stamp=2)
+    assert watch.changed()
+    assert not watch.changed()
+    rewrite(key, "b", stamp=2)
+    assert watch.changed()
+    key.unlink()
     assert watch.changed()
