@@ -5,9 +5,12 @@ async glue can run any of it in a thread. Nothing here creates a file or a
 directory: the runtime creates pod cgroups, and a missing one is reported.
 """
 
+import contextlib
+import errno
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from nri_midbatch.cgroups.files import (
@@ -30,12 +33,22 @@ from nri_midbatch.cgroups.values import PodCgroupReading, PodCgroupValues
 
 DEFAULT_CGROUP_ROOT = Path("/sys/fs/cgroup")
 
-# O_NOFOLLOW closes the gap between resolving a path and opening it for the
-# last component; no O_CREAT, so a missing file fails instead of appearing.
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+# Files are opened relative to their directory's descriptor, never by path,
+# and O_NOFOLLOW refuses a file swapped for a symlink; no O_CREAT, so a
+# missing file fails instead of appearing. O_NONBLOCK: a FIFO planted in
+# place of a cgroup file must not block the open (it is then refused as not
+# a regular file; every cgroupfs interface file is one).
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 # O_TRUNC is a no-op on cgroupfs (as with `echo v > file`) and keeps plain
 # files (test trees) holding exactly the value written.
-_WRITE_FLAGS = os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+_WRITE_FLAGS = os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# Each directory from the root down is opened relative to the one above it,
+# refusing symlinks: a directory swapped for a symlink after the path was
+# checked (renameat2 RENAME_EXCHANGE) fails the open instead of leading out.
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: The most read from one cgroup file: the ones read here hold one line of a few
+#: dozen bytes, so anything longer (a device planted in the tree) is refused.
+MAX_FILE_BYTES = 4096
 
 
 def detect_version(root: Path) -> CgroupVersion:
@@ -83,25 +96,27 @@ def _apply(
 ) -> WriteReport:
     version = detect_version(root)
     settings = pod_settings(version, values)
-    paths = _file_paths(root, version, relpath, cgroup_parent, [s.file for s in settings])
     written: list[FileWrite] = []
     unchanged: list[FileUnchanged] = []
     failed: list[FileFailure] = []
-    for setting, path in zip(settings, paths, strict=True):
-        try:
-            old = _read(path)
-        except OSError as exc:
-            failed.append(FileFailure.from_os_error(path, "read", exc))
-            continue
-        if not needs_write(setting, old):
-            unchanged.append(FileUnchanged(path, old))
-            continue
-        try:
-            _write(path, setting.text)
-        except OSError as exc:
-            failed.append(FileFailure.from_os_error(path, "write", exc))
-            continue
-        written.append(FileWrite(path, old, setting.text))
+    with _open_targets(
+        root, version, relpath, cgroup_parent, [s.file for s in settings]
+    ) as targets:
+        for setting, target in zip(settings, targets, strict=True):
+            try:
+                old = _read(target)
+            except OSError as exc:
+                failed.append(FileFailure.from_os_error(target.path, "read", exc))
+                continue
+            if not needs_write(setting, old):
+                unchanged.append(FileUnchanged(target.path, old))
+                continue
+            try:
+                _write(target, setting.text)
+            except OSError as exc:
+                failed.append(FileFailure.from_os_error(target.path, "write", exc))
+                continue
+            written.append(FileWrite(target.path, old, setting.text))
     return WriteReport(version, tuple(written), tuple(unchanged), tuple(failed))
 
 
@@ -128,10 +143,10 @@ def read_container_values(
 def _read_values(root: Path, relpath: PurePosixPath, cgroup_parent: str) -> PodCgroupReading:
     version = detect_version(root)
     files = pod_files(version)
-    paths = _file_paths(root, version, relpath, cgroup_parent, files)
-    cpu, quota, memory = (
-        parse_value(file, _read(path)) for file, path in zip(files, paths, strict=True)
-    )
+    with _open_targets(root, version, relpath, cgroup_parent, files) as targets:
+        cpu, quota, memory = (
+            parse_value(file, _read(target)) for file, target in zip(files, targets, strict=True)
+        )
     v1 = version is CgroupVersion.V1
     return PodCgroupReading(
         cpu_shares=cpu if v1 else None,
@@ -141,8 +156,72 @@ def _read_values(root: Path, relpath: PurePosixPath, cgroup_parent: str) -> PodC
     )
 
 
-def _file_paths(
+@dataclass(frozen=True)
+class _Target:
+    """A cgroup file: its path (for reports) and its open directory, or why that failed."""
+
+    path: Path
+    dir_fd: int | None
+    dir_error: OSError | None
+
+    @property
+    def name(self) -> str:
+        """What is opened, relative to `dir_fd`."""
+        return self.path.name
+
+
+@contextlib.contextmanager
+def _open_targets(
     root: Path,
+    version: CgroupVersion,
+    relpath: PurePosixPath,
+    cgroup_parent: str,
+    files: Sequence[CgroupFile],
+) -> Iterator[list[_Target]]:
+    """The files' targets, their directories open until the block ends.
+
+    Raises CgroupPathError before opening anything if a path is refused.
+    """
+    real_root = Path(os.path.realpath(root))
+    paths = _file_paths(real_root, version, relpath, cgroup_parent, files)
+    with contextlib.ExitStack() as stack:
+        opened: dict[Path, tuple[int | None, OSError | None]] = {}
+        targets = []
+        for path in paths:
+            directory = path.parent
+            if directory not in opened:
+                try:
+                    dir_fd = _open_below(real_root, directory)
+                except OSError as exc:
+                    opened[directory] = (None, exc)
+                else:
+                    stack.callback(os.close, dir_fd)
+                    opened[directory] = (dir_fd, None)
+            targets.append(_Target(path, *opened[directory]))
+        yield targets
+
+
+def _open_below(real_root: Path, directory: Path) -> int:
+    """Open `directory` (a real path inside `real_root`) one component at a time.
+
+    Every step is relative to the descriptor of the step before and refuses
+    a symlink, so what is opened is inside the root whatever is renamed or
+    swapped meanwhile.
+    """
+    fd = os.open(real_root, _DIR_FLAGS)
+    try:
+        for name in directory.relative_to(real_root).parts:
+            child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _file_paths(
+    real_root: Path,
     version: CgroupVersion,
     relpath: PurePosixPath,
     cgroup_parent: str,
@@ -156,7 +235,7 @@ def _file_paths(
     for file in files:
         directory = directories.get(file.controller)
         if directory is None:
-            directory = _confined_dir(root, version, file.controller, relpath, cgroup_parent)
+            directory = _confined_dir(real_root, version, file.controller, relpath, cgroup_parent)
             directories[file.controller] = directory
         path = directory / file.name
         # The names are fixed, so a differing real path means the file itself
@@ -170,19 +249,18 @@ def _file_paths(
 
 
 def _confined_dir(
-    root: Path,
+    real_root: Path,
     version: CgroupVersion,
     controller: Controller,
     relpath: PurePosixPath,
     cgroup_parent: str,
 ) -> Path:
-    real_root = Path(os.path.realpath(root))
     if version is CgroupVersion.V2:
         hierarchy = real_root
     else:
         # On v1, `cpu` is often a symlink to `cpu,cpuacct`; following it is
         # fine as long as the hierarchy stays inside the root.
-        hierarchy = Path(os.path.realpath(real_root / controller))
+        hierarchy = _realpath(real_root / controller, cgroup_parent)
         if not _strictly_inside(hierarchy, real_root):
             raise CgroupPathError(
                 f"cgroup parent {cgroup_parent!r}: {controller} hierarchy {hierarchy} "
@@ -190,12 +268,23 @@ def _confined_dir(
             )
     # Strictly below the hierarchy, not merely the root: a parent resolving to
     # a hierarchy's top would rewrite the root cgroup's own files.
-    directory = Path(os.path.realpath(hierarchy / relpath))
+    directory = _realpath(hierarchy / relpath, cgroup_parent)
     if not _strictly_inside(directory, hierarchy):
         raise CgroupPathError(
             f"cgroup parent {cgroup_parent!r} resolves to {directory}, not below {hierarchy}"
         )
     return directory
+
+
+def _realpath(path: Path, cgroup_parent: str) -> Path:
+    try:
+        return Path(os.path.realpath(path))
+    except OSError as exc:
+        # A component changed from symlink to directory while it was resolved
+        # (EINVAL from readlink): the tree is being rearranged under us.
+        raise CgroupPathError(
+            f"cgroup parent {cgroup_parent!r}: {path} cannot be resolved: {exc.strerror}"
+        ) from None
 
 
 def _is_link(path: Path) -> bool:
@@ -210,16 +299,40 @@ def _strictly_inside(path: Path, base: Path) -> bool:
     return path != base and path.is_relative_to(base)
 
 
-def _read(path: Path) -> str:
-    fd = os.open(path, _READ_FLAGS)
-    with os.fdopen(fd, "rb") as f:
-        return f.read().decode("utf-8", errors="replace").strip()
+def _read(target: _Target) -> str:
+    fd = _open_file(target, _READ_FLAGS)
+    try:
+        data = b""
+        while len(data) <= MAX_FILE_BYTES:
+            chunk = os.read(fd, MAX_FILE_BYTES + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    if len(data) > MAX_FILE_BYTES:
+        raise OSError(errno.EFBIG, f"more than {MAX_FILE_BYTES} bytes, not a cgroup value")
+    return data.decode("utf-8", errors="replace").strip()
 
 
-def _write(path: Path, text: str) -> None:
-    fd = os.open(path, _WRITE_FLAGS)
+def _write(target: _Target, text: str) -> None:
+    fd = _open_file(target, _WRITE_FLAGS)
     try:
         # One write(2): the kernel parses each write as a whole value.
         os.write(fd, text.encode("ascii"))
     finally:
         os.close(fd)
+
+
+def _open_file(target: _Target, flags: int) -> int:
+    if target.dir_error is not None:
+        raise target.dir_error
+    fd = os.open(target.name, flags, dir_fd=target.dir_fd)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, "not a regular file, so not a cgroup file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

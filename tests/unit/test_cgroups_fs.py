@@ -1,9 +1,15 @@
 """The cgroup writer against fake cgroup trees built in tmp_path."""
 
+import contextlib
+import ctypes
 import errno
 import os
+import stat
 import tempfile
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from hypothesis import given, settings
@@ -26,6 +32,8 @@ from nri_midbatch.cgroups import (
     read_pod_values,
 )
 from nri_midbatch.cgroups import fs as cgroup_fs
+
+T = TypeVar("T")
 
 GIB = 1 << 30
 V1_UNLIMITED_MEMORY = "9223372036854771712"
@@ -664,3 +672,127 @@ def test_writes_only_inside_root_or_refuses(
             for path in report_paths(report):
                 assert path.is_relative_to(real_root) and path.parent != real_root
         assert snapshot(base / "outside") == outside_before
+
+
+# --- special files in the tree ----------------------------------------------------
+
+
+def _in_thread(work: Callable[[], T]) -> T:
+    """Run `work` in a thread: a blocked open fails the test instead of hanging it."""
+    outcome: list[T] = []
+    raised: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            outcome.append(work())
+        except BaseException as error:
+            raised.append(error)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(timeout=60)  # only separates "returned" from "blocked forever"
+    assert not thread.is_alive(), "blocked on a special file"
+    if raised:
+        raise raised[0]
+    (result,) = outcome
+    return result
+
+
+def test_a_fifo_in_place_of_a_cgroup_file_is_reported_without_blocking(tmp_path: Path) -> None:
+    make_v2(tmp_path, BE_SYSTEMD_DIR)
+    fifo = tmp_path / BE_SYSTEMD_DIR / "cpu.max"
+    fifo.unlink()
+    os.mkfifo(fifo)
+
+    report = _in_thread(lambda: apply_pod_values(tmp_path, AUTO, BE_SYSTEMD, BATCH))
+
+    assert [w.path.name for w in report.written] == ["cpu.weight", "memory.max"]
+    assert [(f.path.name, f.operation, f.errno) for f in report.failed] == [
+        ("cpu.max", "read", errno.EINVAL)
+    ]
+    assert "not a regular file" in report.failed[0].error
+    with pytest.raises(OSError, match="not a regular file"):
+        _in_thread(lambda: read_pod_values(tmp_path, AUTO, BE_SYSTEMD))
+
+
+def test_a_device_in_place_of_a_cgroup_file_is_not_read(tmp_path: Path) -> None:
+    make_v2(tmp_path, BE_SYSTEMD_DIR)
+    device = tmp_path / BE_SYSTEMD_DIR / "memory.max"
+    device.unlink()
+    os.mknod(device, stat.S_IFCHR | 0o600, os.makedev(1, 5))  # /dev/zero: never ends
+
+    report = _in_thread(lambda: apply_pod_values(tmp_path, AUTO, BE_SYSTEMD, BATCH))
+
+    assert [(f.path.name, f.operation, f.errno) for f in report.failed] == [
+        ("memory.max", "read", errno.EINVAL)
+    ]
+
+
+def test_a_file_longer_than_the_read_bound_is_refused_not_overwritten(tmp_path: Path) -> None:
+    make_v2(tmp_path, BE_SYSTEMD_DIR)
+    long_file = tmp_path / BE_SYSTEMD_DIR / "cpu.weight"
+    long_file.write_text("1" * (cgroup_fs.MAX_FILE_BYTES + 1))
+
+    report = apply_pod_values(tmp_path, AUTO, BE_SYSTEMD, BATCH)
+
+    assert [(f.path.name, f.operation, f.errno) for f in report.failed] == [
+        ("cpu.weight", "read", errno.EFBIG)
+    ]
+    assert long_file.read_text() == "1" * (cgroup_fs.MAX_FILE_BYTES + 1)
+    # At the bound it is read (and, not being a value, overwritten).
+    long_file.write_text(" " * (cgroup_fs.MAX_FILE_BYTES - 1) + "7")
+    assert apply_pod_values(tmp_path, AUTO, BE_SYSTEMD, BATCH).ok
+
+
+# --- a directory swapped for a symlink while the plugin writes ------------------
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _exchange(a: Path, b: Path) -> None:
+    """renameat2(RENAME_EXCHANGE): swap two names atomically."""
+    if _libc.renameat2(_AT_FDCWD, bytes(a), _AT_FDCWD, bytes(b), _RENAME_EXCHANGE) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+@pytest.mark.parametrize("version", list(CgroupVersion))
+def test_a_pod_dir_swapped_for_a_symlink_never_leads_a_write_outside(
+    tmp_path: Path, version: CgroupVersion
+) -> None:
+    root = tmp_path / "root"
+    outside = _outside_with_cgroup_files(tmp_path)
+    make_tree(root, version, "kubepods/besteffort/pod1")
+    hierarchies = [root] if version is CgroupVersion.V2 else [root / "cpu", root / "memory"]
+    pairs = []
+    for hierarchy in hierarchies:
+        pod_dir = hierarchy / "kubepods" / "besteffort" / "pod1"
+        decoy = hierarchy / "kubepods" / "besteffort" / "decoy"
+        decoy.symlink_to(outside)
+        pairs.append((pod_dir, decoy))
+    outside_before = snapshot(outside)
+    stop = threading.Event()
+    swaps = 0
+
+    def swapper() -> None:
+        nonlocal swaps
+        while not stop.is_set():
+            for pod_dir, decoy in pairs:
+                _exchange(pod_dir, decoy)
+            swaps += 1
+
+    thread = threading.Thread(target=swapper, daemon=True)
+    thread.start()
+    try:
+        # Alternate values so that every request has something to write.
+        for request in range(400):
+            values = BATCH if request % 2 else UNLIMITED_VALUES
+            with contextlib.suppress(CgroupPathError):  # resolved while it was the symlink
+                apply_pod_values(root, AUTO, "/kubepods/besteffort/pod1", values)
+    finally:
+        stop.set()
+        thread.join()
+    assert swaps > 0
+    assert snapshot(outside) == outside_before
