@@ -8,7 +8,7 @@ from bench import workload
 from nri_midbatch.config import Config
 from nri_midbatch.plugin import container_view, pod_view
 from nri_midbatch.policy import ContainerView, PodView, compile_policy, decide_container
-from nri_midbatch.policy.spec import load_spec
+from nri_midbatch.policy.spec import SPEC_CACHE_ENTRIES, spec_cache
 
 Views = list[tuple[PodView, ContainerView]]
 
@@ -37,7 +37,7 @@ def views(count: int, *, distinct_specs: bool) -> Views:
 
 def rate(pairs: Views, decisions: int) -> float:
     policy = compile_policy(Config())
-    load_spec.cache_clear()
+    spec_cache.clear()
     rounds = max(1, decisions // len(pairs))
     started = time.perf_counter()
     for _ in range(rounds):
@@ -52,6 +52,6 @@ def rate(pairs: Views, decisions: int) -> float:
 def decisions_per_second(decisions: int) -> tuple[float, float]:
     """(spec cached, every spec new): the second cycles through more specs than the cache holds."""
     cached = rate(views(1000, distinct_specs=False), decisions)
-    fresh_views = views(load_spec.cache_info().maxsize + 904, distinct_specs=True)  # type: ignore[operator]
+    fresh_views = views(SPEC_CACHE_ENTRIES + 904, distinct_specs=True)
     fresh = rate(fresh_views, max(len(fresh_views), decisions // 10))
     return cached, fresh

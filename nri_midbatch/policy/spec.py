@@ -9,13 +9,25 @@ Decoding follows Go's encoding/json into those structs: unknown keys are ignored
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import Enum, auto
 from functools import lru_cache
 
+from .bounded_cache import BoundedCache
 from .quantity import QuantityError, parse_quantity
 
-__all__ = ["ContainerSpec", "ExtendedSpec", "SpecError", "load_spec", "parse_spec"]
+__all__ = [
+    "SPEC_CACHE_BYTES",
+    "SPEC_CACHE_ENTRIES",
+    "ContainerSpec",
+    "ExtendedSpec",
+    "SpecError",
+    "load_spec",
+    "parse_spec",
+    "spec_cache",
+]
 
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
@@ -68,16 +80,55 @@ class _Number(str):
     """The source text of a JSON number, kept because Go hands it to ParseQuantity as is."""
 
 
-# A pod's containers are decided one after another (and its pod cgroup just
-# before), so a few hundred entries hold every spec in use on a node; each
-# costs some KB (its text and the parsed maps), so the bound is a memory bound.
-@lru_cache(maxsize=256)
+#: Specs kept parsed, at most: a pod's containers are decided one after another (and
+#: its pod cgroup just before), so a few hundred hold every spec in use on a node.
+SPEC_CACHE_ENTRIES = 256
+#: ... and at most this many bytes, by `_footprint`'s count of the annotation text and
+#: the maps parsed from it (objects shared between maps are counted at each use, so
+#: it counts high): a 250 KB annotation, near the 256 KB limit of all of a pod's
+#: annotations, counts about 1.4 MB, and 256 of them held hundreds of MB. A spec
+#: costing more than this is parsed for each decision instead.
+SPEC_CACHE_BYTES = 4 * 1024 * 1024
+#: Quantity strings longer than this (no real one is) are parsed each time, not cached.
+QUANTITY_CACHE_TEXT = 64
+
+
+class _Missing(Enum):
+    MISSING = auto()
+
+
+spec_cache: BoundedCache[str, ExtendedSpec | SpecError | None] = BoundedCache(
+    SPEC_CACHE_ENTRIES, SPEC_CACHE_BYTES
+)
+
+
 def load_spec(text: str) -> ExtendedSpec | SpecError | None:
     """parse_spec with the outcome (error included) cached per annotation string."""
+    cached = spec_cache.get(text, _Missing.MISSING)
+    if cached is not _Missing.MISSING:
+        return cached
     try:
-        return parse_spec(text)
+        outcome: ExtendedSpec | SpecError | None = parse_spec(text)
     except SpecError as error:
-        return error
+        outcome = error
+    spec_cache.put(text, outcome, _footprint(text, outcome))
+    return outcome
+
+
+def _footprint(text: str, outcome: ExtendedSpec | SpecError | None) -> int:
+    """About what a cache entry keeps alive: the text, and the maps parsed from it."""
+    size = sys.getsizeof(text)
+    if isinstance(outcome, SpecError):
+        return size + sys.getsizeof(outcome) + sys.getsizeof(str(outcome))
+    if outcome is None:
+        return size
+    size += sys.getsizeof(outcome.containers) + sys.getsizeof(outcome.resource_names)
+    for name, entry in outcome.containers.items():
+        size += sys.getsizeof(name) + sys.getsizeof(entry)
+        for resources in (entry.requests, entry.limits):
+            size += sys.getsizeof(resources)
+            size += sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in resources.items())
+    return size
 
 
 def parse_spec(text: str) -> ExtendedSpec | None:
@@ -148,17 +199,24 @@ def _quantity_value(raw: object, container: str, field: str, resource: str) -> i
     return value
 
 
-@lru_cache(maxsize=1024)
 def _quantity_int(text: str) -> int | QuantityError:
-    """A quantity's value, or why it has none.
+    """A quantity's value, or why it has none; short texts (all real ones) are cached."""
+    if len(text) > QUANTITY_CACHE_TEXT:
+        return _parse_quantity_int(text)
+    return _cached_quantity_int(text)
 
-    Parsing one takes about 20 us (exact fractions), and a node's specs
-    repeat a few dozen quantities ("1k", "512Mi"): each is parsed once.
-    """
+
+def _parse_quantity_int(text: str) -> int | QuantityError:
     try:
         return parse_quantity(text).value()
     except QuantityError as error:
         return error
+
+
+# Parsing one takes about 20 us (exact fractions), and a node's specs repeat a few
+# dozen quantities ("1k", "512Mi"): each is parsed once. Keys are at most
+# QUANTITY_CACHE_TEXT characters, so the cache holds well under 1 MB.
+_cached_quantity_int = lru_cache(maxsize=1024)(_parse_quantity_int)
 
 
 def _json_type(value: object) -> str:

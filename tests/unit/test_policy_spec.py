@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+import gc
+import json
+import tracemalloc
+
 import pytest
 
-from nri_midbatch.policy.spec import ContainerSpec, SpecError, load_spec, parse_spec
+from nri_midbatch.policy import spec as spec_module
+from nri_midbatch.policy.spec import (
+    SPEC_CACHE_BYTES,
+    SPEC_CACHE_ENTRIES,
+    ContainerSpec,
+    ExtendedSpec,
+    SpecError,
+    load_spec,
+    parse_spec,
+    spec_cache,
+)
 
 CPU = "kubernetes.io/batch-cpu"
 MEMORY = "kubernetes.io/batch-memory"
@@ -121,4 +135,58 @@ def test_the_spec_cache_is_bounded() -> None:
     """A node sees ever new specs as jobs come and go: the cache must not keep them all."""
     for n in range(600):
         load_spec(f'{{"containers": {{"main": {{"requests": {{"{MEMORY}": "{n}Mi"}}}}}}}}')
-    assert load_spec.cache_info().currsize <= 256
+    assert len(spec_cache) <= SPEC_CACHE_ENTRIES == 256
+
+
+def _large_annotation(n: int, size: int = 250_000) -> str:
+    """Distinct per n, about `size` bytes: containers with 20 long-named resources each."""
+    prefix = "example.com/" + "x" * 200  # long names: many bytes, few objects to parse
+    entry = {"limits": {f"{prefix}{j}": "1Gi" for j in range(20)}}
+    per_container = len(json.dumps(entry)) + 20
+    containers = {f"c{n}-{i}": entry for i in range(size // per_container)}
+    return json.dumps({"containers": containers})
+
+
+def test_the_spec_cache_is_bounded_in_bytes_and_keeps_nothing_of_gone_pods_beyond() -> None:
+    """Pods with annotations near the size limit, created and deleted one after another."""
+    spec_cache.clear()
+    tracemalloc.start()
+    try:
+        gc.collect()
+        before, _ = tracemalloc.get_traced_memory()
+        for n in range(30):  # 30 x 250 KB: twice what the old cache kept past the bound
+            spec = load_spec(_large_annotation(n))
+            assert isinstance(spec, ExtendedSpec)
+            assert spec_cache.bytes <= SPEC_CACHE_BYTES
+        del spec
+        gc.collect()
+        retained, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert 0 < len(spec_cache) < 30
+    # What the pods brought and the cache still holds, measured by the allocator's own
+    # count: within the stated bound (the accounting counts high).
+    assert retained - before <= SPEC_CACHE_BYTES
+    # The most recent one is still cached.
+    assert load_spec(_large_annotation(29)) is load_spec(_large_annotation(29))
+    spec_cache.clear()
+
+
+def test_a_spec_costing_more_than_the_whole_bound_is_not_cached() -> None:
+    spec_cache.clear()
+    text = _large_annotation(0, size=SPEC_CACHE_BYTES)
+    assert isinstance(load_spec(text), ExtendedSpec)
+    assert len(spec_cache) == 0 and spec_cache.bytes == 0
+
+
+def test_long_quantity_texts_are_not_cached() -> None:
+    """Each could be an annotation's worth; only texts a real quantity can have are kept."""
+    info = spec_module._cached_quantity_int.cache_info
+    long_text = "1" * (spec_module.QUANTITY_CACHE_TEXT + 1)
+    before = info().currsize
+    for n in range(3):
+        with pytest.raises(SpecError):
+            parse_spec(f'{{"containers": {{"a": {{"limits": {{"{CPU}": "{long_text}{n}x"}}}}}}}}')
+    assert info().currsize == before
+    parse_spec(f'{{"containers": {{"a": {{"limits": {{"{CPU}": "12345m"}}}}}}}}')
+    assert info().currsize <= before + 1

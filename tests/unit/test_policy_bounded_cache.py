@@ -1,0 +1,42 @@
+"""BoundedCache: least recently used first out, bounded by entries and by bytes."""
+
+from __future__ import annotations
+
+from nri_midbatch.policy.bounded_cache import BoundedCache
+
+
+def test_bytes_bound_evicts_the_least_recently_used() -> None:
+    cache: BoundedCache[str, int] = BoundedCache(max_entries=10, max_bytes=100)
+    cache.put("a", 1, 40)
+    cache.put("b", 2, 40)
+    assert cache.get("a", None) == 1  # "b" is now the least recently used
+    cache.put("c", 3, 40)
+    assert (cache.get("a", None), cache.get("b", None), cache.get("c", None)) == (1, None, 3)
+    assert (len(cache), cache.bytes) == (2, 80)
+
+
+def test_entries_bound_holds_for_cheap_entries() -> None:
+    cache: BoundedCache[int, int] = BoundedCache(max_entries=3, max_bytes=10**9)
+    for n in range(10):
+        cache.put(n, n, 1)
+    assert len(cache) == 3
+    assert [cache.get(n, None) for n in range(10)] == [None] * 7 + [7, 8, 9]
+
+
+def test_an_entry_above_the_whole_budget_is_not_kept_and_evicts_nothing() -> None:
+    cache: BoundedCache[str, int] = BoundedCache(max_entries=10, max_bytes=100)
+    cache.put("small", 1, 10)
+    cache.put("huge", 2, 101)
+    assert cache.get("huge", None) is None
+    assert cache.get("small", None) == 1
+    assert cache.bytes == 10
+
+
+def test_a_cached_falsy_value_is_told_from_a_miss() -> None:
+    cache: BoundedCache[str, None] = BoundedCache(max_entries=10, max_bytes=100)
+    cache.put("none", None, 1)
+    missing = object()
+    assert cache.get("none", missing) is None
+    assert cache.get("other", missing) is missing
+    cache.clear()
+    assert (len(cache), cache.bytes, cache.get("none", missing)) == (0, 0, missing)
