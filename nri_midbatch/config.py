@@ -26,6 +26,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_core import ErrorDetails
 
+from .cgroups.paths import CgroupDriver
 from .policy import PriorityClass, QoSClass
 
 __all__ = [
@@ -46,12 +47,6 @@ class ConfigError(ValueError):
 class FailurePolicy(StrEnum):
     IGNORE = "Ignore"
     FAIL = "Fail"
-
-
-class CgroupDriver(StrEnum):
-    AUTO = "auto"
-    CGROUPFS = "cgroupfs"
-    SYSTEMD = "systemd"
 
 
 class _Model(BaseModel):

@@ -32,7 +32,6 @@ from nri_midbatch.cgroups.report import WriteReport
 from nri_midbatch.cgroups.values import (
     UNLIMITED,
     PodCgroupReading,
-    PodCgroupValues,
     clamp_cpu_shares,
 )
 from nri_midbatch.config import Config, ConfigError, load_config_text
@@ -353,11 +352,10 @@ class MidBatchPlugin:
         where = {"namespace": pod.namespace, "pod": pod.name}
         if container is not None:
             where["container"] = container.name
-        target = PodCgroupValues(values.cpu_shares, values.cpu_quota, values.memory_limit)
         try:
             if container is None:
                 report = apply_pod_values(
-                    self._cgroup_root, self._cgroup_driver, pod.cgroup_parent, target
+                    self._cgroup_root, self._cgroup_driver, pod.cgroup_parent, values
                 )
             else:
                 report = apply_container_values(
@@ -365,7 +363,7 @@ class MidBatchPlugin:
                     self._cgroup_driver,
                     pod.cgroup_parent,
                     container.id,
-                    target,
+                    values,
                     cgroups_path,
                     self.runtime.name if self.runtime is not None else "",
                 )
@@ -541,14 +539,13 @@ class MidBatchPlugin:
             if holds(now, values):
                 continue
             where = {"namespace": pod.namespace, "pod": pod.name, "container": container.name}
-            target = PodCgroupValues(values.cpu_shares, values.cpu_quota, values.memory_limit)
             try:
                 report = apply_container_values(
                     self._cgroup_root,
                     self._cgroup_driver,
                     pod.cgroup_parent,
                     container.id,
-                    target,
+                    values,
                     cgroups_path,
                 )
             except CgroupPathError as exc:
@@ -749,7 +746,7 @@ class MidBatchPlugin:
                 self._cgroup_root,
                 self._cgroup_driver,
                 pod.cgroup_parent,
-                PodCgroupValues(values.cpu_shares, values.cpu_quota, values.memory_limit),
+                values,
             )
         except CgroupPathError as exc:
             reason = str(exc)

@@ -7,7 +7,8 @@ from typing import Literal
 
 from nri_midbatch.cgroups.values import (
     UNLIMITED,
-    PodCgroupValues,
+    CgroupValues,
+    check_writable,
     clamp_cpu_shares,
     cpu_shares_to_weight,
 )
@@ -74,8 +75,12 @@ def pod_files(version: CgroupVersion) -> tuple[CgroupFile, CgroupFile, CgroupFil
     return CPU_WEIGHT, CPU_MAX, MEMORY_MAX
 
 
-def pod_settings(version: CgroupVersion, values: PodCgroupValues) -> tuple[Setting, ...]:
-    """The writes that give a pod cgroup these values, in write order."""
+def pod_settings(version: CgroupVersion, values: CgroupValues) -> tuple[Setting, ...]:
+    """The writes that give a pod cgroup these values, in write order.
+
+    Raises ValueError for values no cgroup version takes alike (check_writable).
+    """
+    check_writable(values)
     cpu_file, quota_file, memory_file = pod_files(version)
     if version is CgroupVersion.V1:
         cpu_value = clamp_cpu_shares(values.cpu_shares)

@@ -29,7 +29,7 @@ from nri_midbatch.cgroups.paths import (
     pod_relpath,
 )
 from nri_midbatch.cgroups.report import FileFailure, FileUnchanged, FileWrite, WriteReport
-from nri_midbatch.cgroups.values import PodCgroupReading, PodCgroupValues
+from nri_midbatch.cgroups.values import CgroupValues, PodCgroupReading
 
 DEFAULT_CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -59,7 +59,7 @@ def detect_version(root: Path) -> CgroupVersion:
 
 
 def apply_pod_values(
-    root: Path, driver: CgroupDriver, cgroup_parent: str, values: PodCgroupValues
+    root: Path, driver: CgroupDriver, cgroup_parent: str, values: CgroupValues
 ) -> WriteReport:
     """Write the pod's cpu shares (or weight), CFS quota and memory limit.
 
@@ -76,7 +76,7 @@ def apply_container_values(
     driver: CgroupDriver,
     cgroup_parent: str,
     container_id: str,
-    values: PodCgroupValues,
+    values: CgroupValues,
     cgroups_path: str = "",
     runtime: str = "",
 ) -> WriteReport:
@@ -92,7 +92,7 @@ def apply_container_values(
 
 
 def _apply(
-    root: Path, relpath: PurePosixPath, cgroup_parent: str, values: PodCgroupValues
+    root: Path, relpath: PurePosixPath, cgroup_parent: str, values: CgroupValues
 ) -> WriteReport:
     version = detect_version(root)
     settings = pod_settings(version, values)

@@ -1,35 +1,39 @@
-"""Pod-level cgroup values and the cgroup v1 -> v2 conversions. Pure."""
+"""Pod-level cgroup values as the cgroup files take them, and the v1 -> v2 conversions. Pure.
+
+The values are the policy's `CgroupValues` (cgroup v1 units, as Koordinator computes
+them) and so are the constants: one type and one set of limits for the whole plugin.
+"""
 
 from dataclasses import dataclass
 
-UNLIMITED = -1
-"""Quota or memory limit meaning "no limit" (written `-1` on v1, `max` on v2)."""
+from nri_midbatch.policy.calculate import CPU_SHARES_MAX, CPU_SHARES_MIN, UNLIMITED, CgroupValues
 
-CPU_SHARES_MIN = 2
-CPU_SHARES_MAX = 262144
+__all__ = [
+    "CPU_SHARES_MAX",
+    "CPU_SHARES_MIN",
+    "CPU_WEIGHT_MAX",
+    "CPU_WEIGHT_MIN",
+    "UNLIMITED",
+    "CgroupValues",
+    "PodCgroupReading",
+    "check_writable",
+    "clamp_cpu_shares",
+    "cpu_shares_to_weight",
+]
+
 CPU_WEIGHT_MIN = 1
 CPU_WEIGHT_MAX = 10000
 
 
-@dataclass(frozen=True)
-class PodCgroupValues:
-    """What the pod's cgroup should hold, in cgroup v1 units (as Koordinator computes them).
+def check_writable(values: CgroupValues) -> None:
+    """Raise ValueError unless the quota and memory limit are positive or UNLIMITED.
 
-    cpu_shares: v1 `cpu.shares`; converted to `cpu.weight` on v2.
-    cpu_quota: CFS quota in microseconds per period, or UNLIMITED.
-    memory_limit: bytes, or UNLIMITED.
+    Other negatives mean "unlimited" to the v1 kernel but are rejected by v2's
+    parser; refusing them keeps both versions meaning the same thing.
     """
-
-    cpu_shares: int
-    cpu_quota: int
-    memory_limit: int
-
-    def __post_init__(self) -> None:
-        # Other negatives mean "unlimited" to the v1 kernel but are rejected by
-        # v2's parser; refusing them keeps both versions meaning the same thing.
-        for name, value in (("cpu_quota", self.cpu_quota), ("memory_limit", self.memory_limit)):
-            if value != UNLIMITED and value <= 0:
-                raise ValueError(f"{name} must be positive or {UNLIMITED}, got {value}")
+    for name, value in (("cpu_quota", values.cpu_quota), ("memory_limit", values.memory_limit)):
+        if value != UNLIMITED and value <= 0:
+            raise ValueError(f"{name} must be positive or {UNLIMITED}, got {value}")
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from .calculate import CgroupValues, container_values, pod_values
 from .classes import PriorityClass, QoSClass
 from .classify import Classified
 from .compiled import Policy
+from .quantity import INT64_MAX
 from .spec import ExtendedSpec, SpecError, load_spec
 from .trace import SpecIgnored, Step, Untouched, UntouchedReason
 from .views import ContainerView, PodView
@@ -21,8 +22,6 @@ from .views import ContainerView, PodView
 TraceStep = Classified[QoSClass] | Classified[PriorityClass] | Step
 
 __all__ = ["CgroupValues", "Decision", "ErrorKind", "decide_container", "decide_pod"]
-
-_INT64_MAX = 2**63 - 1
 
 
 class ErrorKind(StrEnum):
@@ -96,6 +95,6 @@ def _decide(pod: PodView, container: ContainerView | None, policy: Policy) -> De
         values = container_values(entry, tier, policy.rules, container.native, steps)
     trace += steps
 
-    if values.cpu_quota > _INT64_MAX or values.memory_limit > _INT64_MAX:
+    if values.cpu_quota > INT64_MAX or values.memory_limit > INT64_MAX:
         return done(error=f"computed {values} does not fit in int64", kind=ErrorKind.OVERFLOW)
     return done(values)

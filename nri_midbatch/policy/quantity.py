@@ -10,7 +10,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from fractions import Fraction
 
-__all__ = ["Format", "Quantity", "QuantityError", "parse_quantity"]
+__all__ = ["INT64_MAX", "INT64_MIN", "Format", "Quantity", "QuantityError", "parse_quantity"]
+
+#: The range of Go's int64, which every value a Quantity or a cgroup file holds must fit.
+INT64_MAX = 2**63 - 1
+INT64_MIN = -(2**63)
 
 
 class QuantityError(ValueError):
@@ -52,8 +56,6 @@ _MAX_EXPONENT = 1000
 
 # Parsing rounds to nano resolution, away from zero (inf.RoundUp), like apimachinery.
 _NANO = 10**9
-# apimachinery silently caps binary-suffixed quantities at MaxInt64 ("8Ei" -> 2^63-1).
-_BINARY_CAP = 2**63 - 1
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -129,8 +131,9 @@ def parse_quantity(text: str) -> Quantity:
         amount = -amount
     amount = Fraction(_round_away_from_zero(amount * _NANO), _NANO)
     if fmt is Format.BINARY_SI:
-        if abs(amount) > _BINARY_CAP:
-            amount = Fraction(_BINARY_CAP if amount > 0 else -_BINARY_CAP)
+        # apimachinery silently caps binary-suffixed quantities at MaxInt64 ("8Ei" -> 2^63-1).
+        if abs(amount) > INT64_MAX:
+            amount = Fraction(INT64_MAX if amount > 0 else -INT64_MAX)
         elif 0 < abs(amount) < 1:
             fmt = Format.DECIMAL_SI
     return Quantity(amount, fmt)

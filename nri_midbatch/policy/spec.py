@@ -16,7 +16,7 @@ from enum import Enum, auto
 from functools import lru_cache
 
 from .bounded_cache import BoundedCache
-from .quantity import QuantityError, parse_quantity
+from .quantity import INT64_MAX, INT64_MIN, QuantityError, parse_quantity
 
 __all__ = [
     "SPEC_CACHE_BYTES",
@@ -29,8 +29,6 @@ __all__ = [
     "spec_cache",
 ]
 
-_INT64_MIN = -(2**63)
-_INT64_MAX = 2**63 - 1
 # Go's strings.TrimSpace (unicode.IsSpace), which Quantity.UnmarshalJSON applies.
 _GO_SPACE = " \t\n\v\f\r\x85\xa0\u1680\u2028\u2029\u202f\u205f\u3000" + "".join(
     chr(c) for c in range(0x2000, 0x200B)
@@ -194,7 +192,7 @@ def _quantity_value(raw: object, container: str, field: str, resource: str) -> i
     value = _quantity_int(text)
     if isinstance(value, QuantityError):
         raise SpecError(str(value), container, field, resource)
-    if not _INT64_MIN <= value <= _INT64_MAX:
+    if not INT64_MIN <= value <= INT64_MAX:
         raise SpecError(f"quantity {text!r} does not fit in int64", container, field, resource)
     return value
 

@@ -14,13 +14,13 @@ from nri_midbatch.cgroups.files import (
     parse_value,
     pod_settings,
 )
-from nri_midbatch.cgroups.values import UNLIMITED, PodCgroupValues
+from nri_midbatch.cgroups.values import UNLIMITED, CgroupValues
 
 GIB = 1 << 30
 
 
 def test_v1_settings_in_write_order() -> None:
-    values = PodCgroupValues(cpu_shares=512, cpu_quota=50000, memory_limit=GIB)
+    values = CgroupValues(cpu_shares=512, cpu_quota=50000, memory_limit=GIB)
     assert pod_settings(CgroupVersion.V1, values) == (
         Setting(CPU_SHARES, 512, "512"),
         Setting(CPU_CFS_QUOTA_US, 50000, "50000"),
@@ -29,7 +29,7 @@ def test_v1_settings_in_write_order() -> None:
 
 
 def test_v2_settings_in_write_order() -> None:
-    values = PodCgroupValues(cpu_shares=1024, cpu_quota=50000, memory_limit=GIB)
+    values = CgroupValues(cpu_shares=1024, cpu_quota=50000, memory_limit=GIB)
     assert pod_settings(CgroupVersion.V2, values) == (
         Setting(CPU_WEIGHT, 39, "39"),
         # Quota token only: the kernel keeps the current period.
@@ -40,14 +40,14 @@ def test_v2_settings_in_write_order() -> None:
 
 @pytest.mark.parametrize(("version", "text"), [(CgroupVersion.V1, "-1"), (CgroupVersion.V2, "max")])
 def test_unlimited_text(version: CgroupVersion, text: str) -> None:
-    values = PodCgroupValues(cpu_shares=2, cpu_quota=UNLIMITED, memory_limit=UNLIMITED)
+    values = CgroupValues(cpu_shares=2, cpu_quota=UNLIMITED, memory_limit=UNLIMITED)
     _, quota, memory = pod_settings(version, values)
     assert (quota.text, quota.value) == (text, UNLIMITED)
     assert (memory.text, memory.value) == (text, UNLIMITED)
 
 
 def test_v1_shares_are_clamped_to_what_the_kernel_stores() -> None:
-    values = PodCgroupValues(cpu_shares=1, cpu_quota=UNLIMITED, memory_limit=UNLIMITED)
+    values = CgroupValues(cpu_shares=1, cpu_quota=UNLIMITED, memory_limit=UNLIMITED)
     assert pod_settings(CgroupVersion.V1, values)[0] == Setting(CPU_SHARES, 2, "2")
 
 

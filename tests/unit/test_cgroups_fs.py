@@ -19,12 +19,12 @@ from nri_midbatch.cgroups import (
     UNLIMITED,
     CgroupDriver,
     CgroupPathError,
+    CgroupValues,
     CgroupVersion,
     FileFailure,
     FileUnchanged,
     FileWrite,
     PodCgroupReading,
-    PodCgroupValues,
     WriteReport,
     apply_container_values,
     apply_pod_values,
@@ -51,8 +51,8 @@ V1_CPU_FILES = {"cpu.shares": "1024\n", "cpu.cfs_quota_us": "-1\n", "cpu.cfs_per
 V1_MEMORY_FILES = {"memory.limit_in_bytes": V1_UNLIMITED_MEMORY + "\n"}
 V2_FILES = {"cpu.weight": "100\n", "cpu.max": "max 100000\n", "memory.max": "max\n"}
 
-BATCH = PodCgroupValues(cpu_shares=512, cpu_quota=50000, memory_limit=GIB)
-UNLIMITED_VALUES = PodCgroupValues(cpu_shares=2, cpu_quota=UNLIMITED, memory_limit=UNLIMITED)
+BATCH = CgroupValues(cpu_shares=512, cpu_quota=50000, memory_limit=GIB)
+UNLIMITED_VALUES = CgroupValues(cpu_shares=2, cpu_quota=UNLIMITED, memory_limit=UNLIMITED)
 
 
 def _fill(directory: Path, files: dict[str, str]) -> None:
@@ -172,7 +172,7 @@ def test_v1_unchanged_values_are_not_rewritten(tmp_path: Path) -> None:
     pod = BE_CGROUPFS.lstrip("/")
     make_v1(tmp_path, pod)
     memory_file = tmp_path / "memory" / pod / "memory.limit_in_bytes"
-    values = PodCgroupValues(cpu_shares=1024, cpu_quota=50000, memory_limit=UNLIMITED)
+    values = CgroupValues(cpu_shares=1024, cpu_quota=50000, memory_limit=UNLIMITED)
 
     report = apply_pod_values(tmp_path, CGROUPFS, BE_CGROUPFS, values)
 
@@ -229,7 +229,7 @@ def test_root_given_through_a_symlink(tmp_path: Path) -> None:
 
 def test_v2_systemd_writes_exact_contents(tmp_path: Path) -> None:
     make_v2(tmp_path, BE_SYSTEMD_DIR)
-    values = PodCgroupValues(cpu_shares=1024, cpu_quota=50000, memory_limit=GIB)
+    values = CgroupValues(cpu_shares=1024, cpu_quota=50000, memory_limit=GIB)
 
     report = apply_pod_values(tmp_path, AUTO, BE_SYSTEMD, values)
 
@@ -289,7 +289,7 @@ def test_v2_unlimited_already_in_place_is_skipped(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("shares", "weight"), [(2, "1"), (1024, "39"), (262144, "10000")])
 def test_v2_shares_become_weight(tmp_path: Path, shares: int, weight: str) -> None:
     make_v2(tmp_path, BE_SYSTEMD_DIR)
-    values = PodCgroupValues(cpu_shares=shares, cpu_quota=UNLIMITED, memory_limit=UNLIMITED)
+    values = CgroupValues(cpu_shares=shares, cpu_quota=UNLIMITED, memory_limit=UNLIMITED)
 
     apply_pod_values(tmp_path, AUTO, BE_SYSTEMD, values)
 

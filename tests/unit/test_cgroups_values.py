@@ -2,12 +2,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from nri_midbatch.cgroups import values as cgroup_values
 from nri_midbatch.cgroups.values import (
     UNLIMITED,
-    PodCgroupValues,
+    CgroupValues,
+    check_writable,
     clamp_cpu_shares,
     cpu_shares_to_weight,
 )
+from nri_midbatch.policy import calculate
 
 
 @pytest.mark.parametrize(
@@ -54,9 +57,15 @@ def test_clamp_cpu_shares(shares: int, stored: int) -> None:
 def test_values_refuse_non_positive_limits_other_than_unlimited(field: str, bad: int) -> None:
     kwargs = {"cpu_shares": 2, "cpu_quota": UNLIMITED, "memory_limit": UNLIMITED, field: bad}
     with pytest.raises(ValueError, match=field):
-        PodCgroupValues(**kwargs)
+        check_writable(CgroupValues(**kwargs))
 
 
 def test_values_accept_unlimited() -> None:
-    values = PodCgroupValues(cpu_shares=2, cpu_quota=UNLIMITED, memory_limit=UNLIMITED)
+    values = CgroupValues(cpu_shares=2, cpu_quota=UNLIMITED, memory_limit=UNLIMITED)
+    check_writable(values)
     assert values.cpu_quota == values.memory_limit == -1
+
+
+def test_one_value_type_and_one_set_of_limits_for_policy_and_cgroups() -> None:
+    for name in ("CgroupValues", "UNLIMITED", "CPU_SHARES_MIN", "CPU_SHARES_MAX"):
+        assert getattr(cgroup_values, name) is getattr(calculate, name), name
