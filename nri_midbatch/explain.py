@@ -29,7 +29,6 @@ from nri_midbatch.policy import (
     NativeLimits,
     PodView,
     Policy,
-    compile_policy,
     decide_container,
     decide_pod,
 )
@@ -39,6 +38,7 @@ from nri_midbatch.policy.qos import ContainerResourceLists, kubernetes_qos, qos_
 from nri_midbatch.policy.quantity import Quantity, QuantityError, parse_quantity
 from nri_midbatch.policy.spec import ExtendedSpec, load_spec
 from nri_midbatch.policy.trace import NoTier, TierCheck
+from nri_midbatch.policy_config import compile_policy
 from nri_midbatch.record import NotedDecision, decision_json
 
 

@@ -47,11 +47,11 @@ from nri_midbatch.policy import (
     PodView,
     Policy,
     QoSClass,
-    compile_policy,
     decide_container,
     decide_pod,
 )
 from nri_midbatch.policy.classify import qos_from_cgroup_parent
+from nri_midbatch.policy_config import compile_policy
 from nri_midbatch.reconcile import Known, Plan, plan, raises_quota, split_pods
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.wire.status import Code

@@ -3,7 +3,6 @@
 from .calculate import CgroupValues, Rules
 from .classes import PriorityClass, QoSClass
 from .classify import ClassificationSettings, Classified, Source
-from .compile import compile_policy
 from .compiled import Policy
 from .decision import Decision, ErrorKind, TraceStep, decide_container, decide_pod
 from .tiers import Tier
@@ -26,7 +25,6 @@ __all__ = [
     "Source",
     "Tier",
     "TraceStep",
-    "compile_policy",
     "decide_container",
     "decide_pod",
     "render",

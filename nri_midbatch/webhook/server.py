@@ -30,7 +30,8 @@ from nri_midbatch.config import Config, ConfigError, load_config_file
 from nri_midbatch.obs.health import METRICS_CONTENT_TYPE
 from nri_midbatch.obs.httpd import BoundedHTTPServer, Request, Response
 from nri_midbatch.obs.metrics import WebhookMetrics
-from nri_midbatch.policy import Policy, compile_policy
+from nri_midbatch.policy import Policy
+from nri_midbatch.policy_config import compile_policy
 from nri_midbatch.reload import FileWatch
 
 from .admission import Answer, Endpoint, handle

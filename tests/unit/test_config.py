@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from nri_midbatch.cgroups import paths
 from nri_midbatch.config import (
     MAX_CONFIG_BYTES,
     MAX_DEPTH,
@@ -21,7 +22,8 @@ from nri_midbatch.config import (
     load_config_file,
     load_config_text,
 )
-from nri_midbatch.policy import PriorityClass, QoSClass, compile_policy
+from nri_midbatch.policy import PriorityClass, QoSClass
+from nri_midbatch.policy_config import compile_policy
 
 from .hostile_config import HOSTILE_YAML
 
@@ -343,3 +345,10 @@ def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
     (error,) = outcome
     assert isinstance(error, ConfigError)
     assert "special file" in str(error)
+
+
+def test_the_driver_setting_is_the_cgroup_writers_own_enum() -> None:
+    # One enum: the value the model validates is what the path code switches on.
+    config = load_config_text("cgroups: {driver: systemd}\n", "node.yaml")
+    assert config.cgroups.driver is paths.CgroupDriver.SYSTEMD
+    assert CgroupDriver is paths.CgroupDriver

@@ -11,10 +11,19 @@ POLICY = Path(__file__).resolve().parents[2] / "nri_midbatch" / "policy"
 
 
 def test_policy_imports_only_stdlib_and_itself() -> None:
+    """Absolute imports name the stdlib; relative ones stay inside the package.
+
+    Imports under `if TYPE_CHECKING:` count too: a type taken from the configuration
+    model is the core knowing that model (it once made a circle config -> policy -> config).
+    """
     for source in POLICY.glob("*.py"):
         tree = ast.parse(source.read_text(), str(source))
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.level == 0:
+            if isinstance(node, ast.ImportFrom) and node.level > 0:
+                # `from . import x` and `from .x import y` stay in policy/; `..` leaves it.
+                assert node.level == 1, (source.name, "." * node.level + (node.module or ""))
+                continue
+            if isinstance(node, ast.ImportFrom):
                 names = [node.module or ""]
             elif isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]

@@ -1,17 +1,17 @@
-"""Turn a validated configuration into the Policy the decisions run on, once per config."""
+"""The configuration turned into the Policy the decisions run on, once per configuration.
+
+Outside `policy/` on purpose: the pure core knows nothing of the configuration model, so
+the one step that reads both lives here, above them (`config -> policy`, never back).
+"""
 
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import TYPE_CHECKING
 
-from .calculate import Rules
-from .classify import ClassificationSettings
-from .compiled import Policy
-from .tiers import Tier
+from nri_midbatch.config import Config
+from nri_midbatch.policy import ClassificationSettings, Policy, Rules, Tier
 
-if TYPE_CHECKING:  # the core never imports pydantic at run time; it only reads the fields
-    from ..config import Config
+__all__ = ["compile_policy"]
 
 
 def compile_policy(config: Config) -> Policy:
