@@ -18,12 +18,12 @@ from nri_midbatch.policy import (
     PriorityClass,
     QoSClass,
     Source,
-    compile_policy,
     decide_container,
     decide_pod,
     render,
 )
 from nri_midbatch.policy.chain import Chain
+from nri_midbatch.policy_config import compile_policy
 
 QOS = "koordinator.sh/qosClass"
 PRIORITY = "koordinator.sh/priority-class"

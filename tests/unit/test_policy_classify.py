@@ -15,11 +15,11 @@ from nri_midbatch.policy import (
     PriorityClass,
     QoSClass,
     Source,
-    compile_policy,
     decide_container,
     render,
 )
 from nri_midbatch.policy.classify import qos_from_cgroup_parent
+from nri_midbatch.policy_config import compile_policy
 
 QOS = "koordinator.sh/qosClass"
 PRIORITY = "koordinator.sh/priority-class"

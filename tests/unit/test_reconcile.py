@@ -19,8 +19,8 @@ from nri_midbatch.policy import (
     NativeLimits,
     PodView,
     Policy,
-    compile_policy,
 )
+from nri_midbatch.policy_config import compile_policy
 from nri_midbatch.reconcile import ContainerChange, Known, Plan, PodChange, plan
 
 QOS = "koordinator.sh/qosClass"

@@ -20,10 +20,10 @@ from nri_midbatch.policy import (
     CgroupValues,
     ContainerView,
     PodView,
-    compile_policy,
     decide_container,
     decide_pod,
 )
+from nri_midbatch.policy_config import compile_policy
 from nri_midbatch.webhook.admission import handle
 from nri_midbatch.webhook.pods import cgroup_parent, read_pod
 
