@@ -138,3 +138,66 @@ def test_restarted_plugin_lowers_a_pod_after_its_containers(
         assert not list(iter_events(strict.records(), "pod cgroup not set"))
     finally:
         assert strict.stop() == 0
+
+
+def test_a_broken_config_file_is_refused_while_pods_keep_coming(
+    containerd: Containerd, tmp_path: Path
+) -> None:
+    """Deleted, replaced by a directory, an alias bomb: refused, logged, counted, still watched."""
+    plugin = PluginProcess(tmp_path / "plugin", containerd.nri_socket, config="")
+    config = tmp_path / "plugin" / "config.yaml"
+    bomb = "".join(
+        f"l{n}: &l{n} [" + ", ".join([f"*l{n - 1}"] * 9 if n else ['"lol"'] * 9) + "]\n"
+        for n in range(9)
+    )
+
+    def delete() -> None:
+        config.unlink()
+
+    def directory() -> None:
+        config.unlink()
+        config.mkdir()
+
+    def alias_bomb() -> None:
+        config.rmdir()
+        config.write_text(bomb)
+
+    faults = [
+        (delete, "No such file or directory"),
+        (directory, "a directory, not a regular file"),
+        (alias_bomb, "once its aliases are expanded"),
+    ]
+    try:
+        plugin.wait_for("synchronized")
+        _, serving = plugin.wait_for("serving metrics and health")
+        port = int(serving["port"])
+        after = 0
+
+        def refused() -> float:
+            return scrape(port, "nri_midbatch_config_reloads_total", result="invalid")
+
+        for count, (fault, reason) in enumerate(faults, start=1):
+            fault()
+            index, rejected = plugin.wait_for(
+                "configuration rejected, the previous one stays in force", after=after
+            )
+            after = index + 1
+            assert reason in rejected["error"], rejected
+            assert refused() == count
+            # Pods keep coming and get the values of the configuration in force (defaults).
+            pod = run(
+                containerd, f"batch-{count}", "besteffort", labels("BE", "koord-batch"),
+                {SPEC: spec("batch", "500", "1k", "512Mi")}, BE_NATIVE,
+            )  # fmt: skip
+            assert read_values(containerd, pod.parent, pod.container_id) == Values(
+                512, 100000, 512 * MIB
+            )
+        # Repaired: the watch is alive and the new file applies to running containers.
+        config.write_text("rules:\n  cpuNormalizationRatio: 2.0\n")
+        assert wait_until(
+            lambda: read_values(containerd, pod.parent, pod.container_id).quota == 50000
+        ), read_values(containerd, pod.parent, pod.container_id)
+        assert scrape(port, "nri_midbatch_config_reloads_total", result="applied") == 1
+        assert plugin.proc.poll() is None
+    finally:
+        assert plugin.stop() == 0
