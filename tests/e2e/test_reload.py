@@ -155,8 +155,7 @@ def test_a_broken_config_file_is_refused_while_pods_keep_coming(
         config.unlink()
 
     def directory() -> None:
-        config.unlink()
-        config.mkdir()
+        config.mkdir()  # where the deleted file was
 
     def alias_bomb() -> None:
         config.rmdir()
