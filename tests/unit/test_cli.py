@@ -180,6 +180,21 @@ def test_empty_argv_with_nri_plugin_socket_means_run_prelaunched(
     assert fake_app == [(None, True)]
 
 
+def test_prelaunched_without_a_usable_log_destination_still_serves(
+    monkeypatch: pytest.MonkeyPatch, fake_app: list[tuple[str | None, bool]]
+) -> None:
+    """No journal and no fallback log file: the node needs the plugin more than its logs."""
+
+    def unopenable(log_file: str | None, prelaunched: bool) -> io.StringIO:
+        raise FileNotFoundError(2, "No such file or directory")
+
+    monkeypatch.setattr(nri_midbatch.cli, "open_sink", unopenable)
+    monkeypatch.setenv("NRI_PLUGIN_SOCKET", "3")
+    assert exit_code([]) == 0
+    (app,) = FakeApp.instances
+    assert app.served == ("pre-launched", 3)
+
+
 def test_empty_argv_without_nri_plugin_socket_is_a_usage_error(
     capsys: pytest.CaptureFixture[str], fake_app: list[Any]
 ) -> None:
