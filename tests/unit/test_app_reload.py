@@ -734,3 +734,31 @@ def test_a_runtime_that_never_answers_update_containers_does_not_stop_the_watch(
         e for e in captured if e["event"] == "UpdateContainers failed, writing cgroup files"
     ]
     assert failures and failures[0]["error"] == "no answer within 0.2 s"
+
+
+def test_an_error_of_the_plugins_own_is_counted_and_the_watch_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def scenario() -> None:
+        async with running_node(tmp_path) as node:
+            real = node.app.plugin.reconfigure
+            calls: list[int] = []
+
+            def fails_once(config: Any) -> Any:
+                calls.append(1)
+                if len(calls) == 1:
+                    raise RuntimeError("a bug")
+                return real(config)
+
+            monkeypatch.setattr(node.app.plugin, "reconfigure", fails_once)
+            node.rewrite(rules={"cpuNormalizationRatio": 2.0})
+            await until(lambda: node.app.reloads.get("failed") == 1, "counted")
+            assert reloads_metric(node.app)["failed"] == 1
+            node.rewrite(rules={"cpuNormalizationRatio": 4.0})
+            await until(lambda: node.app.reloads.get("applied") == 1, "next change applied")
+            assert node.app.plugin.config.rules.cpu_normalization_ratio == 4.0
+
+    with capture_logs() as captured:
+        run(scenario(), timeout=30)
+    (failed,) = [e for e in captured if e["event"] == "configuration reload failed"]
+    assert failed["log_level"] == "error" and failed["error"] == "a bug"
