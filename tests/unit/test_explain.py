@@ -134,7 +134,7 @@ def test_an_init_container_without_resources_makes_the_pod_burstable_as_in_the_w
 ) -> None:
     """Explain and the webhook share one QoS function: both see the init container."""
     from nri_midbatch.config import load_config_file
-    from nri_midbatch.policy import compile_policy
+    from nri_midbatch.policy_config import compile_policy
     from nri_midbatch.webhook.admission import classify
     from nri_midbatch.webhook.pods import cgroup_parent, read_pod
 
