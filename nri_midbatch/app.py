@@ -146,6 +146,8 @@ class App:
             tasks.append(asyncio.create_task(self._serve_metrics()))
         if self._watch is not None:
             tasks.append(asyncio.create_task(self._watch_config()))
+        if self.plugin.systemd is not None:
+            tasks.append(asyncio.create_task(self.plugin.systemd.run()))
         try:
             yield
         finally:
@@ -280,6 +282,26 @@ class App:
             (),
             {(): self.metrics_bind_failures},
         )
+        if (systemd := self.plugin.systemd) is not None:
+            yield (
+                "nri_midbatch_cgroup_drift_repaired",
+                "Pod and container cgroups whose values a systemd reload changed and the "
+                "plugin put back, by level",
+                ("level",),
+                {(level,): n for level, n in systemd.drift_repaired.items()},
+            )
+            yield (
+                "nri_midbatch_systemd_property_sets",
+                "SetUnitProperties calls to systemd, by level and result",
+                ("level", "result"),
+                {tuple(key): n for key, n in systemd.property_sets.items()},
+            )
+            yield (
+                "nri_midbatch_systemd_unreachable",
+                "Failed attempts to connect to systemd over D-Bus",
+                (),
+                {(): systemd.unreachable},
+            )
         if self.recorder is not None:
             yield (
                 "nri_midbatch_records_dropped",

@@ -29,6 +29,7 @@ from nri_midbatch.cgroups.fs import (
 )
 from nri_midbatch.cgroups.paths import CgroupDriver, CgroupPathError
 from nri_midbatch.cgroups.report import WriteReport
+from nri_midbatch.cgroups.systemd import SystemdUnits, UnitTarget
 from nri_midbatch.cgroups.values import (
     UNLIMITED,
     PodCgroupReading,
@@ -294,6 +295,13 @@ class MidBatchPlugin:
         self._dry_run = dry_run
         self._on_decision = on_decision
         self._apply_config(config)
+        #: Under the systemd driver, the units that hold our values (its task
+        #: is the App's to run); chosen at start, as the driver of a node is.
+        self.systemd = (
+            SystemdUnits(self._cgroup_root, self._systemd_containers)
+            if self._cgroup_driver is CgroupDriver.SYSTEMD and not dry_run
+            else None
+        )
 
     def _apply_config(self, config: Config) -> None:
         self.config = config
@@ -372,11 +380,28 @@ class MidBatchPlugin:
         else:
             if report.ok:
                 log.info("cgroup set for new configuration", **where, **_values_log(values))
+                self._hold(pod, container, values, cgroups_path)
                 return True
             reason = _describe_failures(report)
         if final:
             log.warning("cgroup not set for new configuration", reason=reason, **where)
         return False
+
+    def _hold(
+        self,
+        pod: PodView,
+        container: ContainerView | None,
+        values: CgroupValues,
+        cgroups_path: str = "",
+    ) -> None:
+        """Under the systemd driver, have systemd hold the values just written to files."""
+        if self.systemd is not None:
+            self.systemd.hold(_unit_target(pod, container, values, cgroups_path))
+
+    def _systemd_containers(self) -> list[UnitTarget]:
+        """What every known container should hold now, for systemd's drift repair."""
+        changes = plan(self.known, None, self.policy, pods_after=False).containers
+        return [_unit_target(c.pod, c.container, c.values, c.cgroups_path) for c in changes]
 
     # -- session hooks -------------------------------------------------------
 
@@ -618,6 +643,8 @@ class MidBatchPlugin:
     async def pod_event(self, event: Event, pod: api.PodSandbox) -> None:
         if event == Event.REMOVE_POD_SANDBOX:
             self.known.remove_pod(pod.id)
+            if self.systemd is not None:
+                self.systemd.forget_pod(pod.uid)
         elif event == Event.RUN_POD_SANDBOX:
             view = self.known.add_pod(pod.id, pod_view(pod))
             if self.config.cgroups.pod_level:
@@ -630,6 +657,8 @@ class MidBatchPlugin:
     ) -> None:
         if event == Event.REMOVE_CONTAINER:
             self.known.forget_container(container.id)
+            if self.systemd is not None:
+                self.systemd.forget_container(pod.uid, container.id)
 
     # -- decisions -----------------------------------------------------------
 
@@ -752,6 +781,7 @@ class MidBatchPlugin:
             reason = str(exc)
         else:
             if report.ok:
+                self._hold(pod, None, values)
                 self.counters.pod_writes_ok += 1
                 log.info(
                     "pod cgroup set",
@@ -847,6 +877,24 @@ def exceeds(reading: PodCgroupReading, values: CgroupValues) -> bool:
         (shares is not None and shares > clamp_cpu_shares(values.cpu_shares))
         or _above(reading.cpu_quota, values.cpu_quota)
         or _above(reading.memory_limit, values.memory_limit)
+    )
+
+
+def _unit_target(
+    pod: PodView, container: ContainerView | None, values: CgroupValues, cgroups_path: str
+) -> UnitTarget:
+    if container is None:
+        return UnitTarget("pod", pod.uid, pod.namespace, pod.name, pod.cgroup_parent, values)
+    return UnitTarget(
+        "container",
+        pod.uid,
+        pod.namespace,
+        pod.name,
+        pod.cgroup_parent,
+        values,
+        container.name,
+        container.id,
+        cgroups_path,
     )
 
 

@@ -140,13 +140,15 @@ class Plan:
 
 def plan(
     known: Known,
-    old: Policy,
+    old: Policy | None,
     new: Policy,
     *,
     pods_before: bool = True,
     pods_after: bool = True,
 ) -> Plan:
     """Values that `new` gives differently from `old`, for every known workload.
+
+    `old` None: every value `new` gives (what the workloads should hold now).
 
     `pods_before`/`pods_after`: whether pod cgroups are ours to write under
     the old and the new configuration (`cgroups.podLevel`). Pods are planned
@@ -162,14 +164,16 @@ def plan(
         if pod is None:
             continue
         after = decide_container(pod, container, new).values
-        before = decide_container(pod, container, old).values
-        if after is not None and after != before:
+        before = None if old is None else decide_container(pod, container, old).values
+        if after is not None and (old is None or after != before):
             path = known.cgroups_path(container_id)
             containers.append(ContainerChange(pod, container, after, path, before))
     pods = []
     for pod in known.pods.values() if pods_after else ():
         after = decide_pod(pod, new).values
-        if after is not None and (not pods_before or after != decide_pod(pod, old).values):
+        if after is not None and (
+            old is None or not pods_before or after != decide_pod(pod, old).values
+        ):
             pods.append(PodChange(pod, after))
     return Plan(tuple(containers), tuple(pods))
 

@@ -1,0 +1,414 @@
+"""Pod and container values held by systemd, for the systemd cgroup driver on cgroup v2.
+
+Under the systemd driver every pod cgroup is a slice and every container
+cgroup a scope, and systemd writes into their files, whenever it reloads
+(`systemctl daemon-reload`), the values it holds for the unit. Values written
+only into the files are then lost. So the plugin, after writing the files as
+it does under any driver (they take effect at once, exactly), also sets the
+same values as unit properties (SetUnitProperties over D-Bus), and repairs
+what a reload put back anyway: systemd 252 keeps a CPU quota in its runtime
+drop-in as whole percent of a CPU (`CPUQuota=37%`), so a quota that is not a
+multiple of 1 ms per 100 ms period comes back truncated from every reload,
+and containers come back with the quota the runtime rounded up (runc) when
+it passed it to systemd.
+
+The D-Bus side runs as one background task (`run`); the plugin only queues
+(`hold`), so neither a slow systemd nor a missing bus ever delays a pod:
+without D-Bus the values are in the files, as under the cgroupfs driver, and
+the task keeps trying to connect. dbus-fast is imported by that task only,
+so the cgroupfs path never loads it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Literal
+
+import structlog
+
+from nri_midbatch.cgroups.files import CgroupVersion
+from nri_midbatch.cgroups.fs import apply_container_values, apply_pod_values, detect_version
+from nri_midbatch.cgroups.paths import (
+    CgroupDriver,
+    CgroupPathError,
+    container_relpath,
+    pod_relpath,
+)
+from nri_midbatch.cgroups.report import WriteReport
+from nri_midbatch.cgroups.values import UNLIMITED, CgroupValues, cpu_shares_to_weight
+
+if TYPE_CHECKING:
+    from dbus_fast import Message
+    from dbus_fast.aio import MessageBus
+
+log = structlog.get_logger(__name__)
+
+Level = Literal["pod", "container"]
+
+#: systemd's "no limit" for CPUQuotaPerSecUSec (USEC_INFINITY) and MemoryMax
+#: (CGROUP_LIMIT_MAX): both are UINT64_MAX.
+INFINITY = (1 << 64) - 1
+
+#: The CFS period systemd writes into cpu.max unless a unit sets
+#: CPUQuotaPeriodUSec; kubelet sets none unless its CustomCPUCFSQuotaPeriod
+#: gate is on. systemd writes quota_per_sec * period / 1 s, so at this period
+#: a quota of Q microseconds is exactly Q * 10 per second.
+CFS_PERIOD_US = 100_000
+_USEC_PER_SEC = 1_000_000
+
+SYSTEMD = "org.freedesktop.systemd1"
+MANAGER_PATH = "/org/freedesktop/systemd1"
+MANAGER = "org.freedesktop.systemd1.Manager"
+_RELOADING_RULE = (
+    f"type='signal',sender='{SYSTEMD}',path='{MANAGER_PATH}',interface='{MANAGER}',"
+    "member='Reloading'"
+)
+
+#: Bounds in time: one D-Bus call, and the wait between connection attempts.
+CALL_TIMEOUT = 10.0
+RETRY_MIN = 1.0
+RETRY_MAX = 60.0
+#: A reload's end is checked again this long after systemd announces it, in
+#: case a unit's cgroup is realized after the announcement.
+RECHECK_SECONDS = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class UnitTarget:
+    """A pod slice or a container scope, and the values the plugin gives it."""
+
+    level: Level
+    pod_uid: str
+    namespace: str
+    pod: str
+    cgroup_parent: str
+    values: CgroupValues
+    container: str = ""  # name, for logs
+    container_id: str = ""
+    cgroups_path: str = ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.pod_uid, self.container_id
+
+    def relpath(self) -> PurePosixPath:
+        """The unit's cgroup directory; raises CgroupPathError as the file writers do."""
+        if self.level == "pod":
+            return pod_relpath(CgroupDriver.SYSTEMD, self.cgroup_parent)
+        return container_relpath(
+            CgroupDriver.SYSTEMD, self.cgroup_parent, self.container_id, self.cgroups_path
+        )
+
+    def apply_files(self, root: Path) -> WriteReport:
+        """Write what differs in the unit's files (blocking; see cgroups.fs)."""
+        if self.level == "pod":
+            return apply_pod_values(root, CgroupDriver.SYSTEMD, self.cgroup_parent, self.values)
+        return apply_container_values(
+            root,
+            CgroupDriver.SYSTEMD,
+            self.cgroup_parent,
+            self.container_id,
+            self.values,
+            self.cgroups_path,
+        )
+
+    def where(self) -> dict[str, str]:
+        where = {"namespace": self.namespace, "pod": self.pod}
+        if self.level == "container":
+            where["container"] = self.container
+        return where
+
+
+def unit_properties(values: CgroupValues) -> list[tuple[str, int]]:
+    """The unit properties (all of D-Bus type `t`) that make systemd write these values.
+
+    Weight by the same linear formula as the cgroupfs path. The quota per
+    second at systemd's default period; systemd 252 writes cpu.max as
+    `max(quota_per_sec * period / 1 s, 1000) period`, i.e. exactly the quota,
+    which the kernel never lets below 1000 anyway.
+    """
+    quota = values.cpu_quota
+    memory = values.memory_limit
+    return [
+        ("CPUWeight", cpu_shares_to_weight(values.cpu_shares)),
+        (
+            "CPUQuotaPerSecUSec",
+            INFINITY if quota == UNLIMITED else quota * (_USEC_PER_SEC // CFS_PERIOD_US),
+        ),
+        ("MemoryMax", INFINITY if memory == UNLIMITED else memory),
+    ]
+
+
+class SystemdUnits:
+    """Keeps the plugin's values in systemd's units, and puts them back after a reload.
+
+    Remembered: the pods whose slice the plugin wrote (one entry per pod,
+    dropped with `forget_pod`, or when its cgroup is gone); containers come
+    from `containers`, the plugin's own memory of live containers. Queued
+    property sets are one per unit at most (a newer value replaces an older
+    one), for known pods and containers only.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        containers: Callable[[], Iterable[UnitTarget]],
+        *,
+        bus_address: str | None = None,
+    ) -> None:
+        self._root = root
+        self._containers = containers
+        self._bus_address = bus_address
+        self._pods: dict[str, UnitTarget] = {}
+        self._pending: dict[tuple[str, str], UnitTarget] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake = asyncio.Event()
+        self._reload_ended = False
+        self._enabled = True
+        #: level -> units whose files a reload of systemd had changed, and that were put back
+        self.drift_repaired: dict[Level, int] = {"pod": 0, "container": 0}
+        #: failed attempts to connect to systemd; queued sets wait for the next one
+        self.unreachable = 0
+        #: (level, result) -> SetUnitProperties calls
+        self.property_sets: dict[tuple[Level, str], int] = {
+            (level, result): 0 for level in ("pod", "container") for result in ("ok", "failed")
+        }
+
+    # -- from the plugin (any thread) ----------------------------------------
+
+    def hold(self, target: UnitTarget) -> None:
+        """Have systemd hold `target`'s values, whose files were just written."""
+        if not self._enabled:
+            return
+        loop = self._loop
+        if loop is None:  # before run(): nothing else runs yet
+            self._queue(target)
+        else:
+            # write_plan runs in a worker thread; the queue belongs to the loop.
+            loop.call_soon_threadsafe(self._queue, target)
+
+    def forget_pod(self, pod_uid: str) -> None:
+        """The pod is gone: drop its slice and anything queued for its units (loop thread)."""
+        self._pods.pop(pod_uid, None)
+        for key in [key for key in self._pending if key[0] == pod_uid]:
+            del self._pending[key]
+
+    def forget_container(self, pod_uid: str, container_id: str) -> None:
+        self._pending.pop((pod_uid, container_id), None)
+
+    def _queue(self, target: UnitTarget) -> None:
+        if target.level == "pod":
+            self._pods[target.pod_uid] = target
+        self._pending.pop(target.key, None)  # to the back: the newest value goes last
+        self._pending[target.key] = target
+        self._wake.set()
+
+    # -- the D-Bus task -------------------------------------------------------
+
+    async def run(self) -> None:
+        """Connect, serve, reconnect; returns only on cgroup v1 (not handled here)."""
+        self._loop = asyncio.get_running_loop()
+        if detect_version(self._root) is not CgroupVersion.V2:
+            log.warning(
+                "cgroup v1: pod values are not set through systemd, only written to cgroup files",
+                root=str(self._root),
+            )
+            self._enabled = False
+            self._pending.clear()
+            self._pods.clear()
+            return
+        delay = RETRY_MIN
+        while True:
+            try:
+                bus = await asyncio.wait_for(self._connect(), CALL_TIMEOUT)
+            except Exception as exc:  # any way of not reaching systemd: files only, for now
+                self.unreachable += 1
+                log.warning(
+                    "systemd not reachable over D-Bus: values are in the cgroup files only, "
+                    "and a daemon-reload will undo them",
+                    error=_describe(exc),
+                    retry_in=delay,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX)
+                continue
+            delay = RETRY_MIN
+            log.info("setting cgroup values through systemd", bus=self._bus_address or "system")
+            # A reload may have gone by unseen while there was no connection.
+            self._reload_ended = True
+            try:
+                await self._serve(bus)
+            except Exception as exc:
+                log.warning("D-Bus connection to systemd lost", error=_describe(exc))
+            finally:
+                bus.disconnect()
+
+    async def _connect(self) -> MessageBus:
+        from dbus_fast import BusType, Message
+        from dbus_fast.aio import MessageBus
+
+        bus = MessageBus(bus_address=self._bus_address, bus_type=BusType.SYSTEM)
+        await bus.connect()
+        try:
+            bus.add_message_handler(self._on_message)
+            for message in (
+                Message(
+                    destination="org.freedesktop.DBus",
+                    path="/org/freedesktop/DBus",
+                    interface="org.freedesktop.DBus",
+                    member="AddMatch",
+                    signature="s",
+                    body=[_RELOADING_RULE],
+                ),
+                # systemd sends its manager's signals only while someone is subscribed.
+                Message(
+                    destination=SYSTEMD, path=MANAGER_PATH, interface=MANAGER, member="Subscribe"
+                ),
+            ):
+                _check_reply(await bus.call(message))
+        except BaseException:
+            bus.disconnect()
+            raise
+        return bus
+
+    async def _serve(self, bus: MessageBus) -> None:
+        # dbus-fast leaves this one unannotated.
+        disconnected = asyncio.ensure_future(bus.wait_for_disconnect())  # type: ignore[no-untyped-call]
+        try:
+            while not disconnected.done():
+                if self._reload_ended:
+                    self._reload_ended = False
+                    await self._repair()
+                while self._pending and not disconnected.done():
+                    key = next(iter(self._pending))
+                    await self._set(bus, self._pending.pop(key))
+                if self._reload_ended or self._pending:
+                    continue
+                self._wake.clear()
+                waiting = asyncio.ensure_future(self._wake.wait())
+                await asyncio.wait({waiting, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+                waiting.cancel()
+            disconnected.result()
+        finally:
+            disconnected.cancel()
+
+    def _on_message(self, message: Message) -> None:
+        from dbus_fast import MessageType
+
+        if (
+            message.message_type is MessageType.SIGNAL
+            and message.interface == MANAGER
+            and message.member == "Reloading"
+            and message.body == [False]
+        ):
+            log.info("systemd reloaded: checking the values of pod and container cgroups")
+            self._reload_done()
+            assert self._loop is not None
+            self._loop.call_later(RECHECK_SECONDS, self._reload_done)
+
+    def _reload_done(self) -> None:
+        self._reload_ended = True
+        self._wake.set()
+
+    async def _set(self, bus: MessageBus, target: UnitTarget) -> None:
+        from dbus_fast import Message, Variant
+
+        try:
+            unit = target.relpath().name
+        except CgroupPathError as exc:  # the file write said so already
+            self._count_set(target, ok=False)
+            log.warning("unit not set through systemd", reason=str(exc), **target.where())
+            return
+        properties = [[name, Variant("t", value)] for name, value in unit_properties(target.values)]
+        message = Message(
+            destination=SYSTEMD,
+            path=MANAGER_PATH,
+            interface=MANAGER,
+            member="SetUnitProperties",
+            signature="sba(sv)",
+            body=[unit, True, properties],
+        )
+        try:
+            reply = await asyncio.wait_for(bus.call(message), CALL_TIMEOUT)
+            _check_reply(reply)
+        except Exception as exc:
+            self._count_set(target, ok=False)
+            log.warning(
+                "unit not set through systemd: its values are in the cgroup files only",
+                unit=unit,
+                error=_describe(exc),
+                **target.where(),
+            )
+            if not bus.connected:
+                raise
+            return
+        self._count_set(target, ok=True)
+        if target.key in self._pending:
+            return  # a newer value is queued; its own files are written already
+        # systemd has just written the files itself; put back exactly what the
+        # cgroupfs path writes should its arithmetic ever differ.
+        report = await asyncio.to_thread(target.apply_files, self._root)
+        if report.written:
+            log.info(
+                "systemd wrote other values than ours; files put back",
+                unit=unit,
+                files=[f"{w.path.name}: {w.old} -> {w.new}" for w in report.written],
+                **target.where(),
+            )
+
+    async def _repair(self) -> None:
+        """Put back, file by file, what a reload of systemd changed; then have systemd hold it."""
+        targets = [*self._pods.values(), *self._containers()]
+        reports = await asyncio.to_thread(_apply_all, targets, self._root)
+        for target, report in zip(targets, reports, strict=True):
+            if isinstance(report, CgroupPathError):
+                continue
+            if target.level == "pod" and _gone(report):
+                # The pod went while the plugin was not told (a new Synchronize).
+                if self._pods.get(target.pod_uid) is target:
+                    del self._pods[target.pod_uid]
+                continue
+            if not report.written:
+                continue
+            self.drift_repaired[target.level] += 1
+            log.warning(
+                "cgroup values changed by systemd, put back",
+                files=[f"{w.path.name}: {w.old} -> {w.new}" for w in report.written],
+                **target.where(),
+            )
+            if target.key not in self._pending:
+                self._pending[target.key] = target
+
+    def _count_set(self, target: UnitTarget, *, ok: bool) -> None:
+        key = (target.level, "ok" if ok else "failed")
+        self.property_sets[key] += 1
+
+
+def _apply_all(targets: list[UnitTarget], root: Path) -> list[WriteReport | CgroupPathError]:
+    results: list[WriteReport | CgroupPathError] = []
+    for target in targets:
+        try:
+            results.append(target.apply_files(root))
+        except CgroupPathError as exc:
+            results.append(exc)
+    return results
+
+
+def _gone(report: WriteReport) -> bool:
+    return bool(report.failed) and all(f.errno == errno.ENOENT for f in report.failed)
+
+
+def _check_reply(reply: Message) -> None:
+    from dbus_fast import MessageType
+
+    if reply.message_type is MessageType.ERROR:
+        detail = reply.body[0] if reply.body else ""
+        raise RuntimeError(f"{reply.error_name}: {detail}")
+
+
+def _describe(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
