@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Iterable
 
 import structlog
 
+from nri_midbatch.cgroups.systemd import LEVELS
 from nri_midbatch.config import Config, ConfigError, load_config_file
 from nri_midbatch.heap import LARGE_SYNC, settle_heap
 from nri_midbatch.nri.runner import run_external, run_prelaunched
@@ -282,26 +283,31 @@ class App:
             (),
             {(): self.metrics_bind_failures},
         )
-        if (systemd := self.plugin.systemd) is not None:
-            yield (
-                "nri_midbatch_cgroup_drift_repaired",
-                "Pod and container cgroups whose values a systemd reload changed and the "
-                "plugin put back, by level",
-                ("level",),
-                {(level,): n for level, n in systemd.drift_repaired.items()},
-            )
-            yield (
-                "nri_midbatch_systemd_property_sets",
-                "SetUnitProperties calls to systemd, by level and result",
-                ("level", "result"),
-                {tuple(key): n for key, n in systemd.property_sets.items()},
-            )
-            yield (
-                "nri_midbatch_systemd_unreachable",
-                "Failed attempts to connect to systemd over D-Bus",
-                (),
-                {(): systemd.unreachable},
-            )
+        # Zero unless the plugin runs under the systemd driver (present from the start).
+        systemd = self.plugin.systemd
+        yield (
+            "nri_midbatch_cgroup_drift_repaired",
+            "Pod and container cgroups whose values a systemd reload changed and the "
+            "plugin put back, by level",
+            ("level",),
+            {(level,): 0 if systemd is None else systemd.drift_repaired[level] for level in LEVELS},
+        )
+        yield (
+            "nri_midbatch_systemd_property_sets",
+            "SetUnitProperties calls to systemd, by level and result",
+            ("level", "result"),
+            {
+                (level, result): 0 if systemd is None else systemd.property_sets[level, result]
+                for level in LEVELS
+                for result in ("ok", "failed")
+            },
+        )
+        yield (
+            "nri_midbatch_systemd_unreachable",
+            "Failed attempts to connect to systemd over D-Bus",
+            (),
+            {(): 0 if systemd is None else systemd.unreachable},
+        )
         if self.recorder is not None:
             yield (
                 "nri_midbatch_records_dropped",

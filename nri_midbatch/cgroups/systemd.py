@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 Level = Literal["pod", "container"]
+LEVELS: tuple[Level, ...] = ("pod", "container")
 
 #: systemd's "no limit" for CPUQuotaPerSecUSec (USEC_INFINITY) and MemoryMax
 #: (CGROUP_LIMIT_MAX): both are UINT64_MAX.
@@ -153,16 +154,9 @@ class SystemdUnits:
     one), for known pods and containers only.
     """
 
-    def __init__(
-        self,
-        root: Path,
-        containers: Callable[[], Iterable[UnitTarget]],
-        *,
-        bus_address: str | None = None,
-    ) -> None:
+    def __init__(self, root: Path, containers: Callable[[], Iterable[UnitTarget]]) -> None:
         self._root = root
         self._containers = containers
-        self._bus_address = bus_address
         self._pods: dict[str, UnitTarget] = {}
         self._pending: dict[tuple[str, str], UnitTarget] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -170,12 +164,12 @@ class SystemdUnits:
         self._reload_ended = False
         self._enabled = True
         #: level -> units whose files a reload of systemd had changed, and that were put back
-        self.drift_repaired: dict[Level, int] = {"pod": 0, "container": 0}
+        self.drift_repaired: dict[Level, int] = dict.fromkeys(LEVELS, 0)
         #: failed attempts to connect to systemd; queued sets wait for the next one
         self.unreachable = 0
         #: (level, result) -> SetUnitProperties calls
         self.property_sets: dict[tuple[Level, str], int] = {
-            (level, result): 0 for level in ("pod", "container") for result in ("ok", "failed")
+            (level, result): 0 for level in LEVELS for result in ("ok", "failed")
         }
 
     # -- from the plugin (any thread) ----------------------------------------
@@ -237,7 +231,7 @@ class SystemdUnits:
                 delay = min(delay * 2, RETRY_MAX)
                 continue
             delay = RETRY_MIN
-            log.info("setting cgroup values through systemd", bus=self._bus_address or "system")
+            log.info("setting cgroup values through systemd")
             # A reload may have gone by unseen while there was no connection.
             self._reload_ended = True
             try:
@@ -251,7 +245,8 @@ class SystemdUnits:
         from dbus_fast import BusType, Message
         from dbus_fast.aio import MessageBus
 
-        bus = MessageBus(bus_address=self._bus_address, bus_type=BusType.SYSTEM)
+        # The system bus: DBUS_SYSTEM_BUS_ADDRESS, else /var/run/dbus/system_bus_socket.
+        bus = MessageBus(bus_type=BusType.SYSTEM)
         await bus.connect()
         try:
             bus.add_message_handler(self._on_message)
@@ -349,16 +344,10 @@ class SystemdUnits:
         self._count_set(target, ok=True)
         if target.key in self._pending:
             return  # a newer value is queued; its own files are written already
-        # systemd has just written the files itself; put back exactly what the
-        # cgroupfs path writes should its arithmetic ever differ.
-        report = await asyncio.to_thread(target.apply_files, self._root)
-        if report.written:
-            log.info(
-                "systemd wrote other values than ours; files put back",
-                unit=unit,
-                files=[f"{w.path.name}: {w.old} -> {w.new}" for w in report.written],
-                **target.where(),
-            )
+        # systemd has just written the files itself: put back exactly what the
+        # cgroupfs path writes, should its arithmetic differ (a unit with a
+        # CFS period of its own) or a reload have come in between.
+        self._put_back(target, await asyncio.to_thread(target.apply_files, self._root))
 
     async def _repair(self) -> None:
         """Put back, file by file, what a reload of systemd changed; then have systemd hold it."""
@@ -372,16 +361,20 @@ class SystemdUnits:
                 if self._pods.get(target.pod_uid) is target:
                     del self._pods[target.pod_uid]
                 continue
-            if not report.written:
-                continue
-            self.drift_repaired[target.level] += 1
-            log.warning(
-                "cgroup values changed by systemd, put back",
-                files=[f"{w.path.name}: {w.old} -> {w.new}" for w in report.written],
-                **target.where(),
-            )
-            if target.key not in self._pending:
-                self._pending[target.key] = target
+            if self._put_back(target, report) and target.key not in self._pending:
+                self._pending[target.key] = target  # for systemd to hold ours again
+
+    def _put_back(self, target: UnitTarget, report: WriteReport) -> bool:
+        """Count and log files found changed (and already rewritten); whether there were any."""
+        if not report.written:
+            return False
+        self.drift_repaired[target.level] += 1
+        log.warning(
+            "cgroup values changed by systemd, put back",
+            files=[f"{w.path.name}: {w.old} -> {w.new}" for w in report.written],
+            **target.where(),
+        )
+        return True
 
     def _count_set(self, target: UnitTarget, *, ok: bool) -> None:
         key = (target.level, "ok" if ok else "failed")

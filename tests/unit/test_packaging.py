@@ -315,8 +315,18 @@ def test_daemonset_mounts_the_host_cgroupfs_read_write_at_the_configured_root() 
     mount = _mount(cgroup[0])
     assert mount.get("readOnly", False) is False
     assert mount["mountPath"] == Config().cgroups.root
-    # No other host path: these two are the whole of the plugin's reach into the node.
-    assert {hp["path"] for hp in host_paths.values()} == {SOCKET_DIR, "/sys/fs/cgroup"}
+    # No other host path: these are the whole of the plugin's reach into the node.
+    assert {hp["path"] for hp in host_paths.values()} == {SOCKET_DIR, "/sys/fs/cgroup", "/run/dbus"}
+
+
+def test_daemonset_mounts_the_system_bus_directory_read_only() -> None:
+    # For `cgroups.driver: systemd`: the directory, so a restarted dbus-daemon's new
+    # socket is seen; where dbus-fast looks for the system bus by default.
+    dbus = [name for name, hp in _host_paths().items() if hp["path"] == "/run/dbus"]
+    assert len(dbus) == 1
+    mount = _mount(dbus[0])
+    assert mount["mountPath"] == "/run/dbus"
+    assert mount["readOnly"] is True
 
 
 def test_daemonset_runs_the_plugin_with_its_config_and_metrics_in_the_pod_network() -> None:

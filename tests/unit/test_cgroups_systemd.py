@@ -1,0 +1,292 @@
+"""Under the systemd driver, values go through systemd and come back after its reloads.
+
+Against a fake systemd manager on a private dbus-daemon (fake_systemd.py),
+which rewrites unit files on a reload the way systemd 252 does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.cgroups.systemd import (
+    INFINITY,
+    SystemdUnits,
+    UnitTarget,
+    unit_properties,
+)
+from nri_midbatch.cgroups.values import UNLIMITED, PodCgroupValues
+from nri_midbatch.config import load_config_text
+from nri_midbatch.nri.events import Event
+from nri_midbatch.plugin import MidBatchPlugin
+from nri_midbatch.policy import CgroupValues, ContainerView, PodView
+from nri_midbatch.reconcile import ContainerChange, Plan, PodChange
+
+from .fake_systemd import FakeManager, Held, private_bus, serve_manager
+from .nri_fixtures import run
+
+MI = 1024 * 1024
+SPEC = "node.koordinator.sh/extended-resource-spec"
+BATCH_CPU, BATCH_MEMORY = "kubernetes.io/batch-cpu", "kubernetes.io/batch-memory"
+SLICE = "kubepods-besteffort-poduid_batch.slice"
+SLICE_DIR = Path("kubepods.slice/kubepods-besteffort.slice") / SLICE
+SCOPE = "cri-containerd-c1.scope"
+#: What kubelet gives a BestEffort pod slice: weight 1, no limits.
+KUBELET_BESTEFFORT = Held(1, INFINITY, INFINITY)
+
+
+def batch_pod(cpu_limit: str) -> api.PodSandbox:
+    spec = {
+        "app": {
+            "requests": {BATCH_CPU: "250"},
+            "limits": {BATCH_CPU: cpu_limit, BATCH_MEMORY: "256Mi"},
+        }
+    }
+    return api.PodSandbox(
+        id="batch",
+        name="batch",
+        uid="uid_batch",
+        namespace="jobs",
+        labels={"koordinator.sh/qosClass": "BE", "koordinator.sh/priority-class": "koord-batch"},
+        annotations={SPEC: json.dumps({"containers": spec})},
+        linux=api.LinuxPodSandbox(cgroup_parent=SLICE),
+    )
+
+
+def app_container() -> api.Container:
+    return api.Container(
+        id="c1",
+        pod_sandbox_id="batch",
+        name="app",
+        state=api.CONTAINER_RUNNING,
+        linux=api.LinuxContainer(cgroups_path=f"{SLICE}:cri-containerd:c1"),
+    )
+
+
+def files(directory: Path) -> tuple[str, str, str]:
+    """cpu.weight, the quota in cpu.max, memory.max.
+
+    Only the quota: the plugin writes that token alone, which a kernel keeps
+    the period beside but a plain test file does not.
+    """
+    weight, cpu_max, memory = (
+        (directory / name).read_text().strip() for name in ("cpu.weight", "cpu.max", "memory.max")
+    )
+    return weight, cpu_max.split()[0], memory
+
+
+@pytest.fixture
+def bus(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    with private_bus() as address:
+        monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", address)
+        yield address
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    (tmp_path / "cgroup.controllers").write_text("cpu memory\n")
+    return tmp_path
+
+
+def systemd_plugin(root: Path) -> MidBatchPlugin:
+    plugin = MidBatchPlugin(
+        load_config_text(f"cgroups:\n  root: {root}\n  driver: systemd\n", "test")
+    )
+    assert plugin.systemd is not None
+    return plugin
+
+
+# -- the mapping ---------------------------------------------------------------
+
+
+def test_unit_properties_are_the_values_the_cgroupfs_path_writes() -> None:
+    # shares 256 -> weight 1 + (254 * 9999) // 262142 = 10; 37.5 ms per 100 ms
+    # is 375 ms per second, which systemd writes back as exactly 37500.
+    assert unit_properties(PodCgroupValues(256, 37_500, 256 * MI)) == [
+        ("CPUWeight", 10),
+        ("CPUQuotaPerSecUSec", 375_000),
+        ("MemoryMax", 256 * MI),
+    ]
+    assert unit_properties(PodCgroupValues(2, UNLIMITED, UNLIMITED)) == [
+        ("CPUWeight", 1),
+        ("CPUQuotaPerSecUSec", INFINITY),
+        ("MemoryMax", INFINITY),
+    ]
+
+
+# -- through a fake systemd ------------------------------------------------------
+
+
+def test_pod_values_are_held_by_systemd_and_survive_its_reload(bus: str, root: Path) -> None:
+    # A whole-percent quota (1 CPU): systemd keeps every value exactly.
+    manager = FakeManager()
+    manager.add_unit(SLICE, root / SLICE_DIR, KUBELET_BESTEFFORT)
+    plugin = systemd_plugin(root)
+
+    async def scenario() -> None:
+        await serve_manager(bus, manager)
+        task = asyncio.create_task(plugin.systemd.run())  # type: ignore[union-attr]
+        try:
+            await plugin.pod_event(Event.RUN_POD_SANDBOX, batch_pod("1k"))
+            await manager.wait_calls(1)
+            manager.daemon_reload()
+        finally:
+            task.cancel()
+
+    run(scenario(), timeout=20)
+    assert manager.calls == [
+        (
+            SLICE,
+            True,
+            [("CPUWeight", 10), ("CPUQuotaPerSecUSec", 1_000_000), ("MemoryMax", 256 * MI)],
+        )
+    ]
+    # Without the properties, the reload would have put back kubelet's 1 / max / max.
+    assert files(root / SLICE_DIR) == ("10", "100000", str(256 * MI))
+
+
+def test_a_reload_that_changes_values_is_repaired_and_counted(bus: str, root: Path) -> None:
+    # 375 milli-CPU: systemd's drop-in keeps 37 %, runc rounded the container up to 38 %.
+    manager = FakeManager()
+    manager.add_unit(SLICE, root / SLICE_DIR, KUBELET_BESTEFFORT)
+    plugin = systemd_plugin(root)
+    pod, ctr = batch_pod("375"), app_container()
+    exact = ("10", "37500", str(256 * MI))
+
+    async def scenario() -> None:
+        await serve_manager(bus, manager)
+        task = asyncio.create_task(units.run())
+        try:
+            await plugin.pod_event(Event.RUN_POD_SANDBOX, pod)
+            response = await plugin.create_container(pod, ctr)
+            assert response.adjust.linux.resources.cpu.quota.value == 37_500
+            # What runc does with that adjustment: the unit gets the quota
+            # rounded up to whole percent, the files get it exactly.
+            scope = root / SLICE_DIR / SCOPE
+            manager.add_unit(SCOPE, scope, Held(10, 380_000, 256 * MI))
+            (scope / "cpu.max").write_text("37500 100000\n")
+            await manager.wait_calls(1)
+            assert files(root / SLICE_DIR) == exact
+            manager.daemon_reload()
+            # Repaired: each unit's files put back, the scope also set anew.
+            # (The slice is set anew only if its first set had completed.)
+            while units.drift_repaired != {"pod": 1, "container": 1}:
+                await asyncio.sleep(0.01)
+            await manager.wait_unit_calls(SCOPE, 1)
+        finally:
+            task.cancel()
+
+    units = plugin.systemd
+    assert units is not None
+    run(scenario(), timeout=20)
+    assert files(root / SLICE_DIR) == exact
+    assert files(root / SLICE_DIR / SCOPE) == exact
+    held = [("CPUWeight", 10), ("CPUQuotaPerSecUSec", 375_000), ("MemoryMax", 256 * MI)]
+    assert {unit for unit, _, _ in manager.calls} == {SLICE, SCOPE}
+    assert all(call[1:] == (True, held) for call in manager.calls)
+    assert (
+        units.property_sets[("pod", "failed")] == units.property_sets[("container", "failed")] == 0
+    )
+
+
+def test_without_dbus_the_files_are_written_and_the_failure_counted(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", f"unix:path={tmp_path}/no-bus")
+    slice_dir = root / SLICE_DIR
+    slice_dir.mkdir(parents=True)
+    for name, text in (("cpu.weight", "1"), ("cpu.max", "max 100000"), ("memory.max", "max")):
+        (slice_dir / name).write_text(text)
+    plugin = systemd_plugin(root)
+    units = plugin.systemd
+    assert units is not None
+
+    async def scenario() -> None:
+        task = asyncio.create_task(units.run())
+        try:
+            while units.unreachable == 0:
+                await asyncio.sleep(0.01)
+            await plugin.pod_event(Event.RUN_POD_SANDBOX, batch_pod("375"))
+        finally:
+            task.cancel()
+
+    run(scenario(), timeout=20)
+    assert files(slice_dir) == ("10", "37500", str(256 * MI))
+    assert plugin.counters.pod_writes_ok == 1
+    assert units.property_sets[("pod", "failed")] == 0  # queued, not tried
+
+
+def test_a_refused_call_is_counted_and_the_next_unit_still_set(bus: str, root: Path) -> None:
+    manager = FakeManager()  # knows no slice: NoSuchUnit
+    manager.add_unit(SCOPE, root / SLICE_DIR / SCOPE, Held(10, 380_000, 256 * MI))
+    plugin = systemd_plugin(root)
+    units = plugin.systemd
+    assert units is not None
+    pod = PodView("uid_batch", "jobs", "batch", {}, {}, SLICE)
+    for name, text in (("cpu.weight", "1"), ("cpu.max", "max 100000"), ("memory.max", "max")):
+        (root / SLICE_DIR / name).write_text(text)
+    change = ContainerChange(
+        pod,
+        ContainerView("c1", "app"),
+        CgroupValues(256, 37_500, 256 * MI),
+        f"{SLICE}:cri-containerd:c1",
+    )
+
+    async def scenario() -> None:
+        await serve_manager(bus, manager)
+        task = asyncio.create_task(units.run())
+        try:
+            # A reload's file pass: pods first, then containers.
+            assert plugin.write_plan(Plan((change,), (PodChange(pod, change.values),))) == 0
+            while units.property_sets[("container", "ok")] == 0:
+                await asyncio.sleep(0.01)
+        finally:
+            task.cancel()
+
+    run(scenario(), timeout=20)
+    assert manager.calls == [
+        (SCOPE, True, [("CPUWeight", 10), ("CPUQuotaPerSecUSec", 375_000), ("MemoryMax", 256 * MI)])
+    ]
+    assert units.property_sets == {
+        ("pod", "ok"): 0,
+        ("pod", "failed"): 1,
+        ("container", "ok"): 1,
+        ("container", "failed"): 0,
+    }
+    assert (
+        files(root / SLICE_DIR) == files(root / SLICE_DIR / SCOPE) == ("10", "37500", str(256 * MI))
+    )
+
+
+def test_what_is_remembered_is_bounded_by_the_pods_known(root: Path) -> None:
+    # No task runs: everything stays queued, as while D-Bus is away.
+    units = SystemdUnits(root, list)
+    values = PodCgroupValues(256, 37_500, 256 * MI)
+    for i in range(1000):
+        units.hold(UnitTarget("pod", f"u{i}", "ns", f"p{i}", f"kubepods-podu{i}.slice", values))
+        units.hold(
+            UnitTarget(
+                "container",
+                f"u{i}",
+                "ns",
+                f"p{i}",
+                f"kubepods-podu{i}.slice",
+                values,
+                "app",
+                f"c{i}",
+            )
+        )
+        # A newer value for the same unit replaces the queued one.
+        units.hold(UnitTarget("pod", f"u{i}", "ns", f"p{i}", f"kubepods-podu{i}.slice", values))
+    assert len(units._pending) == 2000 and len(units._pods) == 1000
+    for i in range(500):
+        units.forget_container(f"u{i}", f"c{i}")
+    assert len(units._pending) == 1500
+    for i in range(1000):
+        units.forget_pod(f"u{i}")
+    assert units._pending == {} and units._pods == {}
