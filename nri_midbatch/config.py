@@ -198,7 +198,8 @@ class CgroupsConfig(_Model):
         description="How pod cgroup parents are spelled, as kubelet's `--cgroup-driver`: "
         "`cgroupfs` (`/kubepods/besteffort/pod<uid>`), `systemd` "
         "(`kubepods-besteffort-pod<uid>.slice`), or `auto`: systemd when the parent ends in "
-        "`.slice`.",
+        "`.slice`. Only `systemd` also has systemd hold the values over D-Bus and puts them "
+        "back after a `systemctl daemon-reload` (cgroup v2; read at start; see install.md).",
     )
     pod_level: StrictBool = Field(
         default=True,
