@@ -218,7 +218,11 @@ class SystemdUnits:
         delay = RETRY_MIN
         while True:
             try:
-                bus = await asyncio.wait_for(self._connect(), CALL_TIMEOUT)
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
+                # cancellation that arrives as the call fails, and the task would
+                # never stop.
+                async with asyncio.timeout(CALL_TIMEOUT):
+                    bus = await self._connect()
             except Exception as exc:  # any way of not reaching systemd: files only, for now
                 self.unreachable += 1
                 log.warning(
@@ -237,9 +241,13 @@ class SystemdUnits:
             try:
                 await self._serve(bus)
             except Exception as exc:
-                log.warning("D-Bus connection to systemd lost", error=_describe(exc))
+                error = _describe(exc)
+            else:
+                error = "closed"
             finally:
                 bus.disconnect()
+            log.warning("D-Bus connection to systemd lost", error=error, retry_in=RETRY_MIN)
+            await asyncio.sleep(RETRY_MIN)
 
     async def _connect(self) -> MessageBus:
         from dbus_fast import BusType, Message
@@ -328,7 +336,8 @@ class SystemdUnits:
             body=[unit, True, properties],
         )
         try:
-            reply = await asyncio.wait_for(bus.call(message), CALL_TIMEOUT)
+            async with asyncio.timeout(CALL_TIMEOUT):
+                reply = await bus.call(message)
             _check_reply(reply)
         except Exception as exc:
             self._count_set(target, ok=False)
@@ -339,6 +348,8 @@ class SystemdUnits:
                 **target.where(),
             )
             if not bus.connected:
+                # Lost with the connection, not refused: try it again on the next one.
+                self._pending.setdefault(target.key, target)
                 raise
             return
         self._count_set(target, ok=True)

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,10 +114,11 @@ class FakeManager(ServiceInterface):
 
 
 @contextlib.contextmanager
-def private_bus() -> Iterator[str]:
-    """A dbus-daemon of our own; yields its address."""
+def private_bus(address: str | None = None) -> Iterator[str]:
+    """A dbus-daemon of our own (at `address`, if given); yields its address."""
+    listen = [] if address is None else [f"--address={address}"]
     daemon = subprocess.Popen(
-        ["dbus-daemon", "--session", "--print-address", "--nofork"],
+        ["dbus-daemon", "--session", "--print-address", "--nofork", *listen],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -131,8 +132,14 @@ def private_bus() -> Iterator[str]:
         daemon.wait(timeout=10)
 
 
-async def serve_manager(address: str, manager: FakeManager) -> MessageBus:
+@contextlib.asynccontextmanager
+async def serve_manager(address: str, manager: FakeManager) -> AsyncIterator[None]:
+    """The fake manager on the bus, as org.freedesktop.systemd1, while in the block."""
     bus = await MessageBus(bus_address=address).connect()
-    bus.export("/org/freedesktop/systemd1", manager)
-    await bus.request_name("org.freedesktop.systemd1")
-    return bus
+    try:
+        bus.export("/org/freedesktop/systemd1", manager)
+        await bus.request_name("org.freedesktop.systemd1")
+        yield
+    finally:
+        bus.disconnect()
+        await bus.wait_for_disconnect()

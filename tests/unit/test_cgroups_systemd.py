@@ -7,8 +7,9 @@ which rewrites unit files on a reload the way systemd 252 does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -93,12 +94,26 @@ def root(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def systemd_plugin(root: Path) -> MidBatchPlugin:
+@contextlib.asynccontextmanager
+async def running(units: SystemdUnits) -> AsyncIterator[None]:
+    """The plugin's D-Bus task, while in the block; it must stop when cancelled."""
+    task = asyncio.create_task(units.run())
+    try:
+        yield
+    finally:
+        task.cancel()
+        # The App stops it so at shutdown: a task that swallows the
+        # cancellation would hang the plugin's exit.
+        done, _ = await asyncio.wait({task}, timeout=10)
+        assert done, "the D-Bus task did not stop when cancelled"
+
+
+def systemd_plugin(root: Path) -> tuple[MidBatchPlugin, SystemdUnits]:
     plugin = MidBatchPlugin(
         load_config_text(f"cgroups:\n  root: {root}\n  driver: systemd\n", "test")
     )
     assert plugin.systemd is not None
-    return plugin
+    return plugin, plugin.systemd
 
 
 # -- the mapping ---------------------------------------------------------------
@@ -126,17 +141,13 @@ def test_pod_values_are_held_by_systemd_and_survive_its_reload(bus: str, root: P
     # A whole-percent quota (1 CPU): systemd keeps every value exactly.
     manager = FakeManager()
     manager.add_unit(SLICE, root / SLICE_DIR, KUBELET_BESTEFFORT)
-    plugin = systemd_plugin(root)
+    plugin, units = systemd_plugin(root)
 
     async def scenario() -> None:
-        await serve_manager(bus, manager)
-        task = asyncio.create_task(plugin.systemd.run())  # type: ignore[union-attr]
-        try:
+        async with serve_manager(bus, manager), running(units):
             await plugin.pod_event(Event.RUN_POD_SANDBOX, batch_pod("1k"))
             await manager.wait_calls(1)
             manager.daemon_reload()
-        finally:
-            task.cancel()
 
     run(scenario(), timeout=20)
     assert manager.calls == [
@@ -154,14 +165,12 @@ def test_a_reload_that_changes_values_is_repaired_and_counted(bus: str, root: Pa
     # 375 milli-CPU: systemd's drop-in keeps 37 %, runc rounded the container up to 38 %.
     manager = FakeManager()
     manager.add_unit(SLICE, root / SLICE_DIR, KUBELET_BESTEFFORT)
-    plugin = systemd_plugin(root)
+    plugin, units = systemd_plugin(root)
     pod, ctr = batch_pod("375"), app_container()
     exact = ("10", "37500", str(256 * MI))
 
     async def scenario() -> None:
-        await serve_manager(bus, manager)
-        task = asyncio.create_task(units.run())
-        try:
+        async with serve_manager(bus, manager), running(units):
             await plugin.pod_event(Event.RUN_POD_SANDBOX, pod)
             response = await plugin.create_container(pod, ctr)
             assert response.adjust.linux.resources.cpu.quota.value == 37_500
@@ -178,11 +187,7 @@ def test_a_reload_that_changes_values_is_repaired_and_counted(bus: str, root: Pa
             while units.drift_repaired != {"pod": 1, "container": 1}:
                 await asyncio.sleep(0.01)
             await manager.wait_unit_calls(SCOPE, 1)
-        finally:
-            task.cancel()
 
-    units = plugin.systemd
-    assert units is not None
     run(scenario(), timeout=20)
     assert files(root / SLICE_DIR) == exact
     assert files(root / SLICE_DIR / SCOPE) == exact
@@ -202,18 +207,13 @@ def test_without_dbus_the_files_are_written_and_the_failure_counted(
     slice_dir.mkdir(parents=True)
     for name, text in (("cpu.weight", "1"), ("cpu.max", "max 100000"), ("memory.max", "max")):
         (slice_dir / name).write_text(text)
-    plugin = systemd_plugin(root)
-    units = plugin.systemd
-    assert units is not None
+    plugin, units = systemd_plugin(root)
 
     async def scenario() -> None:
-        task = asyncio.create_task(units.run())
-        try:
+        async with running(units):
             while units.unreachable == 0:
                 await asyncio.sleep(0.01)
             await plugin.pod_event(Event.RUN_POD_SANDBOX, batch_pod("375"))
-        finally:
-            task.cancel()
 
     run(scenario(), timeout=20)
     assert files(slice_dir) == ("10", "37500", str(256 * MI))
@@ -221,12 +221,34 @@ def test_without_dbus_the_files_are_written_and_the_failure_counted(
     assert units.property_sets[("pod", "failed")] == 0  # queued, not tried
 
 
+def test_values_queued_while_dbus_is_away_reach_systemd_once_it_is_back(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    address = f"unix:path={tmp_path}/bus"
+    monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", address)
+    manager = FakeManager()
+    manager.add_unit(SLICE, root / SLICE_DIR, KUBELET_BESTEFFORT)
+    plugin, units = systemd_plugin(root)
+
+    async def scenario() -> None:
+        async with running(units):
+            while units.unreachable == 0:
+                await asyncio.sleep(0.01)
+            await plugin.pod_event(Event.RUN_POD_SANDBOX, batch_pod("375"))
+            with private_bus(address):
+                async with serve_manager(address, manager):
+                    await manager.wait_calls(1)  # after the next attempt, RETRY_MIN later
+
+    run(scenario(), timeout=20)
+    assert manager.calls == [
+        (SLICE, True, [("CPUWeight", 10), ("CPUQuotaPerSecUSec", 375_000), ("MemoryMax", 256 * MI)])
+    ]
+
+
 def test_a_refused_call_is_counted_and_the_next_unit_still_set(bus: str, root: Path) -> None:
     manager = FakeManager()  # knows no slice: NoSuchUnit
     manager.add_unit(SCOPE, root / SLICE_DIR / SCOPE, Held(10, 380_000, 256 * MI))
-    plugin = systemd_plugin(root)
-    units = plugin.systemd
-    assert units is not None
+    plugin, units = systemd_plugin(root)
     pod = PodView("uid_batch", "jobs", "batch", {}, {}, SLICE)
     for name, text in (("cpu.weight", "1"), ("cpu.max", "max 100000"), ("memory.max", "max")):
         (root / SLICE_DIR / name).write_text(text)
@@ -238,15 +260,11 @@ def test_a_refused_call_is_counted_and_the_next_unit_still_set(bus: str, root: P
     )
 
     async def scenario() -> None:
-        await serve_manager(bus, manager)
-        task = asyncio.create_task(units.run())
-        try:
+        async with serve_manager(bus, manager), running(units):
             # A reload's file pass: pods first, then containers.
             assert plugin.write_plan(Plan((change,), (PodChange(pod, change.values),))) == 0
             while units.property_sets[("container", "ok")] == 0:
                 await asyncio.sleep(0.01)
-        finally:
-            task.cancel()
 
     run(scenario(), timeout=20)
     assert manager.calls == [
