@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -308,3 +310,18 @@ def test_what_is_remembered_is_bounded_by_the_pods_known(root: Path) -> None:
     for i in range(1000):
         units.forget_pod(f"u{i}")
     assert units._pending == {} and units._pods == {}
+
+
+def test_the_cgroupfs_path_never_loads_dbus_fast() -> None:
+    # Importing it costs about 130 ms and a few MB: only the systemd task may.
+    code = (
+        "import sys\n"
+        "from nri_midbatch.app import App\n"
+        "from nri_midbatch.config import Config\n"
+        "App(Config(), name='midbatch', idx='10', config_path=None)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('dbus_fast')))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert result.stdout.strip() == "[]"
