@@ -91,6 +91,8 @@ class FakeManager(ServiceInterface):
 
     @method()
     def SetUnitProperties(self, name: "s", runtime: "b", properties: "a(sv)") -> None:  # type: ignore[name-defined] # noqa: F821
+        # Refusing unknown units stands for any error reply: real systemd 252
+        # accepts properties for any unit name (measured).
         if name not in self.units:
             raise DBusError("org.freedesktop.systemd1.NoSuchUnit", f"Unit {name} not loaded.")
         values = [(key, variant.value) for key, variant in properties]

@@ -248,7 +248,7 @@ def test_values_queued_while_dbus_is_away_reach_systemd_once_it_is_back(
 
 
 def test_a_refused_call_is_counted_and_the_next_unit_still_set(bus: str, root: Path) -> None:
-    manager = FakeManager()  # knows no slice: NoSuchUnit
+    manager = FakeManager()  # knows no slice: refuses it
     manager.add_unit(SCOPE, root / SLICE_DIR / SCOPE, Held(10, 380_000, 256 * MI))
     plugin, units = systemd_plugin(root)
     pod = PodView("uid_batch", "jobs", "batch", {}, {}, SLICE)
