@@ -20,13 +20,13 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.containerd import (
-    CGROUP_ROOT,
     FLAVOURS,
     Containerd,
     ContainerdError,
     Flavour,
     fetch,
 )
+from tests.e2e.node import NODE
 
 E2E_DIR = Path(__file__).resolve().parent
 
@@ -56,8 +56,9 @@ def containerd_bin(containerd_flavour: Flavour) -> Path:
     """Directory holding containerd, containerd-shim-runc-v2 and ctr (fetched once)."""
     if os.geteuid() != 0:
         _unavailable("e2e tests need root (containerd, runc and cgroup writes)")
-    if not (CGROUP_ROOT / "cpu" / "cpu.shares").exists():
-        _unavailable(f"e2e tests need cgroup v1 with the cpu controller at {CGROUP_ROOT}/cpu")
+    missing = NODE.missing()
+    if missing:
+        _unavailable(f"e2e tests need {missing}")
     try:
         return fetch(containerd_flavour)
     except ContainerdError as e:

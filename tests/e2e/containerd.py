@@ -44,8 +44,8 @@ import grpc
 
 from tests.e2e.cri import runtime_pb2 as cri
 from tests.e2e.cri import runtime_pb2_grpc as cri_grpc
+from tests.e2e.node import NODE
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 BUSYBOX = Path("/bin/busybox")
 IMAGE_TAG = "local/busybox:1"
 # The CRI plugin normalises short names the docker way.
@@ -177,24 +177,15 @@ def build_busybox_image(dest: Path, tag: str = IMAGE_TAG) -> Path:
     return dest
 
 
-def cgroup_controllers() -> list[str]:
-    """Every hierarchy mounted under /sys/fs/cgroup (cpu, memory, systemd, ...)."""
-    with contextlib.suppress(FileNotFoundError):
-        return sorted(p.name for p in CGROUP_ROOT.iterdir() if p.is_dir() and not p.is_symlink())
-    return []
-
-
 def remove_cgroup_tree(parent: str, attempts: int = 20) -> list[str]:
     """rmdir `parent` and everything below it in every hierarchy, leaves first.
 
     Returns the directories that could not be removed (still busy).
     """
-    rel = parent.strip("/")
-    if not rel:
+    if not parent.strip("/"):
         raise ValueError("refusing to remove the cgroup root")
     left: list[str] = []
-    for controller in cgroup_controllers():
-        top = CGROUP_ROOT / controller / rel
+    for top in NODE.pod_dirs(parent):
         if not top.is_dir():
             continue
         dirs = [Path(d) for d, _, _ in os.walk(top)]
@@ -606,7 +597,7 @@ disabled_plugins = [
         """A host-network PodSandboxConfig; cgroup parent defaults to the besteffort tier."""
         uid = uid or str(uuid.uuid4())
         if cgroup_parent is None:
-            cgroup_parent = new_cgroup_parent("besteffort", uid)
+            cgroup_parent = NODE.new_cgroup_parent("besteffort", uid)
         return cri.PodSandboxConfig(
             metadata=cri.PodSandboxMetadata(name=name, namespace=namespace, uid=uid, attempt=0),
             # Host network implies the host's UTS namespace: no hostname of our own.
@@ -639,6 +630,7 @@ disabled_plugins = [
 
     def run_pod_config(self, config: cri.PodSandboxConfig, *, timeout: float = 30.0) -> str:
         self.cgroup_parents.add(config.linux.cgroup_parent)
+        NODE.prepare_parent(config.linux.cgroup_parent)
         Path(config.log_directory).mkdir(parents=True, exist_ok=True)
         resp = self.cri.RunPodSandbox(cri.RunPodSandboxRequest(config=config), timeout=timeout)
         self.pod_configs[resp.pod_sandbox_id] = config
@@ -736,29 +728,6 @@ disabled_plugins = [
             self.stop_pod(p.id)
             self.remove_pod(p.id)
 
-    # --------------------------------------------------------------- cgroups
-
-    @staticmethod
-    def pod_cgroup_dir(controller: str, cgroup_parent: str) -> Path:
-        """/sys/fs/cgroup/<controller>/<cgroup_parent> (the pod-level directory)."""
-        return CGROUP_ROOT / controller / cgroup_parent.strip("/")
-
-    @staticmethod
-    def container_cgroup_dir(controller: str, cgroup_parent: str, container_id: str) -> Path:
-        """/sys/fs/cgroup/<controller>/<cgroup_parent>/<container id> (cgroupfs driver)."""
-        return CGROUP_ROOT / controller / cgroup_parent.strip("/") / container_id
-
-    @classmethod
-    def read_cgroup(
-        cls, controller: str, cgroup_parent: str, filename: str, container_id: str | None = None
-    ) -> str:
-        base = (
-            cls.container_cgroup_dir(controller, cgroup_parent, container_id)
-            if container_id
-            else cls.pod_cgroup_dir(controller, cgroup_parent)
-        )
-        return (base / filename).read_text().strip()
-
     # --------------------------------------------------------------- cleanup
 
     def close(self) -> list[str]:
@@ -799,13 +768,6 @@ disabled_plugins = [
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def new_cgroup_parent(qos: str = "besteffort", uid: str | None = None) -> str:
-    """A fresh kubelet-style pod cgroup parent, e.g. /kubepods/besteffort/pod<uuid>."""
-    uid = uid or str(uuid.uuid4())
-    prefix = "/kubepods" if qos == "guaranteed" else f"/kubepods/{qos}"
-    return f"{prefix}/pod{uid}"
 
 
 @contextlib.contextmanager

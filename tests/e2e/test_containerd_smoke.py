@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.containerd import Containerd, new_cgroup_parent
+from tests.e2e.containerd import Containerd
+from tests.e2e.node import NODE
 
 pytestmark = pytest.mark.e2e
 
@@ -14,9 +15,9 @@ MiB = 1024 * 1024
 def test_cri_resources_reach_cgroup_files(containerd: Containerd) -> None:
     assert containerd.nri_socket.is_socket()
 
-    parent = new_cgroup_parent("besteffort")
+    parent = NODE.new_cgroup_parent("besteffort")
     pod_id = containerd.run_pod("smoke", namespace="e2e", cgroup_parent=parent)
-    assert containerd.pod_cgroup_dir("cpu", parent).is_dir()
+    assert NODE.pod_dir("cpu", parent).is_dir()
 
     resources = {
         "cpu_shares": 512,
@@ -27,8 +28,8 @@ def test_cri_resources_reach_cgroup_files(containerd: Containerd) -> None:
     ctr_id = containerd.create_container(pod_id, name="sleeper", resources=resources)
     containerd.start_container(ctr_id)
 
-    cpu = containerd.container_cgroup_dir("cpu", parent, ctr_id)
-    memory = containerd.container_cgroup_dir("memory", parent, ctr_id)
+    cpu = NODE.container_dir("cpu", parent, ctr_id)
+    memory = NODE.container_dir("memory", parent, ctr_id)
     assert (cpu / "cpu.shares").read_text().strip() == "512"
     assert (cpu / "cpu.cfs_quota_us").read_text().strip() == "50000"
     assert (cpu / "cpu.cfs_period_us").read_text().strip() == "100000"

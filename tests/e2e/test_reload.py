@@ -8,8 +8,9 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.containerd import Containerd
+from tests.e2e.node import NODE
 from tests.e2e.plugin_process import PluginProcess, iter_events, wait_until
-from tests.e2e.test_tiers import BE_NATIVE, MIB, Values, labels, read_values, run, spec
+from tests.e2e.test_tiers import BE_NATIVE, MIB, labels, run, spec
 
 SPEC = "node.koordinator.sh/extended-resource-spec"
 
@@ -34,40 +35,34 @@ def test_config_change_reaches_running_containers(containerd: Containerd, tmp_pa
             containerd, "batch", "besteffort", labels("BE", "koord-batch"),
             {SPEC: spec("batch", "500", "1k", "512Mi")}, BE_NATIVE,
         )  # fmt: skip
-        assert read_values(containerd, pod.parent, pod.container_id) == Values(
-            512, 100000, 512 * MIB
-        )
+        assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(512, 100000, 512 * MIB)
 
         # Before NRI v0.12.2 (containerd 1.7.24: v0.6.1, 2.1.9: v0.8.0) the
         # runtime cannot take UpdateContainers safely: the plugin writes the
         # running container's and pod's cgroup files itself.
-        config.write_text("rules:\n  cpuNormalizationRatio: 2.0\n")
-        assert wait_until(
-            lambda: read_values(containerd, pod.parent, pod.container_id).quota == 50000
-        ), read_values(containerd, pod.parent, pod.container_id)
-        assert read_values(containerd, pod.parent, pod.container_id) == Values(
-            512, 50000, 512 * MIB
+        config.write_text(NODE.plugin_config("rules:\n  cpuNormalizationRatio: 2.0\n"))
+        assert wait_until(lambda: NODE.read_values(pod.parent, pod.container_id).quota == 50000), (
+            NODE.read_values(pod.parent, pod.container_id)
         )
-        assert read_values(containerd, pod.parent, None) == Values(512, 50000, 512 * MIB)
+        assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(512, 50000, 512 * MIB)
+        assert NODE.read_values(pod.parent, None) == NODE.expect(512, 50000, 512 * MIB)
         assert scrape(port, "nri_midbatch_config_reloads_total", result="applied") == 1
 
         # An invalid file is refused; the values and the configuration stay.
-        config.write_text("rules:\n  cpuNormalisationRatio: 4.0\n")
+        config.write_text(NODE.plugin_config("rules:\n  cpuNormalisationRatio: 4.0\n"))
         assert wait_until(
             lambda: scrape(port, "nri_midbatch_config_reloads_total", result="invalid") == 1
         )
         _, rejected = plugin.wait_for("configuration rejected, the previous one stays in force")
         assert "rules.cpuNormalisationRatio" in rejected["error"]
-        assert read_values(containerd, pod.parent, pod.container_id) == Values(
-            512, 50000, 512 * MIB
-        )
+        assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(512, 50000, 512 * MIB)
 
         # New containers follow the configuration in force.
         later = run(
             containerd, "batch-later", "besteffort", labels("BE", "koord-batch"),
             {SPEC: spec("batch", "500", "1k", "512Mi")}, BE_NATIVE,
         )  # fmt: skip
-        assert read_values(containerd, later.parent, later.container_id).quota == 50000
+        assert NODE.read_values(later.parent, later.container_id).quota == 50000
     finally:
         assert plugin.stop() == 0
 
@@ -84,7 +79,7 @@ def test_restarted_plugin_loosens_values_it_set_under_a_stricter_config(
             containerd, "batch", "besteffort", labels("BE", "koord-batch"),
             {SPEC: spec("batch", "500", "1k", "512Mi")}, BE_NATIVE,
         )  # fmt: skip
-        assert read_values(containerd, pod.parent, pod.container_id).quota == 50000
+        assert NODE.read_values(pod.parent, pod.container_id).quota == 50000
     finally:
         assert strict.stop() == 0
     # The container carries the limits kubelet gave it (none), so the new
@@ -92,12 +87,12 @@ def test_restarted_plugin_loosens_values_it_set_under_a_stricter_config(
     default = PluginProcess(tmp_path / "default", containerd.nri_socket, config="")
     try:
         default.wait_for("synchronized")
+        assert wait_until(lambda: NODE.read_values(pod.parent, pod.container_id).quota == 100000), (
+            NODE.read_values(pod.parent, pod.container_id)
+        )
         assert wait_until(
-            lambda: read_values(containerd, pod.parent, pod.container_id).quota == 100000
-        ), read_values(containerd, pod.parent, pod.container_id)
-        assert wait_until(
-            lambda: read_values(containerd, pod.parent, None) == Values(512, 100000, 512 * MIB)
-        ), read_values(containerd, pod.parent, None)
+            lambda: NODE.read_values(pod.parent, None) == NODE.expect(512, 100000, 512 * MIB)
+        ), NODE.read_values(pod.parent, None)
     finally:
         assert default.stop() == 0
 
@@ -118,8 +113,8 @@ def test_restarted_plugin_lowers_a_pod_after_its_containers(
             containerd, "batch", "besteffort", labels("BE", "koord-batch"),
             {SPEC: spec("batch", "500", "1k", "512Mi")}, BE_NATIVE,
         )  # fmt: skip
-        assert read_values(containerd, pod.parent, None) == Values(512, 100000, 512 * MIB)
-        assert read_values(containerd, pod.parent, pod.container_id).quota == 100000
+        assert NODE.read_values(pod.parent, None) == NODE.expect(512, 100000, 512 * MIB)
+        assert NODE.read_values(pod.parent, pod.container_id).quota == 100000
     finally:
         assert default.stop() == 0
     strict = PluginProcess(
@@ -127,12 +122,12 @@ def test_restarted_plugin_lowers_a_pod_after_its_containers(
     )
     try:
         strict.wait_for("synchronized")
+        assert wait_until(lambda: NODE.read_values(pod.parent, pod.container_id).quota == 50000), (
+            NODE.read_values(pod.parent, pod.container_id)
+        )
         assert wait_until(
-            lambda: read_values(containerd, pod.parent, pod.container_id).quota == 50000
-        ), read_values(containerd, pod.parent, pod.container_id)
-        assert wait_until(
-            lambda: read_values(containerd, pod.parent, None) == Values(512, 50000, 512 * MIB)
-        ), read_values(containerd, pod.parent, None)
+            lambda: NODE.read_values(pod.parent, None) == NODE.expect(512, 50000, 512 * MIB)
+        ), NODE.read_values(pod.parent, None)
         _, written = strict.wait_for("pod cgroup set")
         assert (written["method"], written["cpu_quota"]) == ("Synchronize", 50000)
         assert not list(iter_events(strict.records(), "pod cgroup not set"))

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.containerd import Containerd, new_cgroup_parent
+from tests.e2e.containerd import Containerd
+from tests.e2e.node import NODE
 from tests.e2e.plugin_process import PluginProcess, wait_until
 
 SPEC = "node.koordinator.sh/extended-resource-spec"
 MIB = 1024 * 1024
 GIB = 1024 * MIB
-UNLIMITED_V1 = 9223372036854771712  # LONG_MAX rounded down to the page size
 
 
 def spec(tier: str, request_cpu: str, limit_cpu: str, limit_memory: str) -> str:
@@ -40,25 +40,6 @@ def labels(qos: str, priority: str) -> dict[str, str]:
 
 
 @dataclass
-class Values:
-    shares: int
-    quota: int
-    memory: int
-
-
-def read_values(containerd: Containerd, parent: str, container_id: str | None) -> Values:
-    def read(controller: str, name: str) -> int:
-        return int(containerd.read_cgroup(controller, parent, name, container_id).strip())
-
-    memory = read("memory", "memory.limit_in_bytes")
-    return Values(
-        shares=read("cpu", "cpu.shares"),
-        quota=read("cpu", "cpu.cfs_quota_us"),
-        memory=-1 if memory >= UNLIMITED_V1 else memory,
-    )
-
-
-@dataclass
 class Pod:
     parent: str
     pod_id: str
@@ -73,7 +54,7 @@ def run(
     annotations: dict[str, str],
     resources: dict[str, int],
 ) -> Pod:
-    parent = new_cgroup_parent(qos_dir)
+    parent = NODE.new_cgroup_parent(qos_dir)
     pod_id = containerd.run_pod(
         name,
         uid=str(uuid.uuid4()),
@@ -107,8 +88,8 @@ def test_batch_be_pod_gets_batch_values(containerd: Containerd, plugin: PluginPr
         BE_NATIVE,
     )
     # Koordinator: request 500 -> shares 512; limit 1000 -> quota 100000.
-    assert read_values(containerd, pod.parent, pod.container_id) == Values(512, 100000, 512 * MIB)
-    assert read_values(containerd, pod.parent, None) == Values(512, 100000, 512 * MIB)
+    assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(512, 100000, 512 * MIB)
+    assert NODE.read_values(pod.parent, None) == NODE.expect(512, 100000, 512 * MIB)
 
 
 def test_mid_be_pod_gets_mid_values(containerd: Containerd, plugin: PluginProcess) -> None:
@@ -120,8 +101,8 @@ def test_mid_be_pod_gets_mid_values(containerd: Containerd, plugin: PluginProces
         {SPEC: spec("mid", "2k", "4k", "1Gi")},
         BE_NATIVE,
     )
-    assert read_values(containerd, pod.parent, pod.container_id) == Values(2048, 400000, GIB)
-    assert read_values(containerd, pod.parent, None) == Values(2048, 400000, GIB)
+    assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(2048, 400000, GIB)
+    assert NODE.read_values(pod.parent, None) == NODE.expect(2048, 400000, GIB)
 
 
 def test_mid_ls_pod_never_loosens_native_limits(
@@ -142,13 +123,13 @@ def test_mid_ls_pod_never_loosens_native_limits(
         native,
     )
     # The tier asks quota 200000 and 1 GiB; kubelet's tighter limits stay.
-    assert read_values(containerd, pod.parent, pod.container_id) == Values(1024, 50000, 512 * MIB)
+    assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(1024, 50000, 512 * MIB)
 
 
 def test_prod_pod_is_left_alone(containerd: Containerd, plugin: PluginProcess) -> None:
     native = {"cpu_shares": 1536, "cpu_period": 100000, "cpu_quota": 150000}
     pod = run(containerd, "prod", "burstable", labels("LS", "koord-prod"), {}, native)
-    assert read_values(containerd, pod.parent, pod.container_id) == Values(1536, 150000, -1)
+    assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(1536, 150000, -1)
     assert not [r for r in plugin.records() if r.get("pod") == "prod" and r["event"] == "decision"]
 
 
@@ -163,7 +144,7 @@ def test_malformed_annotation_leaves_container_untouched_and_is_logged(
         {SPEC: '{"containers": {"main": {"limits": {"kubernetes.io/batch-cpu": "1.2.3"}}}}'},
         BE_NATIVE,
     )
-    assert read_values(containerd, pod.parent, pod.container_id) == Values(2, -1, -1)
+    assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(2, -1, -1)
     warnings = [r for r in plugin.records() if r.get("pod") == "broken" and r["level"] == "warning"]
     # Once for the pod cgroup at RunPodSandbox, once for the container.
     assert [(w["method"], w.get("container")) for w in warnings] == [
@@ -185,7 +166,7 @@ def test_update_container_keeps_tier_values(containerd: Containerd, plugin: Plug
     # A kubelet-style update with native values: the tier values are reapplied,
     # on the container that is being updated.
     containerd.update_container_resources(pod.container_id, {"cpu_shares": 2})
-    assert read_values(containerd, pod.parent, pod.container_id) == Values(512, 100000, 512 * MIB)
+    assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(512, 100000, 512 * MIB)
 
 
 def test_containers_created_while_plugin_was_away_are_corrected(
@@ -199,18 +180,18 @@ def test_containers_created_while_plugin_was_away_are_corrected(
         {SPEC: spec("batch", "500", "1k", "512Mi")},
         BE_NATIVE,
     )
-    assert read_values(containerd, pod.parent, pod.container_id) == Values(2, -1, -1)
+    assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(2, -1, -1)
     process = PluginProcess(tmp_path / "late-plugin", containerd.nri_socket)
     try:
         process.wait_for("synchronized")
-        expected = Values(512, 100000, 512 * MIB)
+        expected = NODE.expect(512, 100000, 512 * MIB)
         # containerd applies the container's update once it has our reply,
         # and the plugin writes the pod's cgroup after that reply too.
-        assert wait_until(
-            lambda: read_values(containerd, pod.parent, pod.container_id) == expected
-        ), read_values(containerd, pod.parent, pod.container_id)
-        assert wait_until(lambda: read_values(containerd, pod.parent, None) == expected), (
-            read_values(containerd, pod.parent, None)
+        assert wait_until(lambda: NODE.read_values(pod.parent, pod.container_id) == expected), (
+            NODE.read_values(pod.parent, pod.container_id)
+        )
+        assert wait_until(lambda: NODE.read_values(pod.parent, None) == expected), NODE.read_values(
+            pod.parent, None
         )
     finally:
         assert process.stop() == 0

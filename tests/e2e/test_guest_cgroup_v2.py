@@ -1,0 +1,102 @@
+"""The tier tests on a real cgroup v2 node, in a QEMU guest, with both cgroup drivers.
+
+This machine's own cgroups are v1 and must not be touched, so each leg boots
+a guest (tests/e2e/qemu.py, docs/testing.md) whose kernel mounts only cgroup
+v2, and runs a selection of the ordinary e2e tests there, unchanged: they read
+the node's files through tests/e2e/node.py, which knows v2 and the drivers.
+
+- cgroupfs: a bare node, cgroup2 mounted with +cpu +memory +pids.
+- systemd: systemd as PID 1, containerd in a delegated scope with
+  `SystemdCgroup = true`, the kubepods slices made as kubelet makes them, and
+  the plugin with `cgroups.driver: systemd`.
+
+Each leg holds one boot; a test the guest could not finish (a hang, a boot
+failure) fails with the tails of its output and of the guest's console.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.node import DRIVER_ENV, Driver
+from tests.e2e.qemu import GUEST_SHARE, ROOT, GuestError, boot, fetch_guest
+
+#: What both legs run in the guest: pod and container values of a batch and a
+#: mid pod, the Synchronize correction, a restart under a stricter
+#: configuration, and a reload.
+GUEST_TESTS = (
+    "tests/e2e/test_tiers.py::test_batch_be_pod_gets_batch_values",
+    "tests/e2e/test_tiers.py::test_mid_be_pod_gets_mid_values",
+    "tests/e2e/test_tiers.py::test_containers_created_while_plugin_was_away_are_corrected",
+    "tests/e2e/test_reload.py::test_restarted_plugin_loosens_values_it_set_under_a_stricter_config",
+    "tests/e2e/test_reload.py::test_config_change_reaches_running_containers",
+)
+#: What the systemd leg runs on top of GUEST_TESTS.
+SYSTEMD_TESTS: tuple[str, ...] = ()
+#: A leg takes a few minutes under software emulation on a loaded 2-core machine.
+LEG_TIMEOUT = 900.0
+#: The tests' own waits, stretched for software emulation (plugin_process.SLOWDOWN).
+SLOWDOWN = 10
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"guest prerequisites missing under CI=true: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def guest_cache(containerd_bin: Path) -> Path:
+    """qemu, the guest kernel and initramfs, with containerd fetched for the guest to use."""
+    if os.geteuid() != 0:
+        _unavailable("the guest legs need root")
+    try:
+        return fetch_guest()
+    except GuestError as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+def guest_command(driver: Driver, tests: tuple[str, ...]) -> str:
+    """The shell script the guest runs: pytest on `tests`, junit into the share."""
+    ids = " ".join(tests)
+    return (
+        f"cd {ROOT}\n"
+        f"export CI=true {DRIVER_ENV}={driver} NRI_E2E_SLOWDOWN={SLOWDOWN}"
+        " PYTHONDONTWRITEBYTECODE=1\n"
+        f"exec {sys.executable} -m pytest -p no:cacheprovider -q"
+        f" --junitxml={GUEST_SHARE}/junit.xml {ids}\n"
+    )
+
+
+def outcomes(junit: Path) -> dict[str, str]:
+    """test name -> passed / failed / error / skipped, from a junit report."""
+    result = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        outcome = "passed"
+        for tag in ("failure", "error", "skipped"):
+            if case.find(tag) is not None:
+                outcome = tag
+        result[case.get("name", "")] = outcome
+    return result
+
+
+@pytest.mark.parametrize("driver", list(Driver))
+def test_tier_tests_pass_on_cgroup_v2(driver: Driver, guest_cache: Path, tmp_path: Path) -> None:
+    tests = GUEST_TESTS + (SYSTEMD_TESTS if driver is Driver.SYSTEMD else ())
+    share = tmp_path / "share"
+    run = boot(guest_cache, driver, guest_command(driver, tests), share, timeout=LEG_TIMEOUT)
+    print(f"guest leg {driver}: {run.seconds:.0f} s")
+    if run.rc is None:
+        why = f"timed out after {LEG_TIMEOUT:.0f} s" if run.timed_out else "ended early"
+        pytest.fail(f"guest leg {driver} {why}, no result\n{run.tails()}", pytrace=False)
+    junit = share / "junit.xml"
+    assert junit.exists(), f"pytest in the guest wrote no report (rc {run.rc})\n{run.tails()}"
+    found = outcomes(junit)
+    # Every selected test ran and passed: a skip would hide a missing prerequisite.
+    assert len(found) == len(tests) and set(found.values()) == {"passed"}, f"{found}\n{run.tails()}"
+    assert run.rc == 0, run.tails()
