@@ -26,7 +26,7 @@ from tests.e2e.containerd import (
     Flavour,
     fetch,
 )
-from tests.e2e.node import NODE
+from tests.e2e.node import NODE, Driver
 
 E2E_DIR = Path(__file__).resolve().parent
 
@@ -70,7 +70,12 @@ def containerd(
     containerd_flavour: Flavour, containerd_bin: Path, tmp_path: Path
 ) -> Iterator[Containerd]:
     """A started containerd with NRI on tmp_path/nri.sock; torn down after the test."""
-    harness = Containerd(tmp_path / "ctrd", containerd_bin, version=containerd_flavour.version)
+    harness = Containerd(
+        tmp_path / "ctrd",
+        containerd_bin,
+        version=containerd_flavour.version,
+        systemd_cgroup=NODE.driver is Driver.SYSTEMD,
+    )
     try:
         harness.start()
         yield harness

@@ -44,7 +44,7 @@ import grpc
 
 from tests.e2e.cri import runtime_pb2 as cri
 from tests.e2e.cri import runtime_pb2_grpc as cri_grpc
-from tests.e2e.node import NODE
+from tests.e2e.node import NODE, SLOWDOWN
 
 BUSYBOX = Path("/bin/busybox")
 IMAGE_TAG = "local/busybox:1"
@@ -243,7 +243,7 @@ class Containerd:
         self.flavour = FLAVOURS[version]
         self.systemd_cgroup = systemd_cgroup
         self.log_level = log_level
-        self.start_timeout = start_timeout
+        self.start_timeout = start_timeout * SLOWDOWN
 
         self.root = self.workdir / "root"
         self.state = self.workdir / "state"
@@ -417,6 +417,7 @@ disabled_plugins = [
             log.flush()
             self.proc = subprocess.Popen(
                 [
+                    *self._systemd_scope(),
                     # nsenter execs containerd: proc.pid is containerd's own.
                     "nsenter",
                     f"--mount=/proc/{namespace}/ns/mnt",
@@ -439,6 +440,16 @@ disabled_plugins = [
         self._started_once = True
         if not self._image_imported:
             self.import_image()
+
+    def _systemd_scope(self) -> list[str]:
+        """With the systemd driver, containerd runs in a delegated unit of its own, as a
+        node's containerd.service does; `systemd-run --scope` then execs it, so it
+        stays our child."""
+        if not self.systemd_cgroup:
+            return []
+        unit = f"e2e-containerd-{uuid.uuid4().hex[:12]}.scope"
+        return ["systemd-run", "--scope", "--quiet", f"--unit={unit}",
+                "--property=Delegate=yes", "--property=KillMode=process", "--"]  # fmt: skip
 
     def _enter_namespace(self) -> int:
         """Pid of the process holding our mount namespace (started on first use).

@@ -12,15 +12,12 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.node import NODE
+from tests.e2e.node import NODE, SLOWDOWN
 
 ROOT = Path(__file__).resolve().parents[2]
 EXECUTABLE = Path(sys.executable).with_name("nri-midbatch")
 
 Record = dict[str, Any]
-#: How many times slower than a plain host this machine runs the tests: the
-#: cgroup v2 guest (software emulation) sets it; every wait here scales by it.
-SLOWDOWN = float(os.environ.get("NRI_E2E_SLOWDOWN", "1"))
 
 
 def read_log(path: Path) -> list[Record]:
