@@ -11,6 +11,7 @@ states what it expects once, in Koordinator's (v1) units, through `expect`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -53,6 +54,13 @@ class Values:
 # minimum shares, 2; the other slices keep systemd's defaults here (the tests
 # read no value of theirs).
 _BESTEFFORT_CPU_WEIGHT = cpu_shares_to_weight(2)
+
+
+def cgroup_controllers() -> list[str]:
+    """Every v1 hierarchy mounted under /sys/fs/cgroup (cpu, memory, systemd, ...)."""
+    with contextlib.suppress(FileNotFoundError):
+        return sorted(p.name for p in CGROUP_ROOT.iterdir() if p.is_dir() and not p.is_symlink())
+    return []
 
 
 def _slice_path(name: str) -> Path:
@@ -163,7 +171,7 @@ class Node:
         """The pod's cgroup directory in every hierarchy (one on v2)."""
         if self.version is CgroupVersion.V2:
             return [self.pod_dir("cpu", parent)]
-        return [self.pod_dir(c, parent) for c in ("cpu", "memory")]
+        return [self.pod_dir(c, parent) for c in cgroup_controllers()]
 
     def pod_dir(self, controller: str, parent: str) -> Path:
         if self.version is CgroupVersion.V1:

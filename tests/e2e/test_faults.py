@@ -28,14 +28,15 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.containerd import CGROUP_ROOT, Containerd, cgroup_controllers, new_cgroup_parent
+from tests.e2e.containerd import Containerd
+from tests.e2e.node import CGROUP_ROOT, NODE, cgroup_controllers
 from tests.e2e.plugin_process import PluginProcess, Record, iter_events, wait_until
-from tests.e2e.test_tiers import BE_NATIVE, MIB, Pod, Values, labels, read_values, run
+from tests.e2e.test_tiers import BE_NATIVE, MIB, Pod, labels, run
 
 SPEC = "node.koordinator.sh/extended-resource-spec"
 BATCH = labels("BE", "koord-batch")
-EXPECTED = Values(512, 100000, 512 * MIB)
-HALVED = Values(512, 50000, 512 * MIB)
+EXPECTED = NODE.expect(512, 100000, 512 * MIB)
+HALVED = NODE.expect(512, 50000, 512 * MIB)
 STRICT = "rules:\n  cpuNormalizationRatio: 2.0\n"
 QUOTA = "cpu.cfs_quota_us"
 FULL_DISK = "recording write failed; dropping records until a write succeeds"
@@ -105,8 +106,8 @@ def assert_serving(containerd: Containerd, plugin: PluginProcess, port: int, nam
     started = time.monotonic()
     pod = batch(containerd, name)
     assert time.monotonic() - started < 15, "pod creation held up"
-    assert read_values(containerd, pod.parent, pod.container_id) == EXPECTED
-    assert read_values(containerd, pod.parent, None) == EXPECTED
+    assert NODE.read_values(pod.parent, pod.container_id) == EXPECTED
+    assert NODE.read_values(pod.parent, None) == EXPECTED
 
 
 def warnings_for(plugin: PluginProcess, event: str, pod: str) -> list[Record]:
@@ -123,7 +124,7 @@ def test_containerd_killed_during_a_synchronize_then_restarted(
     names = ("c0", "c1", "c2")
     pods = []
     for i in range(4):  # created while no plugin runs: kubelet's values only
-        parent = new_cgroup_parent("besteffort")
+        parent = NODE.new_cgroup_parent("besteffort")
         pod_id = containerd.run_pod(
             f"early-{i}", labels=BATCH, annotations=batch_spec(*names), cgroup_parent=parent
         )
@@ -141,18 +142,18 @@ def test_containerd_killed_during_a_synchronize_then_restarted(
     containerd.proc.send_signal(signal.SIGKILL)
     containerd.proc.wait(10)
     containerd.stop()
-    applied = sum(read_values(containerd, p.parent, p.container_id) == EXPECTED for p in pods)
+    applied = sum(NODE.read_values(p.parent, p.container_id) == EXPECTED for p in pods)
     print(f"\ncontainers updated when containerd was killed: {applied} of {len(pods)}")
 
     containerd.start()
     plugin.wait_for("synchronized", after=first + 1, timeout=30)
     # The pod's values add up its three containers'.
-    whole = Values(3 * 512, 3 * 100000, 3 * 512 * MIB)
+    whole = NODE.expect(3 * 512, 3 * 100000, 3 * 512 * MIB)
     for p in pods:
-        assert wait_until(
-            lambda p=p: read_values(containerd, p.parent, p.container_id) == EXPECTED
-        ), read_values(containerd, p.parent, p.container_id)
-        assert wait_until(lambda p=p: read_values(containerd, p.parent, None) == whole)
+        assert wait_until(lambda p=p: NODE.read_values(p.parent, p.container_id) == EXPECTED), (
+            NODE.read_values(p.parent, p.container_id)
+        )
+        assert wait_until(lambda p=p: NODE.read_values(p.parent, None) == whole)
     assert scrape(port, "nri_midbatch_reconnects_total") >= 1
     repaired = scrape(port, "nri_midbatch_container_repairs_total", result="ok")
     print(f"containers reported right by the restarted containerd but repaired: {repaired:g}")
@@ -182,15 +183,15 @@ def test_plugin_stopped_past_the_request_timeout_registers_again_and_repairs(
     finally:
         os.kill(plugin.proc.pid, signal.SIGCONT)
     assert held < 15, f"pod creation held {held:.1f}s"
-    assert read_values(containerd, meanwhile.parent, meanwhile.container_id) == Values(2, -1, -1)
+    assert NODE.read_values(meanwhile.parent, meanwhile.container_id) == NODE.expect(2, -1, -1)
 
     plugin.wait_for("connection to runtime lost", after=first, timeout=30)
     plugin.wait_for("synchronized", after=first + 1, timeout=30)
     for p in (late, meanwhile):
-        assert wait_until(
-            lambda p=p: read_values(containerd, p.parent, p.container_id) == EXPECTED
-        ), read_values(containerd, p.parent, p.container_id)
-        assert wait_until(lambda p=p: read_values(containerd, p.parent, None) == EXPECTED)
+        assert wait_until(lambda p=p: NODE.read_values(p.parent, p.container_id) == EXPECTED), (
+            NODE.read_values(p.parent, p.container_id)
+        )
+        assert wait_until(lambda p=p: NODE.read_values(p.parent, None) == EXPECTED)
     assert scrape(port, "nri_midbatch_reconnects_total") >= 1
     assert outside_files() == outside
     assert_serving(containerd, plugin, port, "after-resume")
@@ -212,7 +213,7 @@ def run_pod_while_paused(
     Returns (cgroup parent, pod id). The plugin is resumed well within the
     runtime's 2 s request timeout.
     """
-    parent = new_cgroup_parent("besteffort")
+    parent = NODE.new_cgroup_parent("besteffort")
     pod_dir = CGROUP_ROOT / "cpu" / parent.strip("/")
     os.kill(plugin.proc.pid, signal.SIGSTOP)
     try:
@@ -293,7 +294,7 @@ def test_pod_cgroup_removed_before_the_write(
     assert scrape(port, "nri_midbatch_pod_cgroup_writes_total", result="failed") == 1
     container_id = containerd.create_container(pod_id, name="main", resources=BE_NATIVE)
     containerd.start_container(container_id)
-    assert read_values(containerd, parent, container_id) == EXPECTED
+    assert NODE.read_values(parent, container_id) == EXPECTED
     assert outside_files() == outside
     assert_serving(containerd, plugin, port, "after-gone")
 
@@ -319,8 +320,8 @@ def test_pod_quota_the_kernel_refuses(
     assert scrape(port, "nri_midbatch_pod_cgroup_writes_total", result="failed") == 1
     container_id = containerd.create_container(pod_id, name="main", resources=BE_NATIVE)
     containerd.start_container(container_id)
-    assert read_values(containerd, parent, container_id) == EXPECTED
-    assert read_values(containerd, parent, None).quota == -1
+    assert NODE.read_values(parent, container_id) == EXPECTED
+    assert NODE.read_values(parent, None).quota == -1
     assert outside_files() == outside
     assert_serving(containerd, plugin, port, "after-refused")
 
@@ -351,7 +352,7 @@ def test_read_only_cgroup_mount(
     assert warning["method"] == "RunPodSandbox"
     assert "Read-only file system" in warning["reason"], warning
     # The runtime sets the container: NRI adjustments do not need the plugin's mounts.
-    assert read_values(containerd, pod.parent, pod.container_id) == EXPECTED
+    assert NODE.read_values(pod.parent, pod.container_id) == EXPECTED
     # Also the first pod's, at the Synchronize once the runtime had lowered its container.
     (first,) = warnings_for(plugin, "pod cgroup not set", "first")
     assert first["method"] == "Synchronize"
@@ -366,12 +367,12 @@ def test_read_only_cgroup_mount(
     failed = warnings_for(plugin, "cgroup not set for new configuration", "read-only")
     assert {r.get("container") for r in failed} == {"main", None}, failed
     assert all("Read-only file system" in r["reason"] for r in failed)
-    assert read_values(containerd, pod.parent, pod.container_id) == EXPECTED
+    assert NODE.read_values(pod.parent, pod.container_id) == EXPECTED
     assert outside_files() == outside
     assert plugin.proc.poll() is None
     assert scrape(port, "nri_midbatch_registered") == 1
     later = batch(containerd, "later")
-    assert read_values(containerd, later.parent, later.container_id) == HALVED
+    assert NODE.read_values(later.parent, later.container_id) == HALVED
 
 
 # -- the plugin's own resources --------------------------------------------------------------
@@ -395,7 +396,7 @@ def test_metrics_address_taken_at_start(
         _, error = plugin.wait_for("cannot serve metrics, retrying", timeout=10)
         assert error["address"] == f"127.0.0.1:{port}"
         pod = batch(containerd, "without-metrics")
-        assert read_values(containerd, pod.parent, pod.container_id) == EXPECTED
+        assert NODE.read_values(pod.parent, pod.container_id) == EXPECTED
     finally:
         holder.close()
     assert metrics_port(plugin) == port
@@ -437,7 +438,7 @@ def test_recording_filesystem_full(
     outside = outside_files()
     for i in range(3):
         pod = batch(containerd, f"unrecorded-{i}")
-        assert read_values(containerd, pod.parent, pod.container_id) == EXPECTED
+        assert NODE.read_values(pod.parent, pod.container_id) == EXPECTED
     assert wait_until(lambda: scrape(port, "nri_midbatch_records_dropped_total") > 0)
     # One line per failing write would be one per event: a full disk is said once.
     assert len(list(iter_events(plugin.records(), FULL_DISK))) == 1
@@ -477,7 +478,7 @@ def test_configuration_file_broken_while_events_flow(
         config.write_text(ALIAS_BOMB)
     pods = [batch(containerd, f"during-{i}") for i in range(3)]
     for pod in pods:
-        assert read_values(containerd, pod.parent, pod.container_id) == EXPECTED
+        assert NODE.read_values(pod.parent, pod.container_id) == EXPECTED
     if break_it != "deleted":
         assert wait_until(
             lambda: scrape(port, "nri_midbatch_config_reloads_total", result="invalid") == 1
@@ -488,9 +489,9 @@ def test_configuration_file_broken_while_events_flow(
     # A good file again: reloading still works.
     config.write_text(STRICT)
     assert wait_until(
-        lambda: read_values(containerd, pods[0].parent, pods[0].container_id) == HALVED,
+        lambda: NODE.read_values(pods[0].parent, pods[0].container_id) == HALVED,
         timeout=15,
-    ), read_values(containerd, pods[0].parent, pods[0].container_id)
+    ), NODE.read_values(pods[0].parent, pods[0].container_id)
     assert scrape(port, "nri_midbatch_config_reloads_total", result="applied") == 1
     assert outside_files() == outside
     assert plugin.proc.poll() is None
@@ -577,7 +578,7 @@ def test_restart_under_a_stricter_config_lowers_pods_after_their_containers(
         plugins.append(strict)
         strict.wait_for("synchronized", timeout=30)
         assert wait_until(
-            lambda: all(read_values(containerd, p.parent, None) == HALVED for p in pods),
+            lambda: all(NODE.read_values(p.parent, None) == HALVED for p in pods),
             timeout=15,
         )
     gaps = order_gaps(poller, files, "50000")
