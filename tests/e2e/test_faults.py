@@ -526,7 +526,8 @@ class FilePoller:
         now = time.monotonic()
         for path in self._paths:
             try:
-                text = path.read_text().strip()
+                # The quota token: all of cpu.cfs_quota_us, the first of v2's cpu.max.
+                text = path.read_text().split()[0]
             except OSError:
                 text = "<gone>"
             seen = self.changes[path]
@@ -544,11 +545,13 @@ class FilePoller:
         return self.changes[path][-1]
 
 
-def quota_files(containerd: Containerd, pods: list[Pod]) -> list[tuple[Path, Path]]:
+def quota_files(pods: list[Pod]) -> list[tuple[Path, Path]]:
+    """(pod, container) quota files of each pod, on this node's cgroup version and driver."""
+    quota = NODE.value_files()[1].name
     return [
         (
-            containerd.pod_cgroup_dir("cpu", p.parent) / QUOTA,
-            containerd.container_cgroup_dir("cpu", p.parent, p.container_id) / QUOTA,
+            NODE.pod_dir("cpu", p.parent) / quota,
+            NODE.container_dir("cpu", p.parent, p.container_id) / quota,
         )
         for p in pods
     ]
@@ -572,7 +575,7 @@ def test_restart_under_a_stricter_config_lowers_pods_after_their_containers(
     default.wait_for("synchronized", timeout=30)
     pods = [batch(containerd, f"batch-{i}") for i in range(4)]
     assert default.stop() == 0
-    files = quota_files(containerd, pods)
+    files = quota_files(pods)
     with FilePoller([f for pair in files for f in pair]) as poller:
         strict = PluginProcess(tmp_path / "strict", containerd.nri_socket, config=STRICT)
         plugins.append(strict)
@@ -596,13 +599,13 @@ def test_reload_lowers_pods_after_their_containers_and_raises_them_before(
     config = tmp_path / "plugin" / "config.yaml"
     plugin.wait_for("synchronized", timeout=30)
     pods = [batch(containerd, f"batch-{i}") for i in range(4)]
-    files = quota_files(containerd, pods)
+    files = quota_files(pods)
     for text, value, label in ((STRICT, "50000", "lowering"), ("", "100000", "raising")):
         with FilePoller([f for pair in files for f in pair]) as poller:
-            config.write_text(text)
+            config.write_text(NODE.plugin_config(text))
             assert wait_until(
                 lambda value=value: all(
-                    containerd.read_cgroup("cpu", p.parent, QUOTA) == value for p in pods
+                    NODE.read_values(p.parent).quota == int(value) for p in pods
                 ),
                 timeout=15,
             )
