@@ -40,7 +40,9 @@ GUEST_TESTS = (
 #: The release the guest runs them on (the issue's modern node: containerd 2.x).
 GUEST_CONTAINERD = FLAVOURS["2.1.9"]
 #: What the systemd leg runs on top of GUEST_TESTS.
-SYSTEMD_TESTS: tuple[str, ...] = ()
+SYSTEMD_TESTS: tuple[str, ...] = (
+    "tests/e2e/test_systemd_reload.py::test_values_survive_systemctl_daemon_reload",
+)
 #: A leg takes a few minutes under software emulation on a loaded 2-core machine.
 LEG_TIMEOUT = 900.0
 #: The tests' own waits, stretched for software emulation (node.SLOWDOWN).
