@@ -396,12 +396,34 @@ class MidBatchPlugin:
     ) -> None:
         """Under the systemd driver, have systemd hold the values just written to files."""
         if self.systemd is not None:
-            self.systemd.hold(_unit_target(pod, container, values, cgroups_path))
+            self.systemd.hold(self._unit_target(pod, container, values, cgroups_path))
 
     def _systemd_containers(self) -> list[UnitTarget]:
         """What every known container should hold now, for systemd's drift repair."""
         changes = plan(self.known, None, self.policy, pods_after=False).containers
-        return [_unit_target(c.pod, c.container, c.values, c.cgroups_path) for c in changes]
+        return [self._unit_target(c.pod, c.container, c.values, c.cgroups_path) for c in changes]
+
+    def _unit_target(
+        self,
+        pod: PodView,
+        container: ContainerView | None,
+        values: CgroupValues,
+        cgroups_path: str,
+    ) -> UnitTarget:
+        if container is None:
+            return UnitTarget("pod", pod.uid, pod.namespace, pod.name, pod.cgroup_parent, values)
+        return UnitTarget(
+            "container",
+            pod.uid,
+            pod.namespace,
+            pod.name,
+            pod.cgroup_parent,
+            values,
+            container.name,
+            container.id,
+            cgroups_path,
+            self.runtime.name if self.runtime is not None else "",
+        )
 
     # -- session hooks -------------------------------------------------------
 
@@ -577,6 +599,7 @@ class MidBatchPlugin:
                 reason = str(exc)
             else:
                 if report.ok:
+                    self._hold(pod, container, target, cgroups_path)
                     self.counters.containers_repaired += 1
                     log.warning(
                         "container cgroup repaired: the runtime reported values it did not hold",
@@ -877,24 +900,6 @@ def exceeds(reading: PodCgroupReading, values: CgroupValues) -> bool:
         (shares is not None and shares > clamp_cpu_shares(values.cpu_shares))
         or _above(reading.cpu_quota, values.cpu_quota)
         or _above(reading.memory_limit, values.memory_limit)
-    )
-
-
-def _unit_target(
-    pod: PodView, container: ContainerView | None, values: CgroupValues, cgroups_path: str
-) -> UnitTarget:
-    if container is None:
-        return UnitTarget("pod", pod.uid, pod.namespace, pod.name, pod.cgroup_parent, values)
-    return UnitTarget(
-        "container",
-        pod.uid,
-        pod.namespace,
-        pod.name,
-        pod.cgroup_parent,
-        values,
-        container.name,
-        container.id,
-        cgroups_path,
     )
 
 

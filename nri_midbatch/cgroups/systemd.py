@@ -91,6 +91,7 @@ class UnitTarget:
     container: str = ""  # name, for logs
     container_id: str = ""
     cgroups_path: str = ""
+    runtime: str = ""  # its name: how it names container cgroups without cgroups_path
 
     @property
     def key(self) -> tuple[str, str]:
@@ -101,7 +102,11 @@ class UnitTarget:
         if self.level == "pod":
             return pod_relpath(CgroupDriver.SYSTEMD, self.cgroup_parent)
         return container_relpath(
-            CgroupDriver.SYSTEMD, self.cgroup_parent, self.container_id, self.cgroups_path
+            CgroupDriver.SYSTEMD,
+            self.cgroup_parent,
+            self.container_id,
+            self.cgroups_path,
+            self.runtime,
         )
 
     def apply_files(self, root: Path) -> WriteReport:
@@ -115,6 +120,7 @@ class UnitTarget:
             self.container_id,
             self.values,
             self.cgroups_path,
+            self.runtime,
         )
 
     def where(self) -> dict[str, str]:
