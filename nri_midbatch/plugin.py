@@ -599,7 +599,7 @@ class MidBatchPlugin:
                 reason = str(exc)
             else:
                 if report.ok:
-                    self._hold(pod, container, target, cgroups_path)
+                    self._hold(pod, container, values, cgroups_path)
                     self.counters.containers_repaired += 1
                     log.warning(
                         "container cgroup repaired: the runtime reported values it did not hold",

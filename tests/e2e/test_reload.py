@@ -183,14 +183,14 @@ def test_a_broken_config_file_is_refused_while_pods_keep_coming(
                 containerd, f"batch-{count}", "besteffort", labels("BE", "koord-batch"),
                 {SPEC: spec("batch", "500", "1k", "512Mi")}, BE_NATIVE,
             )  # fmt: skip
-            assert read_values(containerd, pod.parent, pod.container_id) == Values(
+            assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(
                 512, 100000, 512 * MIB
             )
         # Repaired: the watch is alive and the new file applies to running containers.
         config.write_text("rules:\n  cpuNormalizationRatio: 2.0\n")
-        assert wait_until(
-            lambda: read_values(containerd, pod.parent, pod.container_id).quota == 50000
-        ), read_values(containerd, pod.parent, pod.container_id)
+        assert wait_until(lambda: NODE.read_values(pod.parent, pod.container_id).quota == 50000), (
+            NODE.read_values(pod.parent, pod.container_id)
+        )
         assert scrape(port, "nri_midbatch_config_reloads_total", result="applied") == 1
         assert plugin.proc.poll() is None
     finally:

@@ -23,7 +23,7 @@ from nri_midbatch.cgroups.systemd import (
     UnitTarget,
     unit_properties,
 )
-from nri_midbatch.cgroups.values import UNLIMITED, PodCgroupValues
+from nri_midbatch.cgroups.values import UNLIMITED
 from nri_midbatch.config import load_config_text
 from nri_midbatch.nri.events import Event
 from nri_midbatch.plugin import MidBatchPlugin
@@ -124,12 +124,12 @@ def systemd_plugin(root: Path) -> tuple[MidBatchPlugin, SystemdUnits]:
 def test_unit_properties_are_the_values_the_cgroupfs_path_writes() -> None:
     # shares 256 -> weight 1 + (254 * 9999) // 262142 = 10; 37.5 ms per 100 ms
     # is 375 ms per second, which systemd writes back as exactly 37500.
-    assert unit_properties(PodCgroupValues(256, 37_500, 256 * MI)) == [
+    assert unit_properties(CgroupValues(256, 37_500, 256 * MI)) == [
         ("CPUWeight", 10),
         ("CPUQuotaPerSecUSec", 375_000),
         ("MemoryMax", 256 * MI),
     ]
-    assert unit_properties(PodCgroupValues(2, UNLIMITED, UNLIMITED)) == [
+    assert unit_properties(CgroupValues(2, UNLIMITED, UNLIMITED)) == [
         ("CPUWeight", 1),
         ("CPUQuotaPerSecUSec", INFINITY),
         ("MemoryMax", INFINITY),
@@ -286,7 +286,7 @@ def test_a_refused_call_is_counted_and_the_next_unit_still_set(bus: str, root: P
 def test_what_is_remembered_is_bounded_by_the_pods_known(root: Path) -> None:
     # No task runs: everything stays queued, as while D-Bus is away.
     units = SystemdUnits(root, list)
-    values = PodCgroupValues(256, 37_500, 256 * MI)
+    values = CgroupValues(256, 37_500, 256 * MI)
     for i in range(1000):
         units.hold(UnitTarget("pod", f"u{i}", "ns", f"p{i}", f"kubepods-podu{i}.slice", values))
         units.hold(
