@@ -603,9 +603,12 @@ def test_reload_lowers_pods_after_their_containers_and_raises_them_before(
     for text, value, label in ((STRICT, "50000", "lowering"), ("", "100000", "raising")):
         with FilePoller([f for pair in files for f in pair]) as poller:
             config.write_text(NODE.plugin_config(text))
+            # Both levels: under emulation the second write comes well after the first.
             assert wait_until(
                 lambda value=value: all(
-                    NODE.read_values(p.parent).quota == int(value) for p in pods
+                    NODE.read_values(p.parent).quota == int(value)
+                    and NODE.read_values(p.parent, p.container_id).quota == int(value)
+                    for p in pods
                 ),
                 timeout=15,
             )
