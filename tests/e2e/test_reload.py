@@ -187,7 +187,7 @@ def test_a_broken_config_file_is_refused_while_pods_keep_coming(
                 512, 100000, 512 * MIB
             )
         # Repaired: the watch is alive and the new file applies to running containers.
-        config.write_text("rules:\n  cpuNormalizationRatio: 2.0\n")
+        config.write_text(NODE.plugin_config("rules:\n  cpuNormalizationRatio: 2.0\n"))
         assert wait_until(lambda: NODE.read_values(pod.parent, pod.container_id).quota == 50000), (
             NODE.read_values(pod.parent, pod.container_id)
         )
