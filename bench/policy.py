@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 
 from bench import workload
-from nri_midbatch.config import Config
-from nri_midbatch.plugin import container_view, pod_view
+from nri_midbatch.config.compile import compile_policy
+from nri_midbatch.config.model import Config
+from nri_midbatch.glue.plugin import container_view, pod_view
 from nri_midbatch.policy import ContainerView, PodView, decide_container
 from nri_midbatch.policy.spec import SPEC_CACHE_ENTRIES, spec_cache
-from nri_midbatch.policy_config import compile_policy
 
 Views = list[tuple[PodView, ContainerView]]
 

@@ -199,7 +199,7 @@ def plugin_command() -> list[str]:
     script = Path(sys.executable).with_name("nri-midbatch")
     if script.exists():
         return [str(script)]
-    return [sys.executable, "-m", "nri_midbatch.cli"]
+    return [sys.executable, "-m", "nri_midbatch.tools.cli"]
 
 
 @dataclass

@@ -29,9 +29,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from nri_midbatch.config import Config  # noqa: E402
+from nri_midbatch.config.model import Config  # noqa: E402
 from nri_midbatch.obs.logging import configure_logging  # noqa: E402
-from nri_midbatch.replay import load_recording, replay, write_expected  # noqa: E402
+from nri_midbatch.tools.replay import load_recording, replay, write_expected  # noqa: E402
 from tests.e2e.containerd import Containerd, new_cgroup_parent  # noqa: E402
 from tests.e2e.plugin_process import event, wait_for_record  # noqa: E402
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nri_midbatch.config import MAX_CONFIG_BYTES
+from nri_midbatch.config.model import MAX_CONFIG_BYTES
 
 
 def _alias_bomb() -> str:

@@ -19,8 +19,8 @@ from google.protobuf.message import Message
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.api import ttrpc_pb2
 from nri_midbatch.nri.events import Event
-from nri_midbatch.nri.loopback import LoopbackRuntime, socketpair_streams
 from nri_midbatch.nri.session import RuntimeInfo, Session
+from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
 from nri_midbatch.wire import mux
 from nri_midbatch.wire.ttrpc import Message as TtrpcMessage
 from nri_midbatch.wire.ttrpc import MessageDecoder, MessageType, OversizedMessage, encode_message
@@ -56,7 +56,7 @@ def start_prelaunched(
     plugin_end, runtime_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     fd = plugin_end.fileno()
     script = Path(sys.executable).parent / "nri-midbatch"
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "nri_midbatch.cli"]
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "nri_midbatch.tools.cli"]
     process = subprocess.Popen(
         [*command, *args],
         env={"NRI_PLUGIN_NAME": "midbatch", "NRI_PLUGIN_IDX": "10", "NRI_PLUGIN_SOCKET": str(fd)},

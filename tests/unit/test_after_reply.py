@@ -8,9 +8,9 @@ from typing import Any
 
 import structlog
 
-from nri_midbatch.after_reply import AfterReply
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.api import ttrpc_pb2
+from nri_midbatch.glue.after_reply import AfterReply
 from nri_midbatch.rpc.connection import MuxConnection
 from nri_midbatch.rpc.service import CallContext, Method, Service
 from nri_midbatch.wire.mux import frame_message

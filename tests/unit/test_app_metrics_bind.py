@@ -12,9 +12,9 @@ import urllib.request
 import pytest
 from structlog.testing import capture_logs
 
-from nri_midbatch import app as app_module
-from nri_midbatch.app import App
-from nri_midbatch.config import Config
+from nri_midbatch.config.model import Config
+from nri_midbatch.process import app as app_module
+from nri_midbatch.process.app import App
 
 from .nri_fixtures import STEP_TIMEOUT, run
 

@@ -22,13 +22,13 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
-from nri_midbatch import lowering as lowering_module
-from nri_midbatch import plugin as plugin_module
 from nri_midbatch.api import nri_pb2 as api
-from nri_midbatch.app import App
 from nri_midbatch.cgroups.fs import apply_pod_values
-from nri_midbatch.config import load_config_file
-from nri_midbatch.nri.loopback import LoopbackRuntime, socketpair_streams
+from nri_midbatch.config.model import load_config_file
+from nri_midbatch.glue import lowering as lowering_module
+from nri_midbatch.glue import plugin as plugin_module
+from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
+from nri_midbatch.process.app import App
 
 from .hostile_config import HOSTILE_YAML
 from .nri_fixtures import STEP_TIMEOUT, run

@@ -24,11 +24,11 @@ from nri_midbatch.cgroups.systemd import (
     unit_properties,
 )
 from nri_midbatch.cgroups.values import UNLIMITED
-from nri_midbatch.config import load_config_text
+from nri_midbatch.config.model import load_config_text
+from nri_midbatch.glue.plugin import MidBatchPlugin
+from nri_midbatch.glue.reconcile import ContainerChange, Plan, PodChange
 from nri_midbatch.nri.events import Event
-from nri_midbatch.plugin import MidBatchPlugin
 from nri_midbatch.policy import CgroupValues, ContainerView, PodView
-from nri_midbatch.reconcile import ContainerChange, Plan, PodChange
 
 from .fake_systemd import FakeManager, Held, private_bus, serve_manager
 from .nri_fixtures import run
@@ -316,8 +316,8 @@ def test_the_cgroupfs_path_never_loads_dbus_fast() -> None:
     # Importing it costs about 130 ms and a few MB: only the systemd task may.
     code = (
         "import sys\n"
-        "from nri_midbatch.app import App\n"
-        "from nri_midbatch.config import Config\n"
+        "from nri_midbatch.process.app import App\n"
+        "from nri_midbatch.config.model import Config\n"
         "App(Config(), name='midbatch', idx='10', config_path=None)\n"
         "print(sorted(m for m in sys.modules if m.startswith('dbus_fast')))\n"
     )

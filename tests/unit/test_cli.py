@@ -19,13 +19,13 @@ import pytest
 import structlog
 import yaml
 
-import nri_midbatch.app
-import nri_midbatch.cli
+import nri_midbatch.process.app
+import nri_midbatch.tools.cli
 from nri_midbatch.api import nri_pb2 as api
-from nri_midbatch.cli import main
-from nri_midbatch.config import Config, load_config_file, load_config_text
-from nri_midbatch.nri.loopback import LoopbackRuntime
+from nri_midbatch.config.model import Config, load_config_file, load_config_text
+from nri_midbatch.nri.testing import LoopbackRuntime
 from nri_midbatch.obs.logging import FALLBACK_LOG_FILE, JOURNAL_SOCKET
+from nri_midbatch.tools.cli import main
 
 from .hostile_config import HOSTILE_YAML
 from .nri_fixtures import STARTUP_TIMEOUT, run, start_prelaunched
@@ -52,7 +52,7 @@ def exit_code(argv: Sequence[str]) -> int:
 
 
 class FakeApp:
-    """Stands in for nri_midbatch.app.App: records how `run` set it up, serves nothing."""
+    """Stands in for nri_midbatch.process.app.App: records how `run` set it up, serves nothing."""
 
     instances: ClassVar[list[FakeApp]] = []
 
@@ -91,14 +91,14 @@ def fake_app(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str | None, bool]]:
     Returns the open_sink calls: (log_file, prelaunched).
     """
     FakeApp.instances = []
-    monkeypatch.setattr(nri_midbatch.app, "App", FakeApp)
+    monkeypatch.setattr(nri_midbatch.process.app, "App", FakeApp)
     sinks: list[tuple[str | None, bool]] = []
 
     def open_sink(log_file: str | None, prelaunched: bool) -> io.StringIO:
         sinks.append((log_file, prelaunched))
         return io.StringIO()
 
-    monkeypatch.setattr(nri_midbatch.cli, "open_sink", open_sink)
+    monkeypatch.setattr(nri_midbatch.tools.cli, "open_sink", open_sink)
     return sinks
 
 
@@ -188,7 +188,7 @@ def test_prelaunched_without_a_usable_log_destination_still_serves(
     def unopenable(log_file: str | None, prelaunched: bool) -> io.StringIO:
         raise FileNotFoundError(2, "No such file or directory")
 
-    monkeypatch.setattr(nri_midbatch.cli, "open_sink", unopenable)
+    monkeypatch.setattr(nri_midbatch.tools.cli, "open_sink", unopenable)
     monkeypatch.setenv("NRI_PLUGIN_SOCKET", "3")
     assert exit_code([]) == 0
     (app,) = FakeApp.instances
@@ -307,7 +307,7 @@ def test_run_with_a_log_file_in_a_missing_directory_exits_2_with_the_reason(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The real open_sink: the file cannot be created.
-    monkeypatch.setattr(nri_midbatch.app, "App", FakeApp)
+    monkeypatch.setattr(nri_midbatch.process.app, "App", FakeApp)
     FakeApp.instances = []
     log_file = tmp_path / "missing" / "plugin.log"
     assert exit_code(["run", "--log-file", str(log_file)]) == 2

@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from nri_midbatch.cgroups import paths
-from nri_midbatch.config import (
+from nri_midbatch.config.compile import compile_policy
+from nri_midbatch.config.model import (
     MAX_CONFIG_BYTES,
     MAX_DEPTH,
     CgroupDriver,
@@ -23,7 +24,6 @@ from nri_midbatch.config import (
     load_config_text,
 )
 from nri_midbatch.policy import PriorityClass, QoSClass
-from nri_midbatch.policy_config import compile_policy
 
 from .hostile_config import HOSTILE_YAML
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import structlog
 
-from nri_midbatch.after_reply import AfterReply
-from nri_midbatch.decision_log import LINES_PER_WRITE, DecisionLines
+from nri_midbatch.glue.after_reply import AfterReply
+from nri_midbatch.glue.decision_log import LINES_PER_WRITE, DecisionLines
 from nri_midbatch.obs.logging import configure_logging, set_level
 from nri_midbatch.policy import CgroupValues, ContainerView, PodView
 

@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 
 from nri_midbatch.api import nri_pb2 as api
-from nri_midbatch.app import App
-from nri_midbatch.cli import _parser
-from nri_midbatch.config import load_config_text
-from nri_midbatch.nri.loopback import LoopbackRuntime, socketpair_streams
+from nri_midbatch.config.model import load_config_text
+from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
 from nri_midbatch.obs.metrics import WebhookMetrics
-from nri_midbatch.record import Recorder, Written
+from nri_midbatch.process.app import App
+from nri_midbatch.process.record import Recorder, Written
+from nri_midbatch.tools.cli import _parser
 
 from .nri_fixtures import STEP_TIMEOUT, run
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nri_midbatch.cli import main
+from nri_midbatch.tools.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 PODS = ROOT / "examples" / "pods"
@@ -133,10 +133,10 @@ def test_an_init_container_without_resources_makes_the_pod_burstable_as_in_the_w
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Explain and the webhook share one QoS function: both see the init container."""
-    from nri_midbatch.config import load_config_file
-    from nri_midbatch.policy_config import compile_policy
-    from nri_midbatch.webhook.admission import classify
-    from nri_midbatch.webhook.pods import cgroup_parent, read_pod
+    from nri_midbatch.config.compile import compile_policy
+    from nri_midbatch.config.model import load_config_file
+    from nri_midbatch.tools.webhook.admission import classify
+    from nri_midbatch.tools.webhook.pods import cgroup_parent, read_pod
 
     config = tmp_path / "config.yaml"
     config.write_text("classification:\n  qosFromCgroupParent: true\n")

@@ -13,11 +13,11 @@ from structlog.testing import capture_logs
 
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.api import rpc_status_pb2, ttrpc_pb2
-from nri_midbatch.app import App
-from nri_midbatch.config import Config
-from nri_midbatch.nri.loopback import LoopbackRuntime
+from nri_midbatch.config.model import Config
 from nri_midbatch.nri.runner import Backoff, run_external, run_prelaunched
 from nri_midbatch.nri.session import Session
+from nri_midbatch.nri.testing import LoopbackRuntime
+from nri_midbatch.process.app import App
 from nri_midbatch.wire.ttrpc import MessageType
 
 from .nri_fixtures import RawPeer, RecordingPlugin, run

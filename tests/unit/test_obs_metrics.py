@@ -21,9 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from nri_midbatch import __version__
 from nri_midbatch.api import nri_pb2 as api
-from nri_midbatch.app import App
-from nri_midbatch.config import Config, load_config_text
-from nri_midbatch.nri.loopback import LoopbackRuntime, socketpair_streams
+from nri_midbatch.config.model import Config, load_config_text
+from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
+from nri_midbatch.process.app import App
 from nri_midbatch.rpc.errors import RpcError
 
 from .http_fixtures import http_get

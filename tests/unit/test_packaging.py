@@ -23,8 +23,8 @@ import pytest
 import yaml
 
 from nri_midbatch import __version__
-from nri_midbatch.cli import DEFAULT_NAME, DEFAULT_SOCKET
-from nri_midbatch.config import Config, load_config_file, load_config_text
+from nri_midbatch.config.model import Config, load_config_file, load_config_text
+from nri_midbatch.tools.cli import DEFAULT_NAME, DEFAULT_SOCKET
 
 pytestmark = pytest.mark.packaging
 
@@ -357,7 +357,7 @@ def test_daemonset_runs_the_plugin_with_its_config_and_metrics_in_the_pod_networ
 
 
 def test_daemonset_args_are_flags_the_cli_knows() -> None:
-    from nri_midbatch.cli import _parser
+    from nri_midbatch.tools.cli import _parser
 
     parser = _parser()
     run = next(

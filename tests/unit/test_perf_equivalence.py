@@ -16,12 +16,11 @@ import structlog
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nri_midbatch.after_reply import AfterReply
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.api import ttrpc_pb2
-from nri_midbatch.decision_log import DecisionLines
-from nri_midbatch.obs.logging import configure_logging
-from nri_midbatch.plugin import (
+from nri_midbatch.glue.after_reply import AfterReply
+from nri_midbatch.glue.decision_log import DecisionLines
+from nri_midbatch.glue.plugin import (
     container_update,
     current_values,
     decode_native_limits,
@@ -30,8 +29,9 @@ from nri_midbatch.plugin import (
     pod_view,
     set_resources,
 )
+from nri_midbatch.glue.reconcile import Known
+from nri_midbatch.obs.logging import configure_logging
 from nri_midbatch.policy import CgroupValues, ContainerView, NativeLimits, PodView
-from nri_midbatch.reconcile import Known
 from nri_midbatch.wire.connection import _response_with_payload
 from nri_midbatch.wire.mux import frame_message, frame_ttrpc
 from nri_midbatch.wire.ttrpc import MessageType, encode_message

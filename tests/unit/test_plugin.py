@@ -21,17 +21,17 @@ import pytest
 import structlog
 import structlog.testing
 
-from nri_midbatch import lowering as lowering_module
-from nri_midbatch import plugin as plugin_module
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.cgroups.files import CgroupVersion
 from nri_midbatch.cgroups.fs import apply_pod_values
 from nri_midbatch.cgroups.report import FileFailure, WriteReport
-from nri_midbatch.config import Config, load_config_text
+from nri_midbatch.config.model import Config, load_config_text
+from nri_midbatch.glue import lowering as lowering_module
+from nri_midbatch.glue import plugin as plugin_module
+from nri_midbatch.glue.plugin import NATIVE_LIMITS_ANNOTATION, MidBatchPlugin
 from nri_midbatch.nri.events import Event
-from nri_midbatch.nri.loopback import LoopbackRuntime, socketpair_streams
 from nri_midbatch.nri.session import Session
-from nri_midbatch.plugin import NATIVE_LIMITS_ANNOTATION, MidBatchPlugin
+from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.wire.status import Code
 

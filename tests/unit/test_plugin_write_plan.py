@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nri_midbatch.config import load_config_text
-from nri_midbatch.plugin import MidBatchPlugin
+from nri_midbatch.config.model import load_config_text
+from nri_midbatch.glue.plugin import MidBatchPlugin
+from nri_midbatch.glue.reconcile import ContainerChange, Plan
 from nri_midbatch.policy import CgroupValues, ContainerView, PodView
-from nri_midbatch.reconcile import ContainerChange, Plan
 
 SLICE = "kubepods-besteffort-podu.slice"
 SLICE_DIR = "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podu.slice"

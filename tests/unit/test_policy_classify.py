@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from nri_midbatch.config import load_config_text
+from nri_midbatch.config.compile import compile_policy
+from nri_midbatch.config.model import load_config_text
 from nri_midbatch.policy import (
     Classified,
     ContainerView,
@@ -19,7 +20,6 @@ from nri_midbatch.policy import (
     render,
 )
 from nri_midbatch.policy.classify import qos_from_cgroup_parent
-from nri_midbatch.policy_config import compile_policy
 
 QOS = "koordinator.sh/qosClass"
 PRIORITY = "koordinator.sh/priority-class"

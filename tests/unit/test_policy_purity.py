@@ -39,7 +39,7 @@ def test_importing_policy_loads_no_heavy_modules() -> None:
         "import sys, nri_midbatch.policy; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in "
         "{'pydantic', 'yaml', 'asyncio', 'google', 'structlog'} "
-        "or m.startswith(('nri_midbatch.nri', 'nri_midbatch.rpc', 'nri_midbatch.config'))))"
+        "or m.startswith(('nri_midbatch.nri', 'nri_midbatch.rpc', 'nri_midbatch.config.model'))))"
     )
     result = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True

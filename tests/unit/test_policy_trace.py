@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from nri_midbatch.explain import _how, _tier_lines
 from nri_midbatch.policy import (
     CgroupValues,
     Classified,
@@ -19,6 +18,7 @@ from nri_midbatch.policy.trace import (
     TierCheck,
     ValueFrom,
 )
+from nri_midbatch.tools.explain import _how, _tier_lines
 from tests.unit.test_policy_chain import (
     BATCH_CPU,
     BATCH_MEMORY,

@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
-from nri_midbatch.config import load_config_text
+from nri_midbatch.config.compile import compile_policy
+from nri_midbatch.config.model import load_config_text
+from nri_midbatch.glue.reconcile import ContainerChange, Known, Plan, PodChange, plan
 from nri_midbatch.policy import (
     CgroupValues,
     ContainerView,
@@ -20,8 +22,6 @@ from nri_midbatch.policy import (
     PodView,
     Policy,
 )
-from nri_midbatch.policy_config import compile_policy
-from nri_midbatch.reconcile import ContainerChange, Known, Plan, PodChange, plan
 
 QOS = "koordinator.sh/qosClass"
 PRIORITY = "koordinator.sh/priority-class"

@@ -23,12 +23,11 @@ from google.protobuf.json_format import ParseDict
 from structlog.testing import capture_logs
 
 from nri_midbatch.api import nri_pb2 as api
-from nri_midbatch.cli import main
-from nri_midbatch.config import Config, load_config_text
-from nri_midbatch.nri.loopback import LoopbackRuntime, socketpair_streams
+from nri_midbatch.config.model import Config, load_config_text
+from nri_midbatch.glue.plugin import MidBatchPlugin
 from nri_midbatch.nri.session import Session
-from nri_midbatch.plugin import MidBatchPlugin
-from nri_midbatch.record import (
+from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
+from nri_midbatch.process.record import (
     Recorder,
     RotatingFile,
     Written,
@@ -36,8 +35,9 @@ from nri_midbatch.record import (
     note_decision,
     redacted_json,
 )
-from nri_midbatch.replay import load_recording, replay
 from nri_midbatch.rpc.errors import RpcError
+from nri_midbatch.tools.cli import main
+from nri_midbatch.tools.replay import load_recording, replay
 from nri_midbatch.wire.status import Code
 from tests.unit.nri_fixtures import STARTUP_TIMEOUT, STEP_TIMEOUT, run, start_prelaunched
 

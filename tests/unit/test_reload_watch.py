@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from nri_midbatch.reload import FileWatch
+from nri_midbatch.process.reload import FileWatch
 
 
 def rewrite(path: Path, text: str, *, stamp: int) -> None:

@@ -16,10 +16,10 @@ import pytest
 import structlog
 from google.protobuf.json_format import ParseDict
 
-import nri_midbatch.replay
-from nri_midbatch.cli import main
-from nri_midbatch.config import Config, load_config_text
-from nri_midbatch.replay import (
+import nri_midbatch.tools.replay
+from nri_midbatch.config.model import Config, load_config_text
+from nri_midbatch.tools.cli import main
+from nri_midbatch.tools.replay import (
     EXIT_CANNOT_RUN,
     EXIT_EXPECT_DIFFERS,
     EXIT_MALFORMED_LINES,
@@ -398,7 +398,7 @@ def test_replay_memory_stays_flat_in_the_number_of_lines(
     tmp_path: Path, fmt: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The table holds a block of rows to size its columns: make the block small next to N.
-    monkeypatch.setattr(nri_midbatch.replay, "TABLE_BLOCK_ROWS", 100)
+    monkeypatch.setattr(nri_midbatch.tools.replay, "TABLE_BLOCK_ROWS", 100)
     text = RECORDING.read_text().splitlines()
     configure, run_pod, create = (json.loads(text[n]) for n in (0, 2, 3))
     assert (run_pod["method"], create["method"]) == ("StateChange", "CreateContainer")

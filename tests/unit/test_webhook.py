@@ -32,8 +32,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from nri_midbatch.config import Config
-from nri_midbatch.webhook.server import WebhookServer
+from nri_midbatch.config.model import Config
+from nri_midbatch.tools.webhook.server import WebhookServer
 
 QOS = "koordinator.sh/qosClass"
 PRIORITY = "koordinator.sh/priority-class"
@@ -1103,7 +1103,7 @@ def test_a_changed_configuration_is_used_without_restart(tmp_path: Path, tls: Tl
 
 
 def nri_midbatch(*args: str) -> list[str]:
-    return [sys.executable, "-m", "nri_midbatch.cli", *args]
+    return [sys.executable, "-m", "nri_midbatch.tools.cli", *args]
 
 
 def test_cli_serves_until_sigterm(tmp_path: Path, tls: Tls) -> None:
@@ -1187,8 +1187,8 @@ def test_cli_requires_the_certificate_and_key() -> None:
 def test_every_webhook_flag_is_in_the_doc() -> None:
     import argparse
 
-    from nri_midbatch.cli import DEFAULT_WEBHOOK_ADDRESS, _parser
-    from nri_midbatch.webhook.server import DEFAULT_ADDRESS, MAX_BODY_BYTES
+    from nri_midbatch.tools.cli import DEFAULT_WEBHOOK_ADDRESS, _parser
+    from nri_midbatch.tools.webhook.server import DEFAULT_ADDRESS, MAX_BODY_BYTES
 
     assert DEFAULT_WEBHOOK_ADDRESS == DEFAULT_ADDRESS
     text = (Path(__file__).resolve().parents[2] / "docs" / "webhook.md").read_text()

@@ -12,17 +12,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nri_midbatch.config import load_config_text
+from nri_midbatch.config.compile import compile_policy
+from nri_midbatch.config.model import load_config_text
 from nri_midbatch.policy import PriorityClass, QoSClass
 from nri_midbatch.policy.classes import (
     PRIORITY_RANGES,
     forbidden_combination,
     priority_class_from_value,
 )
-from nri_midbatch.policy_config import compile_policy
-from nri_midbatch.webhook.admission import derive_spec, handle, tier_resources
-from nri_midbatch.webhook.jsonpatch import pointer
-from nri_midbatch.webhook.pods import PodError, pod_qos, read_pod
+from nri_midbatch.tools.webhook.admission import derive_spec, handle, tier_resources
+from nri_midbatch.tools.webhook.jsonpatch import pointer
+from nri_midbatch.tools.webhook.pods import PodError, pod_qos, read_pod
 
 from .test_webhook import (
     MID_CPU,

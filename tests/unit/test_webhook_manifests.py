@@ -19,9 +19,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from nri_midbatch.cli import _parser
-from nri_midbatch.config import Config
-from nri_midbatch.webhook.server import _ENDPOINTS, WebhookServer
+from nri_midbatch.config.model import Config
+from nri_midbatch.tools.cli import _parser
+from nri_midbatch.tools.webhook.server import _ENDPOINTS, WebhookServer
 
 pytestmark = pytest.mark.packaging
 

@@ -15,7 +15,8 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from nri_midbatch.config import Config
+from nri_midbatch.config.compile import compile_policy
+from nri_midbatch.config.model import Config
 from nri_midbatch.policy import (
     CgroupValues,
     ContainerView,
@@ -23,9 +24,8 @@ from nri_midbatch.policy import (
     decide_container,
     decide_pod,
 )
-from nri_midbatch.policy_config import compile_policy
-from nri_midbatch.webhook.admission import handle
-from nri_midbatch.webhook.pods import cgroup_parent, read_pod
+from nri_midbatch.tools.webhook.admission import handle
+from nri_midbatch.tools.webhook.pods import cgroup_parent, read_pod
 
 from .test_webhook import (
     BATCH_CPU,

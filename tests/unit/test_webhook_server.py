@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from nri_midbatch.config import Config
-from nri_midbatch.webhook.server import WebhookServer
+from nri_midbatch.config.model import Config
+from nri_midbatch.tools.webhook.server import WebhookServer
 
 from .test_webhook import (
     PRIORITY,

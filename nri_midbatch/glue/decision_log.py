@@ -12,7 +12,7 @@ from typing import Any
 
 import structlog
 
-from nri_midbatch.after_reply import AfterReply
+from nri_midbatch.glue.after_reply import AfterReply
 from nri_midbatch.policy import CgroupValues, ContainerView, PodView, TraceStep
 
 log = structlog.get_logger(__name__)

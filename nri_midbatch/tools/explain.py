@@ -19,8 +19,9 @@ import yaml
 from google.protobuf.json_format import ParseDict, ParseError
 
 from nri_midbatch.api import nri_pb2 as api
-from nri_midbatch.config import Config
-from nri_midbatch.plugin import pod_view
+from nri_midbatch.config.compile import compile_policy
+from nri_midbatch.config.model import Config
+from nri_midbatch.glue.plugin import pod_view
 from nri_midbatch.policy import (
     CgroupValues,
     Classified,
@@ -38,8 +39,7 @@ from nri_midbatch.policy.qos import ContainerResourceLists, kubernetes_qos, qos_
 from nri_midbatch.policy.quantity import Quantity, QuantityError, parse_quantity
 from nri_midbatch.policy.spec import ExtendedSpec, load_spec
 from nri_midbatch.policy.trace import NoTier, TierCheck
-from nri_midbatch.policy_config import compile_policy
-from nri_midbatch.record import NotedDecision, decision_json
+from nri_midbatch.process.record import NotedDecision, decision_json
 
 
 class PodInputError(ValueError):

@@ -19,10 +19,10 @@ import structlog
 from nri_midbatch import __version__
 from nri_midbatch.nri.session import DEFAULT_REGISTRATION_TIMEOUT
 from nri_midbatch.obs.logging import LEVELS, JournalWriter, configure_logging, open_sink
-from nri_midbatch.record import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, Recorder, RotatingFile
+from nri_midbatch.process.record import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, Recorder, RotatingFile
 
 if TYPE_CHECKING:  # loaded by the commands that need it: `--version` stays fast
-    from nri_midbatch.config import Config
+    from nri_midbatch.config.model import Config
 
 DEFAULT_SOCKET = "/var/run/nri/nri.sock"
 DEFAULT_NAME = "midbatch"
@@ -250,7 +250,7 @@ def _identity(
 
 
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from nri_midbatch.app import App
+    from nri_midbatch.process.app import App
 
     socket_env = os.environ.get("NRI_PLUGIN_SOCKET")
     prelaunched_fd = None
@@ -330,7 +330,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from nri_midbatch.replay import EXIT_CANNOT_RUN, replay_command
+    from nri_midbatch.tools.replay import EXIT_CANNOT_RUN, replay_command
 
     configure_logging(args.log_level, "console")
     config = _startup_config(args.config)
@@ -350,7 +350,7 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from nri_midbatch.explain import explain_command
+    from nri_midbatch.tools.explain import explain_command
 
     config = _startup_config(args.config)
     if config is None:
@@ -362,7 +362,7 @@ def _webhook(args: argparse.Namespace) -> int:
     import ssl
     import threading
 
-    from nri_midbatch.webhook.server import WebhookServer, load_tls_context
+    from nri_midbatch.tools.webhook.server import WebhookServer, load_tls_context
 
     configure_logging(args.log_level, args.log_format)
     config = _startup_config(args.config)
@@ -398,7 +398,7 @@ def _webhook(args: argparse.Namespace) -> int:
 
 def _startup_config(path: str | None) -> Config | None:
     """The configuration a command starts with; None, once the reason is printed, if unusable."""
-    from nri_midbatch.config import ConfigError, load_startup_config
+    from nri_midbatch.config.model import ConfigError, load_startup_config
 
     try:
         return load_startup_config(path)
@@ -408,7 +408,7 @@ def _startup_config(path: str | None) -> Config | None:
 
 
 def _check_config(path: str) -> int:
-    from nri_midbatch.config import effective_config_yaml
+    from nri_midbatch.config.model import effective_config_yaml
 
     config = _startup_config(path)
     if config is None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from nri_midbatch.config import Config
+from nri_midbatch.config.model import Config
 from nri_midbatch.policy import ClassificationSettings, Policy, Rules, Tier
 
 __all__ = ["compile_policy"]

@@ -42,15 +42,14 @@ from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
 
 from nri_midbatch.api import nri_pb2 as api
-from nri_midbatch.config import Config
-from nri_midbatch.explain import memory_short
+from nri_midbatch.config.model import Config
+from nri_midbatch.glue.plugin import MidBatchPlugin, current_values
 from nri_midbatch.nri.events import Event
-from nri_midbatch.nri.loopback import LoopbackRuntime, socketpair_streams
 from nri_midbatch.nri.session import PLUGIN_SERVICE, Session
-from nri_midbatch.plugin import MidBatchPlugin, current_values
+from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
 from nri_midbatch.policy import CgroupValues
 from nri_midbatch.policy.calculate import UNLIMITED
-from nri_midbatch.record import (
+from nri_midbatch.process.record import (
     RECORD_VERSION,
     Call,
     CallRecord,
@@ -63,6 +62,7 @@ from nri_midbatch.record import (
 )
 from nri_midbatch.rpc.errors import RpcError, error_status
 from nri_midbatch.rpc.service import CallContext
+from nri_midbatch.tools.explain import memory_short
 from nri_midbatch.wire.ttrpc import MESSAGE_LENGTH_MAX
 
 #: Plugin-service method -> (request type, response type), from the NRI proto itself.

@@ -26,13 +26,13 @@ from typing import Any
 import structlog
 from prometheus_client import generate_latest
 
-from nri_midbatch.config import Config, ConfigError, load_config_file
+from nri_midbatch.config.compile import compile_policy
+from nri_midbatch.config.model import Config, ConfigError, load_config_file
 from nri_midbatch.obs.health import METRICS_CONTENT_TYPE
 from nri_midbatch.obs.httpd import BoundedHTTPServer, Request, Response
 from nri_midbatch.obs.metrics import WebhookMetrics
 from nri_midbatch.policy import Policy
-from nri_midbatch.policy_config import compile_policy
-from nri_midbatch.reload import FileWatch
+from nri_midbatch.process.reload import FileWatch
 
 from .admission import Answer, Endpoint, handle
 
@@ -55,7 +55,7 @@ DEFAULT_MAX_CONNECTIONS = 128
 DEFAULT_RELOAD_INTERVAL = 10.0
 _ENDPOINTS: dict[str, Endpoint] = {"/mutate": "mutate", "/validate": "validate"}
 
-log = structlog.get_logger("nri_midbatch.webhook")
+log = structlog.get_logger("nri_midbatch.tools.webhook")
 
 
 def load_tls_context(cert: str | Path, key: str | Path) -> ssl.SSLContext:

@@ -16,8 +16,9 @@ from collections.abc import AsyncIterator, Iterable
 import structlog
 
 from nri_midbatch.cgroups.systemd import LEVELS
-from nri_midbatch.config import Config, ConfigError, load_config_file
-from nri_midbatch.heap import LARGE_SYNC, settle_heap
+from nri_midbatch.config.model import Config, ConfigError, load_config_file
+from nri_midbatch.glue.plugin import MidBatchPlugin, container_update
+from nri_midbatch.glue.reconcile import Plan, split_pods
 from nri_midbatch.nri.runner import run_external, run_prelaunched
 from nri_midbatch.nri.session import (
     DEFAULT_REGISTRATION_TIMEOUT,
@@ -29,10 +30,9 @@ from nri_midbatch.nri.version import Version
 from nri_midbatch.obs.health import HealthServer
 from nri_midbatch.obs.logging import set_level
 from nri_midbatch.obs.metrics import CounterFamily, CountersCollector, Metrics
-from nri_midbatch.plugin import MidBatchPlugin, container_update
-from nri_midbatch.reconcile import Plan, split_pods
-from nri_midbatch.record import Recorder, note_decision
-from nri_midbatch.reload import FileWatch
+from nri_midbatch.process.heap import LARGE_SYNC, settle_heap
+from nri_midbatch.process.record import Recorder, note_decision
+from nri_midbatch.process.reload import FileWatch
 
 __all__ = ["App"]
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from nri_midbatch.after_reply import DEFAULT_SLICE_SECONDS, AfterReply
+from nri_midbatch.glue.after_reply import DEFAULT_SLICE_SECONDS, AfterReply
 
 log = structlog.get_logger(__name__)
 

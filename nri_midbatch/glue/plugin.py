@@ -19,7 +19,6 @@ from sys import intern
 
 import structlog
 
-from nri_midbatch.after_reply import AfterReply
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.cgroups.fs import (
     apply_container_values,
@@ -35,9 +34,12 @@ from nri_midbatch.cgroups.values import (
     PodCgroupReading,
     clamp_cpu_shares,
 )
-from nri_midbatch.config import Config, ConfigError, load_config_text
-from nri_midbatch.decision_log import DecisionLines
-from nri_midbatch.lowering import Check, LoweringWait
+from nri_midbatch.config.compile import compile_policy
+from nri_midbatch.config.model import Config, ConfigError, load_config_text
+from nri_midbatch.glue.after_reply import AfterReply
+from nri_midbatch.glue.decision_log import DecisionLines
+from nri_midbatch.glue.lowering import Check, LoweringWait
+from nri_midbatch.glue.reconcile import Known, Plan, plan, raises_quota, split_pods
 from nri_midbatch.nri.events import Event
 from nri_midbatch.nri.session import RuntimeInfo
 from nri_midbatch.policy import (
@@ -52,8 +54,6 @@ from nri_midbatch.policy import (
     decide_pod,
 )
 from nri_midbatch.policy.classify import qos_from_cgroup_parent
-from nri_midbatch.policy_config import compile_policy
-from nri_midbatch.reconcile import Known, Plan, plan, raises_quota, split_pods
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.wire.status import Code
 

@@ -26,8 +26,8 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_core import ErrorDetails
 
-from .cgroups.paths import CgroupDriver
-from .policy import PriorityClass, QoSClass
+from nri_midbatch.cgroups.paths import CgroupDriver
+from nri_midbatch.policy import PriorityClass, QoSClass
 
 __all__ = [
     "Config",

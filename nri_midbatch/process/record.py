@@ -36,7 +36,7 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
 from nri_midbatch.policy import CgroupValues, ContainerView, Decision, PodView, render
-from nri_midbatch.redact import redact
+from nri_midbatch.process.redact import redact
 from nri_midbatch.rpc.errors import error_status
 
 log = structlog.get_logger(__name__)

@@ -1,0 +1,1 @@
+"""The configuration: models, loading, and compilation into policy terms."""

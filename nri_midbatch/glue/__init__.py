@@ -1,0 +1,1 @@
+"""NRI to policy and back: views, remembered workloads, replies, cgroup writes."""

@@ -1,0 +1,1 @@
+"""The plugin as a process: composition, configuration watch, recording, heap."""

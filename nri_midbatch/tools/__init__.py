@@ -1,0 +1,1 @@
+"""What an operator runs: the command line, replay, explain, the webhook."""
