@@ -7,7 +7,7 @@ import time
 from bench import workload
 from nri_midbatch.config.compile import compile_policy
 from nri_midbatch.config.model import Config
-from nri_midbatch.glue.plugin import container_view, pod_view
+from nri_midbatch.glue.views import container_view, pod_view
 from nri_midbatch.policy import ContainerView, PodView, decide_container
 from nri_midbatch.policy.spec import SPEC_CACHE_ENTRIES, spec_cache
 

@@ -4,6 +4,7 @@ The values are the policy's `CgroupValues` (cgroup v1 units, as Koordinator comp
 them) and so are the constants: one type and one set of limits for the whole plugin.
 """
 
+import resource
 from dataclasses import dataclass
 
 from nri_midbatch.policy.calculate import CPU_SHARES_MAX, CPU_SHARES_MIN, UNLIMITED, CgroupValues
@@ -19,10 +20,16 @@ __all__ = [
     "check_writable",
     "clamp_cpu_shares",
     "cpu_shares_to_weight",
+    "exceeds",
+    "holds",
+    "lowers",
 ]
 
 CPU_WEIGHT_MIN = 1
 CPU_WEIGHT_MAX = 10000
+
+# A memory limit reads back rounded down to the page.
+_PAGE_SIZE = resource.getpagesize()
 
 
 def check_writable(values: CgroupValues) -> None:
@@ -66,3 +73,51 @@ def cpu_shares_to_weight(shares: int) -> int:
     span_shares = CPU_SHARES_MAX - CPU_SHARES_MIN
     span_weight = CPU_WEIGHT_MAX - CPU_WEIGHT_MIN
     return CPU_WEIGHT_MIN + ((clamped - CPU_SHARES_MIN) * span_weight) // span_shares
+
+
+def _above(current: int, limit: int) -> bool:
+    """Whether a quota or memory limit (UNLIMITED: none) is above `limit`."""
+    if limit == UNLIMITED:
+        return False
+    return current == UNLIMITED or current > limit
+
+
+def lowers(current: CgroupValues, new: CgroupValues) -> bool:
+    """Whether `new` takes any of a container's values down."""
+    return (
+        new.cpu_shares < current.cpu_shares
+        or _above(current.cpu_quota, new.cpu_quota)
+        or _above(current.memory_limit, new.memory_limit)
+    )
+
+
+def holds(reading: PodCgroupReading, values: CgroupValues) -> bool:
+    """Whether a container's cgroup holds `values`, as far as it can be compared.
+
+    The memory limit reads back rounded down to the page; cgroup v2 holds a
+    weight, converted by the runtime its own way, which is not compared.
+    """
+    memory = values.memory_limit
+    memory_held = reading.memory_limit == memory or (
+        memory != UNLIMITED and 0 <= memory - reading.memory_limit < _PAGE_SIZE
+    )
+    shares = reading.cpu_shares
+    return (
+        memory_held
+        and reading.cpu_quota == values.cpu_quota
+        and (shares is None or shares == clamp_cpu_shares(values.cpu_shares))
+    )
+
+
+def exceeds(reading: PodCgroupReading, values: CgroupValues) -> bool:
+    """Whether a cgroup holds more than `values` in any file it can be compared on.
+
+    cgroup v2 holds a weight, which the runtime converts from shares its own
+    way: only the quota and the memory limit are compared there.
+    """
+    shares = reading.cpu_shares
+    return (
+        (shares is not None and shares > clamp_cpu_shares(values.cpu_shares))
+        or _above(reading.cpu_quota, values.cpu_quota)
+        or _above(reading.memory_limit, values.memory_limit)
+    )

@@ -1,6 +1,6 @@
 """What a configuration change means for containers that already run.
 
-The plugin remembers the pods and containers it has seen (`Known`); a new
+The plugin remembers the pods and containers it has seen (known.py); a new
 policy is compared with the old one for each of them, and only values that
 differ are planned. Applying the plan is the caller's business: through the
 runtime's UpdateContainers where that is safe, else through the cgroup files.
@@ -9,9 +9,9 @@ Pure: no I/O here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from sys import intern
+from dataclasses import dataclass
 
+from nri_midbatch.glue.known import Known
 from nri_midbatch.policy import (
     CgroupValues,
     ContainerView,
@@ -20,96 +20,6 @@ from nri_midbatch.policy import (
     decide_container,
     decide_pod,
 )
-
-
-@dataclass
-class Known:
-    """The live pods and containers, as the runtime last told us of them.
-
-    Containers are written through `set_container` and `forget_container`,
-    which keep an index by pod: forgetting a pod then costs its own
-    containers, not a walk over every container on the node (1.3 ms per
-    RemovePodSandbox with 10,000 containers known).
-    """
-
-    pods: dict[str, PodView] = field(default_factory=dict)
-    #: container id -> (pod sandbox id, container); read-only outside this class
-    containers: dict[str, tuple[str, ContainerView]] = field(default_factory=dict)
-    #: container id -> the runtime's cgroups path for it, less the id it ends
-    #: with (see _path_head); paths that do not end with the id: _paths
-    _path_heads: dict[str, str] = field(default_factory=dict, repr=False)
-    _paths: dict[str, str] = field(default_factory=dict, repr=False)
-    #: pod sandbox id -> its containers' ids; a list, as a pod has a handful
-    _by_pod: dict[str, list[str]] = field(default_factory=dict, repr=False)
-
-    def add_pod(self, pod_id: str, pod: PodView) -> PodView:
-        """Remember the pod; returns the view kept, which owns its maps.
-
-        Views of NRI messages share the messages' maps; copies keep a
-        remembered pod from pinning the whole request in memory. Their keys,
-        the same few on every pod, are interned, so that a thousand
-        remembered pods share them.
-        """
-        labels, annotations = pod.labels, pod.annotations
-        kept = self.pods[pod_id] = PodView(
-            uid=pod.uid,
-            namespace=pod.namespace,
-            name=pod.name,
-            labels={intern(key): labels[key] for key in labels},
-            annotations={intern(key): annotations[key] for key in annotations},
-            cgroup_parent=pod.cgroup_parent,
-            native=pod.native,
-        )
-        return kept
-
-    def set_container(
-        self, container_id: str, pod_id: str, container: ContainerView, cgroups_path: str = ""
-    ) -> None:
-        if container_id in self.containers:
-            self.forget_container(container_id)
-        self.containers[container_id] = (pod_id, container)
-        if container_id and cgroups_path.endswith(container_id):
-            self._path_heads[container_id] = _path_head(cgroups_path, container_id)
-        elif cgroups_path:
-            self._paths[container_id] = cgroups_path
-        self._by_pod.setdefault(pod_id, []).append(container_id)
-
-    def cgroups_path(self, container_id: str) -> str:
-        """The runtime's path for the container's cgroup; empty where it gave none."""
-        head = self._path_heads.get(container_id)
-        if head is not None:
-            return head + container_id
-        return self._paths.get(container_id, "")
-
-    def forget_container(self, container_id: str) -> None:
-        entry = self.containers.pop(container_id, None)
-        self._forget_path(container_id)
-        if entry is None:
-            return
-        siblings = self._by_pod[entry[0]]
-        siblings.remove(container_id)
-        if not siblings:
-            del self._by_pod[entry[0]]
-
-    def remove_pod(self, pod_id: str) -> None:
-        self.pods.pop(pod_id, None)
-        for container_id in self._by_pod.pop(pod_id, ()):
-            del self.containers[container_id]
-            self._forget_path(container_id)
-
-    def _forget_path(self, container_id: str) -> None:
-        self._path_heads.pop(container_id, None)
-        self._paths.pop(container_id, None)
-
-
-def _path_head(cgroups_path: str, container_id: str) -> str:
-    """The path less the container id at its end, one string for all of a pod's containers.
-
-    Runtimes name a container's cgroup after its id, last:
-    `slice:cri-containerd:<id>` (systemd) or `/kubepods/.../<id>` (cgroupfs).
-    Held once per pod instead of once per container: 1.7 MB less for 10,000.
-    """
-    return intern(cgroups_path[: -len(container_id)])
 
 
 @dataclass(frozen=True, slots=True)

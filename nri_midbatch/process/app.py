@@ -17,8 +17,9 @@ import structlog
 
 from nri_midbatch.cgroups.systemd import LEVELS
 from nri_midbatch.config.model import Config, ConfigError, load_config_file
-from nri_midbatch.glue.plugin import MidBatchPlugin, container_update
+from nri_midbatch.glue.plugin import MidBatchPlugin
 from nri_midbatch.glue.reconcile import Plan, split_pods
+from nri_midbatch.glue.views import container_update
 from nri_midbatch.nri.runner import run_external, run_prelaunched
 from nri_midbatch.nri.session import (
     DEFAULT_REGISTRATION_TIMEOUT,

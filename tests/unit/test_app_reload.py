@@ -25,8 +25,8 @@ from structlog.testing import capture_logs
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.cgroups.fs import apply_pod_values
 from nri_midbatch.config.model import load_config_file
+from nri_midbatch.glue import cgroup_writer
 from nri_midbatch.glue import lowering as lowering_module
-from nri_midbatch.glue import plugin as plugin_module
 from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
 from nri_midbatch.process.app import App
 
@@ -534,7 +534,7 @@ def test_reload_lowers_a_pod_only_after_update_containers_returns(
                 seen.append(len(node.runtime.record.updates))
                 return apply_pod_values(root, driver, cgroup_parent, values)
 
-            monkeypatch.setattr(plugin_module, "apply_pod_values", apply)
+            monkeypatch.setattr(cgroup_writer, "apply_pod_values", apply)
             node.rewrite(rules={"cpuNormalizationRatio": 2.0})
             await node.app.reload("SIGHUP")
             assert node.tree.read(parent) == HALVED_VALUES
@@ -564,7 +564,7 @@ def test_cgroup_file_reload_lowers_a_pod_after_its_containers(
                 seen.append(node.tree.read(parent, live.id)[1])
                 return apply_pod_values(root, driver, cgroup_parent, values)
 
-            monkeypatch.setattr(plugin_module, "apply_pod_values", apply)
+            monkeypatch.setattr(cgroup_writer, "apply_pod_values", apply)
             node.rewrite(rules={"cpuNormalizationRatio": 2.0})
             await node.app.reload("SIGHUP")
             assert node.tree.read(parent) == HALVED_VALUES

@@ -20,7 +20,8 @@ from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.api import ttrpc_pb2
 from nri_midbatch.glue.after_reply import AfterReply
 from nri_midbatch.glue.decision_log import DecisionLines
-from nri_midbatch.glue.plugin import (
+from nri_midbatch.glue.known import Known
+from nri_midbatch.glue.views import (
     container_update,
     current_values,
     decode_native_limits,
@@ -29,7 +30,6 @@ from nri_midbatch.glue.plugin import (
     pod_view,
     set_resources,
 )
-from nri_midbatch.glue.reconcile import Known
 from nri_midbatch.obs.logging import configure_logging
 from nri_midbatch.policy import CgroupValues, ContainerView, NativeLimits, PodView
 from nri_midbatch.wire.connection import _response_with_payload

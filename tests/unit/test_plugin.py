@@ -26,9 +26,11 @@ from nri_midbatch.cgroups.files import CgroupVersion
 from nri_midbatch.cgroups.fs import apply_pod_values
 from nri_midbatch.cgroups.report import FileFailure, WriteReport
 from nri_midbatch.config.model import Config, load_config_text
+from nri_midbatch.glue import cgroup_writer
 from nri_midbatch.glue import lowering as lowering_module
 from nri_midbatch.glue import plugin as plugin_module
-from nri_midbatch.glue.plugin import NATIVE_LIMITS_ANNOTATION, MidBatchPlugin
+from nri_midbatch.glue.plugin import MidBatchPlugin
+from nri_midbatch.glue.views import NATIVE_LIMITS_ANNOTATION
 from nri_midbatch.nri.events import Event
 from nri_midbatch.nri.session import Session
 from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
@@ -674,13 +676,13 @@ def lowered_batch_pod(tree: CgroupTree) -> tuple[api.PodSandbox, api.Container, 
 def count_container_reads(monkeypatch: pytest.MonkeyPatch) -> asyncio.Queue[str]:
     """Each read of a container's cgroup files by the plugin, by container id."""
     reads: asyncio.Queue[str] = asyncio.Queue()
-    real = plugin_module.read_container_values
+    real = cgroup_writer.read_container_values
 
     def read(root: Path, driver: Any, parent: str, container_id: str, path: str = "") -> Any:
         reads.put_nowait(container_id)
         return real(root, driver, parent, container_id, path)
 
-    monkeypatch.setattr(plugin_module, "read_container_values", read)
+    monkeypatch.setattr(cgroup_writer, "read_container_values", read)
     return reads
 
 
@@ -842,7 +844,7 @@ def fail_pod_writes(monkeypatch: pytest.MonkeyPatch, *, times: int) -> list[str]
             return WriteReport(CgroupVersion.V1, (), (), (failure,))
         return real(root, driver, parent, values)
 
-    monkeypatch.setattr(plugin_module, "apply_pod_values", apply)
+    monkeypatch.setattr(cgroup_writer, "apply_pod_values", apply)
     return refused
 
 

@@ -1,0 +1,41 @@
+"""What the plugin did, counted for the metrics (and for tests to assert on)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nri_midbatch.policy import Decision
+
+
+@dataclass
+class Counters:
+    """What happened, for metrics and for tests to assert on."""
+
+    decisions: dict[str, int] = field(default_factory=dict)
+    invalid: dict[str, int] = field(default_factory=dict)
+    #: (method, field) -> container values set through NRI
+    adjusted: dict[tuple[str, str], int] = field(default_factory=dict)
+    pod_writes_ok: int = 0
+    pod_writes_failed: int = 0
+    #: pods written before their containers were seen lowered (lowering.py)
+    pods_lowered_unconfirmed: int = 0
+    #: containers whose files did not hold what the runtime reported (Synchronize)
+    containers_repaired: int = 0
+    container_repairs_failed: int = 0
+    config_rejected: int = 0
+
+    def count_decision(self, decision: Decision) -> None:
+        key = decision.tier or "none"
+        self.decisions[key] = self.decisions.get(key, 0) + 1
+
+    def count_invalid(self, reason: str) -> None:
+        self.invalid[reason] = self.invalid.get(reason, 0) + 1
+
+    def count_adjusted(self, method: str, containers: int = 1) -> None:
+        # Every adjustment or update we send sets all three fields.
+        for name in _ADJUSTED_FIELDS:
+            key = (method, name)
+            self.adjusted[key] = self.adjusted.get(key, 0) + containers
+
+
+_ADJUSTED_FIELDS = ("cpu_shares", "cpu_quota", "memory_limit")

@@ -1,0 +1,153 @@
+"""NRI messages to the policy's views, and values back into NRI messages.
+
+What the plugin reads of a pod sandbox and a container (labels, annotations,
+cgroup parent, the limits kubelet set), the native-limits annotation that keeps
+kubelet's limits across our own adjustments, and the LinuxResources that carry
+our values back. `explain` and `replay` read NRI messages through these too.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from sys import intern
+
+from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.policy import CgroupValues, ContainerView, NativeLimits, PodView
+
+# An absent optional value reads as 0, which counts as unset here anyway:
+# reading `.value` without HasField gives the same answer for half the cost.
+
+
+def native_limits(resources: api.LinuxResources) -> NativeLimits:
+    """Finite limits the runtime or kubelet already set; None where unlimited."""
+    cpu = resources.cpu
+    return _native_limits(cpu.quota.value, cpu.period.value, resources.memory.limit.value)
+
+
+# Nodes have few distinct kubelet limits (often just the 100000us period):
+# the caches below hold each once, bounded in case a node has many.
+DISTINCT_LIMITS = 1024
+
+
+@functools.lru_cache(maxsize=DISTINCT_LIMITS)
+def _native_limits(quota: int, period: int, limit: int) -> NativeLimits:
+    """One instance per distinct value: remembered containers mostly share a handful."""
+    return NativeLimits(
+        cpu_quota=quota if quota > 0 else None,
+        cpu_period=period if period > 0 else None,
+        memory_limit=limit if limit > 0 else None,
+    )
+
+
+def pod_view(pod: api.PodSandbox) -> PodView:
+    linux = pod.linux
+    resources = linux.pod_resources if linux.HasField("pod_resources") else linux.resources
+    return PodView(
+        uid=pod.uid,
+        namespace=pod.namespace,
+        name=pod.name,
+        labels=pod.labels,
+        annotations=pod.annotations,
+        cgroup_parent=linux.cgroup_parent,
+        native=native_limits(resources),
+    )
+
+
+def container_view(
+    container: api.Container, resources: api.LinuxResources | None = None
+) -> ContainerView:
+    current = resources if resources is not None else container.linux.resources
+    return ContainerView(
+        id=container.id, name=intern(container.name), native=native_limits(current)
+    )
+
+
+#: On containers we adjust: the limits kubelet gave them, before ours. A
+#: running container's resources already hold our values, which must not be
+#: mistaken for kubelet's when a restarted plugin synchronizes.
+NATIVE_LIMITS_ANNOTATION = "nri-midbatch.io/native-limits"
+_NATIVE_KEYS = (
+    ("cpuQuota", "cpu_quota"),
+    ("cpuPeriod", "cpu_period"),
+    ("memoryLimit", "memory_limit"),
+)
+
+
+@functools.lru_cache(maxsize=DISTINCT_LIMITS)
+def encode_native_limits(native: NativeLimits) -> str:
+    present = {key: getattr(native, attr) for key, attr in _NATIVE_KEYS}
+    return json.dumps({k: v for k, v in present.items() if v is not None}, separators=(",", ":"))
+
+
+@functools.lru_cache(maxsize=DISTINCT_LIMITS)
+def decode_native_limits(text: str) -> NativeLimits | None:
+    """The remembered limits, or None if the text is not what we write."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not set(data) <= {key for key, _ in _NATIVE_KEYS}:
+        return None
+    values = []
+    for key, _ in _NATIVE_KEYS:
+        value = data.get(key)
+        if value is not None and (type(value) is not int or value <= 0):
+            return None
+        values.append(value or 0)  # 0: absent, as _native_limits takes it
+    return _native_limits(*values)
+
+
+def synchronized_view(
+    container: api.Container, resources: api.LinuxResources | None = None
+) -> ContainerView:
+    """A running container as kubelet set it up, as far as we can tell.
+
+    `resources`: the container's current ones, if the caller has them at hand.
+    """
+    text = container.annotations.get(NATIVE_LIMITS_ANNOTATION)
+    native = None if text is None else decode_native_limits(text)
+    if native is None:
+        # Never adjusted by us (created while no plugin ran): what it has is kubelet's.
+        return container_view(container, resources)
+    return ContainerView(id=container.id, name=intern(container.name), native=native)
+
+
+# -- values -> NRI ----------------------------------------------------------
+
+
+# Replies are filled in place (a message built apart and then handed to its
+# parent is copied into it), from one LinuxResources per distinct values:
+# copying that is a quarter of the cost of setting three nested fields.
+
+
+@functools.lru_cache(maxsize=DISTINCT_LIMITS)
+def _resources_holding(values: CgroupValues) -> api.LinuxResources:
+    resources = api.LinuxResources()
+    cpu = resources.cpu
+    cpu.shares.value = values.cpu_shares
+    cpu.quota.value = values.cpu_quota
+    resources.memory.limit.value = values.memory_limit
+    return resources
+
+
+def set_resources(resources: api.LinuxResources, values: CgroupValues) -> None:
+    """Make `resources` hold the cpu shares, cpu quota and memory limit (each present, even 0)."""
+    resources.CopyFrom(_resources_holding(values))
+
+
+def container_update(container_id: str, values: CgroupValues) -> api.ContainerUpdate:
+    update = api.ContainerUpdate(container_id=container_id)
+    set_resources(update.linux.resources, values)
+    return update
+
+
+def current_values(resources: api.LinuxResources) -> CgroupValues:
+    """A container's values as the runtime reports them, unlimited as -1 (see native_limits)."""
+    cpu = resources.cpu
+    quota, limit = cpu.quota.value, resources.memory.limit.value
+    return CgroupValues(
+        cpu_shares=cpu.shares.value,
+        cpu_quota=quota if quota > 0 else -1,
+        memory_limit=limit if limit > 0 else -1,
+    )
