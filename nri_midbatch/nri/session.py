@@ -189,6 +189,10 @@ class Session:
 
     # -- running -------------------------------------------------------------
 
+    def busy(self) -> bool:
+        """A request from the runtime is in progress (see MuxConnection.busy)."""
+        return self._conn is not None and self._conn.busy()
+
     async def run(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str:
         """Register and serve until the connection ends; returns why it ended."""
         conn = MuxConnection(

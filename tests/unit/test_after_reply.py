@@ -127,3 +127,78 @@ def test_flush_runs_what_is_queued_and_drops_what_waits() -> None:
 
     assert run(scenario(), timeout=STEP_TIMEOUT) == 1  # well before the delayed 60 s
     assert done == ["queued"]
+
+
+def test_work_waits_while_the_probe_says_busy() -> None:
+    after_reply = AfterReply(slice_seconds=60)
+    busy = [False]
+    order: list[str] = []
+
+    def work(n: int) -> None:
+        order.append(f"work {n}")
+        if n == 0:
+            busy[0] = True  # a request arrives during the first piece
+            asyncio.get_running_loop().call_later(0.01, done_with_request)
+
+    def done_with_request() -> None:
+        order.append("request answered")
+        busy[0] = False
+
+    async def scenario() -> None:
+        after_reply.yield_to(lambda: busy[0])
+        for n in range(3):
+            after_reply.defer(work, n)
+        await after_reply.settle()
+
+    run(scenario())
+    assert order == ["work 0", "request answered", "work 1", "work 2"]
+
+
+def test_a_request_arriving_during_a_backlog_is_served_before_the_rest_of_it() -> None:
+    """On a real socket: the connection's busy() stops deferred work for a request.
+
+    The slice is a minute long, so only the probe can let the request in
+    before the backlog is done.
+    """
+    after_reply = AfterReply(slice_seconds=60)
+    left, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    order: list[str] = []
+
+    def request(stream_id: int, method: str) -> bytes:
+        body = ttrpc_pb2.Request(service="s", method=method).SerializeToString()
+        return frame_message(PLUGIN_CONN, encode_message(stream_id, MessageType.REQUEST, body))
+
+    def work(n: int) -> None:
+        order.append(f"work {n}")
+        if n == 0:  # the runtime sends its next request now
+            peer.send(request(3, "next"))
+
+    async def first(_request: Any, _ctx: CallContext) -> Message:
+        for n in range(20):
+            after_reply.defer(work, n)
+        return api.Empty()
+
+    async def following(_request: Any, _ctx: CallContext) -> Message:
+        order.append("next request")
+        return api.Empty()
+
+    async def scenario() -> None:
+        reader, writer = await asyncio.open_unix_connection(sock=left)
+        service = Service(
+            "s", {"first": Method(api.Empty, first), "next": Method(api.Empty, following)}
+        )
+        conn = MuxConnection(reader, writer, {"s": service}, name="test")
+        after_reply.yield_to(conn.busy)
+        serving = asyncio.create_task(conn.run())
+        peer.send(request(1, "first"))
+        async with asyncio.timeout(5):
+            while len(order) < 21:
+                await asyncio.sleep(0.001)
+            await after_reply.settle()
+        conn.close()
+        await serving
+
+    run(scenario())
+    peer.close()
+    assert order[:2] == ["work 0", "next request"]
+    assert order[2:] == [f"work {n}" for n in range(1, 20)]
