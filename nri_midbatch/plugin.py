@@ -483,8 +483,10 @@ class MidBatchPlugin:
                 if watch_lowering and lowers(current, values):
                     check = functools.partial(self._container_lowered, pod, ctr_view, values)
                     lowered.setdefault(pod_id, []).append(check)
-            elif not self._dry_run:
-                settled.append((pod, ctr_view, values))
+            else:
+                lines.unchanged()
+                if not self._dry_run:
+                    settled.append((pod, ctr_view, values))
         self.counters.count_adjusted("Synchronize", len(updates))
         lines.write_after(self.after_reply)
         # Before the pods: a pod goes down only after its containers.
@@ -494,7 +496,14 @@ class MidBatchPlugin:
             )
         if self.config.cgroups.pod_level:
             self._synchronize_pods(pod_views, raising, lowered)
-        log.info("synchronized", pods=len(pods), containers=len(containers), updates=len(updates))
+        # After the per-container lines: the node at a glance.
+        lines.summarize_after(
+            self.after_reply,
+            "synchronized",
+            pods=len(pods),
+            containers=len(containers),
+            updates=len(updates),
+        )
         return response
 
     def _synchronize_pods(
@@ -806,12 +815,15 @@ class MidBatchPlugin:
             if report.ok:
                 self._hold(pod, None, values)
                 self.counters.pod_writes_ok += 1
-                log.info(
+                # Changes at info; a pod whose files already held the values
+                # (most of a Synchronize after a restart) at debug.
+                (log.info if report.written else log.debug)(
                     "pod cgroup set",
                     method=method,
                     tier=target.tier,
                     **where,
                     **_values_log(values),
+                    **({} if report.written else {"unchanged": True}),
                 )
                 return True
             reason = _describe_failures(report)
