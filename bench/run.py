@@ -213,10 +213,17 @@ class Plugin:
     stderr: Path
 
     def rss_mb(self) -> float:
+        return self._status_mb("VmRSS:")
+
+    def peak_rss_mb(self) -> float:
+        """The most resident memory the process has had (VmHWM): what a memory limit must allow."""
+        return self._status_mb("VmHWM:")
+
+    def _status_mb(self, key: str) -> float:
         for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(key):
                 return int(line.split()[1]) / 1024
-        raise BenchError("no VmRSS for the plugin")
+        raise BenchError(f"no {key} for the plugin")
 
     def cpu_seconds(self) -> float:
         # utime and stime: the 14th and 15th fields, counted after the command's ")".
@@ -382,6 +389,7 @@ class Bench:
         # The plugin writes pod cgroups and log lines once the reply is out;
         # the next phases start when it is done, as after a node's start-up.
         aftermath = plugin.wait_idle()
+        peak = plugin.peak_rss_mb()
         response = api.SynchronizeResponse.FromString(_payload(reply, "Synchronize"))
         check_sync_updates(response, node.containers, node.expected_updates)
         written = check_sync_pod_files(
@@ -390,7 +398,13 @@ class Bench:
             workload.expected_pod_files(self.opts.sync_containers_per_pod),
         )
         return SyncRun(
-            seconds, None if probe else aftermath, len(response.update), written, len(reply), probes
+            seconds,
+            None if probe else aftermath,
+            len(response.update),
+            written,
+            len(reply),
+            probes,
+            peak,
         )
 
     def probe_after_sync(self, plugin: Plugin) -> list[float]:
@@ -462,6 +476,8 @@ class Bench:
                 worst < 2,
             )
         last = syncs[-1]
+        peak = max(run.peak_rss_mb for run in syncs)
+        r.add("peak RSS: start-up and Synchronize (VmHWM, max)", peak, "MB", "< 128 MB", peak < 128)
         r.add("Synchronize: updates returned", last.updates, "")
         r.add("Synchronize: pod cgroups written", last.pods_written, "")
         r.add("Synchronize: chunks sent", len(node.chunks), "")
@@ -475,6 +491,7 @@ class Bench:
             "runs_s": [run.seconds for run in syncs],
             "after_reply_runs_s": aftermaths,
             "probes_ms": [p * 1000 for p in probes],
+            "peak_rss_mb": [run.peak_rss_mb for run in syncs],
         }
 
     def events(self, plugin: Plugin, rss_sync: float) -> None:
@@ -735,6 +752,7 @@ class SyncRun:
     pods_written: int
     reply_bytes: int
     probes: list[float]
+    peak_rss_mb: float
 
 
 def check_sync_pod_files(

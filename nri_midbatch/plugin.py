@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from sys import intern
+from typing import Any
 
 import structlog
 
@@ -265,6 +266,23 @@ def current_values(resources: api.LinuxResources) -> CgroupValues:
     )
 
 
+class _SyncPart:
+    """What a Synchronize's chunks brought so far, without their protobuf.
+
+    Containers are held flat, `FIELDS` list slots each (pod id, view, cgroups
+    path, current values), as the decision lines are (decision_log.py).
+    """
+
+    FIELDS = 4
+    __slots__ = ("containers", "known", "listed")
+
+    def __init__(self) -> None:
+        self.known = Known()
+        self.containers: list[Any] = []
+        #: Pods and containers the runtime listed, running or not.
+        self.listed = [0, 0]
+
+
 class MidBatchPlugin:
     events = frozenset(
         {
@@ -292,6 +310,8 @@ class MidBatchPlugin:
         self.after_reply = AfterReply()
         #: The last Synchronize's pods waiting for their containers to be lowered.
         self._lowering: LoweringWait | None = None
+        #: The Synchronize being received, chunk by chunk.
+        self._sync_part: _SyncPart | None = None
         self._dry_run = dry_run
         self._on_decision = on_decision
         self._apply_config(config)
@@ -445,12 +465,43 @@ class MidBatchPlugin:
             failure_policy=self.config.failure_policy,
         )
 
+    def synchronize_part(
+        self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container], *, first: bool
+    ) -> None:
+        """Take in a chunk as views: a large node's protobuf is never held all at once.
+
+        Pods go into the Known that `synchronize` installs; running containers
+        wait, as views with their current values, for the pods of later chunks.
+        """
+        if first or self._sync_part is None:
+            self._sync_part = _SyncPart()
+        part = self._sync_part
+        known = part.known
+        part.listed[0] += len(pods)
+        part.listed[1] += len(containers)
+        for pod in pods:
+            known.add_pod(pod.id, pod_view(pod))
+        waiting = part.containers
+        for container in containers:
+            if container.state not in _RUNNING_STATES:
+                continue
+            linux = container.linux
+            resources = linux.resources
+            waiting += (
+                container.pod_sandbox_id,
+                synchronized_view(container, resources),
+                linux.cgroups_path,
+                _shared_values(current_values(resources)),
+            )
+
     async def synchronize(
         self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container]
     ) -> api.SynchronizeResponse:
-        self.known = known = Known()
-        for pod in pods:
-            known.add_pod(pod.id, pod_view(pod))
+        """The whole Synchronize: what `synchronize_part` took in, then `pods` and `containers`."""
+        self.synchronize_part(pods, containers, first=False)
+        part, self._sync_part = self._sync_part, None
+        assert part is not None  # synchronize_part made it
+        self.known = known = part.known
         pod_views = known.pods
         # Each pod's id once: every container of a pod refers to the same string.
         pod_ids = {pod_id: pod_id for pod_id in pod_views}
@@ -463,19 +514,18 @@ class MidBatchPlugin:
         #: containers the runtime reports at their values already, to check after the reply
         settled: list[tuple[PodView, ContainerView, CgroupValues]] = []
         lines = DecisionLines("Synchronize")
-        for container in containers:
-            pod_id = pod_ids.get(container.pod_sandbox_id)
-            if pod_id is None or container.state not in _RUNNING_STATES:
+        waiting = part.containers
+        for i in range(0, len(waiting), _SyncPart.FIELDS):
+            pod_id = pod_ids.get(waiting[i])
+            if pod_id is None:
                 continue
             pod = pod_views[pod_id]
-            linux = container.linux
-            resources = linux.resources
-            ctr_view = synchronized_view(container, resources)
-            known.set_container(ctr_view.id, pod_id, ctr_view, linux.cgroups_path)
+            ctr_view: ContainerView = waiting[i + 1]
+            known.set_container(ctr_view.id, pod_id, ctr_view, waiting[i + 2])
             values = self._decide_container(pod, ctr_view, lines, refuse=False)
             if values is None:
                 continue
-            current = current_values(resources)
+            current: CgroupValues = waiting[i + 3]
             if values != current:
                 set_resources(updates.add(container_id=ctr_view.id).linux.resources, values)
                 if raises_quota(current.cpu_quota, values.cpu_quota):
@@ -500,8 +550,8 @@ class MidBatchPlugin:
         lines.summarize_after(
             self.after_reply,
             "synchronized",
-            pods=len(pods),
-            containers=len(containers),
+            pods=part.listed[0],
+            containers=part.listed[1],
             updates=len(updates),
         )
         return response
