@@ -135,6 +135,12 @@ class MuxConnection:
             return False
         if self._handlers or self._dispatching:
             return True
+        # Bytes the transport has read that the reader task has not taken yet:
+        # uvloop reads the socket before it runs ready callbacks, so a request
+        # is often there and not on the socket. StreamReader has no public way
+        # to ask (its buffer is a bytearray).
+        if getattr(self._reader, "_buffer", None):
+            return True
         sock = self._writer.get_extra_info("socket")
         if sock is None:
             return False

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import select
 import socket
 from typing import Any
 
+import pytest
 import structlog
 
 from nri_midbatch.after_reply import AfterReply
@@ -154,11 +156,13 @@ def test_work_waits_while_the_probe_says_busy() -> None:
     assert order == ["work 0", "request answered", "work 1", "work 2"]
 
 
-def test_a_request_arriving_during_a_backlog_is_served_before_the_rest_of_it() -> None:
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_request_arriving_during_a_backlog_is_served_before_the_rest_of_it(loop: str) -> None:
     """On a real socket: the connection's busy() stops deferred work for a request.
 
     The slice is a minute long, so only the probe can let the request in
-    before the backlog is done.
+    before the backlog is done. uvloop reads the socket before it runs ready
+    callbacks: there the request waits in the reader's buffer, not on the socket.
     """
     after_reply = AfterReply(slice_seconds=60)
     left, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -198,7 +202,32 @@ def test_a_request_arriving_during_a_backlog_is_served_before_the_rest_of_it() -
         conn.close()
         await serving
 
-    run(scenario())
+    factory = (
+        asyncio.new_event_loop
+        if loop == "asyncio"
+        else pytest.importorskip("uvloop").new_event_loop
+    )
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(asyncio.wait_for(scenario(), 5))
     peer.close()
     assert order[:2] == ["work 0", "next request"]
     assert order[2:] == [f"work {n}" for n in range(1, 20)]
+
+
+def test_busy_while_a_request_waits_in_the_readers_buffer() -> None:
+    """The transport has taken the bytes off the socket; the reader task has not run yet."""
+    left, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+
+    async def scenario() -> tuple[bool, bool]:
+        reader, writer = await asyncio.open_unix_connection(sock=left)
+        conn = MuxConnection(reader, writer, {}, name="test")  # not reading: run() not started
+        idle = conn.busy()
+        peer.send(b"\0" * 32)
+        while select.select((left,), (), (), 0)[0]:  # until the transport has read them
+            await asyncio.sleep(0.001)
+        busy = conn.busy()
+        conn.close()
+        return idle, busy
+
+    assert run(scenario()) == (False, True)
+    peer.close()
