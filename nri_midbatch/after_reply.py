@@ -11,10 +11,12 @@ nothing queued here can run before it. Work runs in the order it was queued,
 in slices of at most `slice_seconds`, and only while the connection is idle:
 before each piece of work the `busy` probe (the session's connection: a
 request being served, being read, or bytes waiting on the socket) is asked,
-and while it says yes the work waits `BUSY_RECHECK_SECONDS` and asks again. A
-request arriving in the middle of a long backlog so waits for at most the
-one piece of work under way (a pod's cgroup files, 16 log lines: well under
-a millisecond), not for a slice or the whole backlog.
+and while it says yes the work waits `BUSY_RECHECK_SECONDS`, runs one piece
+(so that it progresses under steady load, when a request is always in
+flight) and asks again. A request arriving in the middle of a long backlog
+so waits for at most the one piece of work under way (a pod's cgroup files,
+16 log lines: well under a millisecond), not for a slice or the whole
+backlog.
 """
 
 from __future__ import annotations
@@ -95,10 +97,15 @@ class AfterReply:
         self._wake_if_idle()
         return cancelled
 
-    def _run_slice(self) -> None:
+    def _run_slice(self, waited: bool = False) -> None:
         self._next_slice = None
         deadline = time.perf_counter() + self._slice
         busy = self._busy_probe
+        if waited and self._queue:
+            # After a wait for a busy connection one piece runs regardless: under
+            # steady load (a request always in flight) the work must still get
+            # done, or what it holds (log lines) would grow without end.
+            self._run_one()
         while self._queue and not busy():
             self._run_one()
             if time.perf_counter() >= deadline:
@@ -108,7 +115,7 @@ class AfterReply:
         elif busy():
             # A request goes first; its handler and reply take well under this.
             loop = asyncio.get_running_loop()
-            self._next_slice = loop.call_later(BUSY_RECHECK_SECONDS, self._run_slice)
+            self._next_slice = loop.call_later(BUSY_RECHECK_SECONDS, self._run_slice, True)
         else:
             # Behind whatever became ready meanwhile.
             self._next_slice = asyncio.get_running_loop().call_soon(self._run_slice)

@@ -140,7 +140,7 @@ def test_work_waits_while_the_probe_says_busy() -> None:
         order.append(f"work {n}")
         if n == 0:
             busy[0] = True  # a request arrives during the first piece
-            asyncio.get_running_loop().call_later(0.01, done_with_request)
+            asyncio.get_running_loop().call_soon(done_with_request)
 
     def done_with_request() -> None:
         order.append("request answered")
@@ -231,3 +231,18 @@ def test_busy_while_a_request_waits_in_the_readers_buffer() -> None:
 
     assert run(scenario()) == (False, True)
     peer.close()
+
+
+def test_work_still_gets_done_when_the_connection_is_never_idle() -> None:
+    """Under steady load a request is always in flight: the work must not starve."""
+    after_reply = AfterReply()
+    done: list[int] = []
+
+    async def scenario() -> None:
+        after_reply.yield_to(lambda: True)
+        for n in range(5):
+            after_reply.defer(done.append, n)
+        await after_reply.settle()
+
+    run(scenario())
+    assert done == [0, 1, 2, 3, 4]
