@@ -177,12 +177,12 @@ def test_a_request_arriving_during_a_backlog_is_served_before_the_rest_of_it(loo
         if n == 0:  # the runtime sends its next request now
             peer.send(request(3, "next"))
 
-    async def first(_request: Any, _ctx: CallContext) -> Message:
+    async def first(_request: Any, _ctx: CallContext) -> api.Empty:
         for n in range(20):
             after_reply.defer(work, n)
         return api.Empty()
 
-    async def following(_request: Any, _ctx: CallContext) -> Message:
+    async def following(_request: Any, _ctx: CallContext) -> api.Empty:
         order.append("next request")
         return api.Empty()
 
