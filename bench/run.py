@@ -42,6 +42,8 @@ MAX_MESSAGE = 4 << 20  # ttrpc's messageLengthMax
 #: How long CreateContainer probes go on after the Synchronize reply, and their first pod.
 PROBE_SECONDS = 1.0
 PROBE_FIRST_POD = 90_000_000
+#: The plugin's last line for a Synchronize, once its deferred work is done.
+SYNC_SUMMARY = b'"event": "synchronized"'
 MB = 1 << 20
 
 
@@ -374,6 +376,7 @@ class Bench:
         until the plugin is idle is then not measured (the probes use CPU).
         """
         node.reset_pod_cgroups(self.cgroup_root)
+        log_offset = self.log_file.stat().st_size if self.log_file.exists() else 0
         more = ttrpc_pb2.Response(
             payload=api.SynchronizeResponse(more=True).SerializeToString()
         ).SerializeToString()
@@ -388,6 +391,9 @@ class Bench:
         probes = self.probe_after_sync(plugin) if probe else []
         # The plugin writes pod cgroups and log lines once the reply is out;
         # the next phases start when it is done, as after a node's start-up.
+        # Its last line is the Synchronize's summary: on a loaded machine the
+        # plugin can go 0.1 s without CPU before that, so idle alone is not enough.
+        self.wait_for_log_line(log_offset, SYNC_SUMMARY)
         aftermath = plugin.wait_idle()
         peak = plugin.peak_rss_mb()
         response = api.SynchronizeResponse.FromString(_payload(reply, "Synchronize"))
@@ -406,6 +412,20 @@ class Bench:
             probes,
             peak,
         )
+
+    def wait_for_log_line(self, offset: int, marker: bytes, timeout: float = 60.0) -> None:
+        """Wait until the plugin's log, from `offset` on, holds `marker`."""
+        deadline = time.perf_counter() + timeout
+        tail = b""
+        with self.log_file.open("rb") as log:
+            log.seek(offset)
+            while True:
+                tail = tail[-len(marker) :] + log.read()
+                if marker in tail:
+                    return
+                if time.perf_counter() > deadline:
+                    raise BenchError(f"no {marker!r} in the plugin's log within {timeout:.0f} s")
+                time.sleep(0.02)
 
     def probe_after_sync(self, plugin: Plugin) -> list[float]:
         """CreateContainer round trips while the plugin works through what it deferred.
