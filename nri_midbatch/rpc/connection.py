@@ -66,6 +66,8 @@ class MuxConnection:
         self._closed = asyncio.Event()
         #: True from a read's return until its messages are dispatched.
         self._dispatching = False
+        #: Requests dispatched and not yet answered.
+        self._serving = 0
         self.close_reason: str | None = None
         #: Times the reader gave the event loop a turn in the middle of a read.
         self.yields = 0
@@ -133,7 +135,7 @@ class MuxConnection:
         """
         if self._closed.is_set():
             return False
-        if self._handlers or self._dispatching:
+        if self._serving or self._dispatching:
             return True
         # Bytes the transport has read that the reader task has not taken yet:
         # uvloop reads the socket before it runs ready callbacks, so a request
@@ -182,6 +184,7 @@ class MuxConnection:
         match event:
             case wire.Request():
                 method = self._services[event.envelope.service].methods[event.envelope.method]
+                self._serving += 1
                 task = asyncio.create_task(self._serve(event, method))
                 self._handlers.add(task)
                 task.add_done_callback(self._handlers.discard)
@@ -226,9 +229,14 @@ class MuxConnection:
             code, message = error_status(exc)
             self._write(self._wire.reply_status(event.stream_id, code, message))
             return
-        # No await from here to the write: work the handler left for after its
-        # reply (after_reply.py) must find the reply already on its way.
-        self._write(self._wire.reply(event.stream_id, reply))
+        else:
+            # No await from here to the write: work the handler left for after
+            # its reply (after_reply.py) must find the reply already on its way.
+            self._write(self._wire.reply(event.stream_id, reply))
+        finally:
+            # Served once its reply is written, in the same step (see busy()),
+            # not when the task's done callbacks run a turn later.
+            self._serving -= 1
 
     # -- calling -------------------------------------------------------------
 
