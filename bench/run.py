@@ -387,14 +387,15 @@ class Bench:
             if reply != more:
                 raise BenchError(f"Synchronize: a more=true chunk answered {reply[:80]!r}")
         reply, _ = runtime.call(node.chunks[-1], timeout=30)
-        seconds = time.perf_counter() - started
+        replied = time.perf_counter()
+        seconds = replied - started
         probes = self.probe_after_sync(plugin) if probe else []
         # The plugin writes pod cgroups and log lines once the reply is out;
         # the next phases start when it is done, as after a node's start-up.
         # Its last line is the Synchronize's summary: on a loaded machine the
         # plugin can go 0.1 s without CPU before that, so idle alone is not enough.
         self.wait_for_log_line(log_offset, SYNC_SUMMARY)
-        aftermath = plugin.wait_idle()
+        aftermath = time.perf_counter() - replied + plugin.wait_idle()
         peak = plugin.peak_rss_mb()
         response = api.SynchronizeResponse.FromString(_payload(reply, "Synchronize"))
         check_sync_updates(response, node.containers, node.expected_updates)
