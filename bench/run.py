@@ -39,6 +39,11 @@ from nri_midbatch.api import ttrpc_pb2
 from nri_midbatch.nri.events import Event
 
 MAX_MESSAGE = 4 << 20  # ttrpc's messageLengthMax
+#: How long CreateContainer probes go on after the Synchronize reply, and their first pod.
+PROBE_SECONDS = 1.0
+PROBE_FIRST_POD = 90_000_000
+#: The plugin's last line for a Synchronize, once its deferred work is done.
+SYNC_SUMMARY = b'"event": "synchronized"'
 MB = 1 << 20
 
 
@@ -210,10 +215,17 @@ class Plugin:
     stderr: Path
 
     def rss_mb(self) -> float:
+        return self._status_mb("VmRSS:")
+
+    def peak_rss_mb(self) -> float:
+        """The most resident memory the process has had (VmHWM): what a memory limit must allow."""
+        return self._status_mb("VmHWM:")
+
+    def _status_mb(self, key: str) -> float:
         for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(key):
                 return int(line.split()[1]) / 1024
-        raise BenchError("no VmRSS for the plugin")
+        raise BenchError(f"no {key} for the plugin")
 
     def cpu_seconds(self) -> float:
         # utime and stime: the 14th and 15th fields, counted after the command's ")".
@@ -336,7 +348,7 @@ class Bench:
         for _ in range(self.opts.launches - 1):
             extra = self.launch()
             startups.append(extra.startup)
-            syncs.append(self.synchronize(extra, node))
+            syncs.append(self.synchronize(extra, node, probe=False))
             extra.stop()
         plugin = self.launch()
         startups.append(plugin.startup)
@@ -344,7 +356,7 @@ class Bench:
         profiler = None
         try:
             profiler = self.start_profiler(plugin)
-            syncs.append(self.synchronize(plugin, node))
+            syncs.append(self.synchronize(plugin, node, probe=True))
             rss_sync = plugin.rss_mb()
             self.report_launches(startups, syncs, node)
             self.events(plugin, rss_sync)
@@ -356,9 +368,15 @@ class Bench:
         self.decisions()
         return r
 
-    def synchronize(self, plugin: Plugin, node: SyncNode) -> SyncRun:
-        """One Synchronize of `node`, its pod cgroups reset to kubelet's values first."""
+    def synchronize(self, plugin: Plugin, node: SyncNode, *, probe: bool) -> SyncRun:
+        """One Synchronize of `node`, its pod cgroups reset to kubelet's values first.
+
+        probe: right after the reply, send CreateContainer requests one at a
+        time while the plugin does its deferred work, and time them; the time
+        until the plugin is idle is then not measured (the probes use CPU).
+        """
         node.reset_pod_cgroups(self.cgroup_root)
+        log_offset = self.log_file.stat().st_size if self.log_file.exists() else 0
         more = ttrpc_pb2.Response(
             payload=api.SynchronizeResponse(more=True).SerializeToString()
         ).SerializeToString()
@@ -369,10 +387,16 @@ class Bench:
             if reply != more:
                 raise BenchError(f"Synchronize: a more=true chunk answered {reply[:80]!r}")
         reply, _ = runtime.call(node.chunks[-1], timeout=30)
-        seconds = time.perf_counter() - started
+        replied = time.perf_counter()
+        seconds = replied - started
+        probes = self.probe_after_sync(plugin) if probe else []
         # The plugin writes pod cgroups and log lines once the reply is out;
         # the next phases start when it is done, as after a node's start-up.
-        aftermath = plugin.wait_idle()
+        # Its last line is the Synchronize's summary: on a loaded machine the
+        # plugin can go 0.1 s without CPU before that, so idle alone is not enough.
+        self.wait_for_log_line(log_offset, SYNC_SUMMARY)
+        aftermath = time.perf_counter() - replied + plugin.wait_idle()
+        peak = plugin.peak_rss_mb()
         response = api.SynchronizeResponse.FromString(_payload(reply, "Synchronize"))
         check_sync_updates(response, node.containers, node.expected_updates)
         written = check_sync_pod_files(
@@ -380,7 +404,64 @@ class Bench:
             node.pods,
             workload.expected_pod_files(self.opts.sync_containers_per_pod),
         )
-        return SyncRun(seconds, aftermath, len(response.update), written, len(reply))
+        return SyncRun(
+            seconds,
+            None if probe else aftermath,
+            len(response.update),
+            written,
+            len(reply),
+            probes,
+            peak,
+        )
+
+    def wait_for_log_line(self, offset: int, marker: bytes, timeout: float = 60.0) -> None:
+        """Wait until the plugin's log, from `offset` on, holds `marker`."""
+        deadline = time.perf_counter() + timeout
+        tail = b""
+        with self.log_file.open("rb") as log:
+            log.seek(offset)
+            while True:
+                tail = tail[-len(marker) :] + log.read()
+                if marker in tail:
+                    return
+                if time.perf_counter() > deadline:
+                    raise BenchError(f"no {marker!r} in the plugin's log within {timeout:.0f} s")
+                time.sleep(0.02)
+
+    def probe_after_sync(self, plugin: Plugin) -> list[float]:
+        """CreateContainer round trips while the plugin works through what it deferred.
+
+        One request at a time, 1 ms apart, for `PROBE_SECONDS` from the
+        Synchronize's reply (longer than that work takes); each for a pod of
+        its own, removed afterwards so that the plugin remembers only the node.
+        """
+        kinds = self.kinds()
+        create = kinds["CreateContainer"]
+        runtime = plugin.runtime
+        tokens: list[bytes] = []
+        latencies: list[float] = []
+        ends = time.perf_counter() + (PROBE_SECONDS / 5 if self.opts.quick else PROBE_SECONDS)
+        while time.perf_counter() < ends:
+            token = workload.counter_token(PROBE_FIRST_POD + len(tokens))
+            tokens.append(token)
+            sent = time.perf_counter()
+            stream_id = runtime.send(create.template, token)
+            replies: list[Any] = []
+            while not replies:
+                now, replies = runtime.receive(10.0)
+            (sid, data, start, stop), *_ = replies
+            if sid != stream_id:
+                raise BenchError(f"probe: reply on stream {sid}, expected {stream_id}")
+            latencies.append(now - sent)
+            create.check(data[start:stop])
+            time.sleep(0.001)
+        removals = [
+            (kind, token)
+            for token in tokens
+            for kind in (kinds["RemoveContainer"], kinds["RemovePodSandbox"])
+        ]
+        runtime.stream(removals, 1)
+        return latencies
 
     def report_launches(self, startups: list[float], syncs: list[SyncRun], node: SyncNode) -> None:
         r = self.results
@@ -393,9 +474,31 @@ class Bench:
         r.add(
             f"{label}: first chunk to last reply (median)", seconds, "s", "< 0.5 s", seconds < 0.5
         )
-        aftermath = statistics.median(run.aftermath for run in syncs)
-        r.add("Synchronize: after the reply, until the plugin is idle (median)", aftermath, "s", "")
+        aftermaths = [run.aftermath for run in syncs if run.aftermath is not None]
+        if aftermaths:
+            aftermath = statistics.median(aftermaths)
+            r.add(
+                "Synchronize: after the reply, until the plugin is idle (median)",
+                aftermath,
+                "s",
+                "",
+            )
+        probes = [p for run in syncs for p in run.probes]
+        if probes:
+            first, worst = probes[0] * 1000, max(probes) * 1000
+            r.add(
+                "CreateContainer just after the Synchronize reply", first, "ms", "< 2 ms", first < 2
+            )
+            r.add(
+                f"CreateContainer during the deferred work: max of {len(probes)}",
+                worst,
+                "ms",
+                "< 2 ms",
+                worst < 2,
+            )
         last = syncs[-1]
+        peak = max(run.peak_rss_mb for run in syncs)
+        r.add("peak RSS: start-up and Synchronize (VmHWM, max)", peak, "MB", "< 128 MB", peak < 128)
         r.add("Synchronize: updates returned", last.updates, "")
         r.add("Synchronize: pod cgroups written", last.pods_written, "")
         r.add("Synchronize: chunks sent", len(node.chunks), "")
@@ -407,7 +510,9 @@ class Bench:
             "updates": last.updates,
             "reply_bytes": last.reply_bytes,
             "runs_s": [run.seconds for run in syncs],
-            "after_reply_runs_s": [run.aftermath for run in syncs],
+            "after_reply_runs_s": aftermaths,
+            "probes_ms": [p * 1000 for p in probes],
+            "peak_rss_mb": [run.peak_rss_mb for run in syncs],
         }
 
     def events(self, plugin: Plugin, rss_sync: float) -> None:
@@ -663,10 +768,12 @@ class SyncNode:
 @dataclass(frozen=True)
 class SyncRun:
     seconds: float
-    aftermath: float
+    aftermath: float | None  # None when probed (see Bench.synchronize)
     updates: int
     pods_written: int
     reply_bytes: int
+    probes: list[float]
+    peak_rss_mb: float
 
 
 def check_sync_pod_files(

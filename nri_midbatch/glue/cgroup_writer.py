@@ -25,6 +25,15 @@ from nri_midbatch.policy import CgroupValues, ContainerView, PodView
 
 
 @dataclass(frozen=True, slots=True)
+class Written:
+    """How a write went: why it failed (None: every file holds the values), and
+    whether any file held other values before."""
+
+    failure: str | None
+    changed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class CgroupWriter:
     root: Path
     driver: CgroupDriver
@@ -38,8 +47,8 @@ class CgroupWriter:
         container: ContainerView | None,
         values: CgroupValues,
         cgroups_path: str = "",
-    ) -> str | None:
-        """Write the pod's (container None) or the container's values; why not, if not."""
+    ) -> Written:
+        """Write the pod's (container None) or the container's values."""
         try:
             if container is None:
                 report = apply_pod_values(self.root, self.driver, pod.cgroup_parent, values)
@@ -54,12 +63,12 @@ class CgroupWriter:
                     self.runtime,
                 )
         except CgroupPathError as exc:
-            return str(exc)
+            return Written(str(exc))
         if not report.ok:
-            return "; ".join(f"{f.operation} {f.path}: {f.error}" for f in report.failed)
+            return Written("; ".join(f"{f.operation} {f.path}: {f.error}" for f in report.failed))
         if self.systemd is not None:
             self.systemd.hold(self.unit_target(pod, container, values, cgroups_path))
-        return None
+        return Written(None, bool(report.written))
 
     def read(
         self, pod: PodView, container: ContainerView | None = None, cgroups_path: str = ""

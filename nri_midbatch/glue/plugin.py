@@ -18,6 +18,7 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -94,6 +95,23 @@ class PodTarget:
     values: CgroupValues
 
 
+class _SyncPart:
+    """What a Synchronize's chunks brought so far, without their protobuf.
+
+    Containers are held flat, `FIELDS` list slots each (pod id, view, cgroups
+    path, current values), as the decision lines are (decision_log.py).
+    """
+
+    FIELDS = 4
+    __slots__ = ("containers", "known", "listed")
+
+    def __init__(self) -> None:
+        self.known = Known()
+        self.containers: list[Any] = []
+        #: Pods and containers the runtime listed, running or not.
+        self.listed = [0, 0]
+
+
 class MidBatchPlugin:
     events = frozenset(
         {
@@ -121,6 +139,8 @@ class MidBatchPlugin:
         self.after_reply = AfterReply()
         #: The last Synchronize's pods waiting for their containers to be lowered.
         self._lowering: LoweringWait | None = None
+        #: The Synchronize being received, chunk by chunk.
+        self._sync_part: _SyncPart | None = None
         self._dry_run = dry_run
         self._on_decision = on_decision
         #: Under the systemd driver, the units that hold our values (its task
@@ -193,7 +213,7 @@ class MidBatchPlugin:
         where = {"namespace": pod.namespace, "pod": pod.name}
         if container is not None:
             where["container"] = container.name
-        reason = self.cgroups.write(pod, container, values, cgroups_path)
+        reason = self.cgroups.write(pod, container, values, cgroups_path).failure
         if reason is None:
             log.info("cgroup set for new configuration", **where, **_values_log(values))
             return True
@@ -229,12 +249,43 @@ class MidBatchPlugin:
             failure_policy=self.config.failure_policy,
         )
 
+    def synchronize_part(
+        self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container], *, first: bool
+    ) -> None:
+        """Take in a chunk as views: a large node's protobuf is never held all at once.
+
+        Pods go into the Known that `synchronize` installs; running containers
+        wait, as views with their current values, for the pods of later chunks.
+        """
+        if first or self._sync_part is None:
+            self._sync_part = _SyncPart()
+        part = self._sync_part
+        known = part.known
+        part.listed[0] += len(pods)
+        part.listed[1] += len(containers)
+        for pod in pods:
+            known.add_pod(pod.id, pod_view(pod))
+        waiting = part.containers
+        for container in containers:
+            if container.state not in _RUNNING_STATES:
+                continue
+            linux = container.linux
+            resources = linux.resources
+            waiting += (
+                container.pod_sandbox_id,
+                synchronized_view(container, resources),
+                linux.cgroups_path,
+                _shared_values(current_values(resources)),
+            )
+
     async def synchronize(
         self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container]
     ) -> api.SynchronizeResponse:
-        self.known = known = Known()
-        for pod in pods:
-            known.add_pod(pod.id, pod_view(pod))
+        """The whole Synchronize: what `synchronize_part` took in, then `pods` and `containers`."""
+        self.synchronize_part(pods, containers, first=False)
+        part, self._sync_part = self._sync_part, None
+        assert part is not None  # synchronize_part made it
+        self.known = known = part.known
         pod_views = known.pods
         # Each pod's id once: every container of a pod refers to the same string.
         pod_ids = {pod_id: pod_id for pod_id in pod_views}
@@ -247,19 +298,18 @@ class MidBatchPlugin:
         #: containers the runtime reports at their values already, to check after the reply
         settled: list[tuple[PodView, ContainerView, CgroupValues]] = []
         lines = DecisionLines("Synchronize")
-        for container in containers:
-            pod_id = pod_ids.get(container.pod_sandbox_id)
-            if pod_id is None or container.state not in _RUNNING_STATES:
+        waiting = part.containers
+        for i in range(0, len(waiting), _SyncPart.FIELDS):
+            pod_id = pod_ids.get(waiting[i])
+            if pod_id is None:
                 continue
             pod = pod_views[pod_id]
-            linux = container.linux
-            resources = linux.resources
-            ctr_view = synchronized_view(container, resources)
-            known.set_container(ctr_view.id, pod_id, ctr_view, linux.cgroups_path)
+            ctr_view: ContainerView = waiting[i + 1]
+            known.set_container(ctr_view.id, pod_id, ctr_view, waiting[i + 2])
             values = self._decide_container(pod, ctr_view, lines, refuse=False)
             if values is None:
                 continue
-            current = current_values(resources)
+            current: CgroupValues = waiting[i + 3]
             if values != current:
                 set_resources(updates.add(container_id=ctr_view.id).linux.resources, values)
                 if raises_quota(current.cpu_quota, values.cpu_quota):
@@ -267,8 +317,10 @@ class MidBatchPlugin:
                 if watch_lowering and lowers(current, values):
                     check = functools.partial(self._container_lowered, pod, ctr_view, values)
                     lowered.setdefault(pod_id, []).append(check)
-            elif not self._dry_run:
-                settled.append((pod, ctr_view, values))
+            else:
+                lines.unchanged()
+                if not self._dry_run:
+                    settled.append((pod, ctr_view, values))
         self.counters.count_adjusted("Synchronize", len(updates))
         lines.write_after(self.after_reply)
         # Before the pods: a pod goes down only after its containers.
@@ -278,7 +330,14 @@ class MidBatchPlugin:
             )
         if self.config.cgroups.pod_level:
             self._synchronize_pods(pod_views, raising, lowered)
-        log.info("synchronized", pods=len(pods), containers=len(containers), updates=len(updates))
+        # After the per-container lines: the node at a glance.
+        lines.summarize_after(
+            self.after_reply,
+            "synchronized",
+            pods=part.listed[0],
+            containers=part.listed[1],
+            updates=len(updates),
+        )
         return response
 
     def _synchronize_pods(
@@ -358,7 +417,7 @@ class MidBatchPlugin:
             if holds(now, values):
                 continue
             where = {"namespace": pod.namespace, "pod": pod.name, "container": container.name}
-            reason = self.cgroups.write(pod, container, values, cgroups_path)
+            reason = self.cgroups.write(pod, container, values, cgroups_path).failure
             if reason is None:
                 self.counters.containers_repaired += 1
                 log.warning(
@@ -552,15 +611,19 @@ class MidBatchPlugin:
                 **_values_log(values),
             )
             return True
-        reason = self.cgroups.write(pod, None, values)
+        written = self.cgroups.write(pod, None, values)
+        reason = written.failure
         if reason is None:
             self.counters.pod_writes_ok += 1
-            log.info(
+            # Changes at info; a pod whose files already held the values
+            # (most of a Synchronize after a restart) at debug.
+            (log.info if written.changed else log.debug)(
                 "pod cgroup set",
                 method=method,
                 tier=target.tier,
                 **where,
                 **_values_log(values),
+                **({} if written.changed else {"unchanged": True}),
             )
             return True
         if final:

@@ -77,10 +77,21 @@ class Plugin(Protocol):
 
     async def configure(self, config: str, runtime: RuntimeInfo) -> None: ...
 
+    def synchronize_part(
+        self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container], *, first: bool
+    ) -> None:
+        """One chunk of a Synchronize: keep what `synchronize` will need, not the messages.
+
+        `first` starts a new Synchronize (what an abandoned one left is dropped).
+        The session frees each chunk once it is taken in, so that a large
+        node's Synchronize is never held as protobuf all at once.
+        """
+        ...
+
     async def synchronize(
         self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container]
     ) -> api.SynchronizeResponse:
-        """The reply to the whole (reassembled) Synchronize: its container updates."""
+        """The reply to the whole Synchronize (the parts taken in, then these): its updates."""
         ...
 
     async def create_container(
@@ -178,8 +189,9 @@ class Session:
         if on_state is not None:
             self.state._listeners.append(on_state)
         self._conn: MuxConnection | None = None
-        self._sync_pods: list[api.PodSandbox] = []
-        self._sync_containers: list[api.Container] = []
+        #: The Synchronize being received: chunks are handed to the plugin as they come.
+        self._sync_pods = 0
+        self._sync_containers = 0
         self._sync_bytes = 0
         self._sync_started: float | None = None
         self._configured = asyncio.Event()
@@ -188,6 +200,10 @@ class Session:
         self._log = log.bind(plugin=f"{idx}-{name}")
 
     # -- running -------------------------------------------------------------
+
+    def busy(self) -> bool:
+        """A request from the runtime is in progress (see MuxConnection.busy)."""
+        return self._conn is not None and self._conn.busy()
 
     async def run(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str:
         """Register and serve until the connection ends; returns why it ended."""
@@ -453,13 +469,14 @@ class Session:
             self._advance(Step.SYNC_CHUNK)
         else:
             self._check(Step.SYNC_DONE)
+        first = self._sync_started is None
         if self._sync_started is None:
             self._sync_started = time.perf_counter()
         self._sync_bytes += request.ByteSize()
-        self._sync_pods.extend(request.pods)
-        self._sync_containers.extend(request.containers)
+        self._sync_pods += len(request.pods)
+        self._sync_containers += len(request.containers)
         self.state.sync_chunks += 1
-        objects = len(self._sync_pods) + len(self._sync_containers)
+        objects = self._sync_pods + self._sync_containers
         if self._sync_bytes > MAX_SYNC_BYTES or objects > MAX_SYNC_OBJECTS:
             message = (
                 f"Synchronize of {self._sync_bytes} bytes and {objects} pods and containers "
@@ -470,15 +487,18 @@ class Session:
             self._drop_sync_buffer()
             self._advance(Step.SYNC_FAILED)
             raise RpcError(Code.RESOURCE_EXHAUSTED, message)
+        # The plugin keeps what it needs of the chunk; the request is freed
+        # with this frame, so the peak memory is one chunk's, not the node's.
+        self._plugin.synchronize_part(request.pods, request.containers, first=first)
         if request.more:
             # The runtime closes a plugin that answers a partial chunk with
             # anything but more=true.
             return api.SynchronizeResponse(more=True)
-        pods, containers, started = self._sync_pods, self._sync_containers, self._sync_started
-        self._drop_sync_buffer()
-        self.state.sync_pods, self.state.sync_containers = len(pods), len(containers)
+        started = self._sync_started
+        self.state.sync_pods, self.state.sync_containers = self._sync_pods, self._sync_containers
+        self._reset_sync_counts()
         try:
-            response = await self._plugin.synchronize(pods, containers)
+            response = await self._plugin.synchronize((), ())
         except BaseException:
             self._advance(Step.SYNC_FAILED)
             raise
@@ -488,7 +508,13 @@ class Session:
         return response
 
     def _drop_sync_buffer(self) -> None:
-        self._sync_pods, self._sync_containers = [], []
+        """Abandon a Synchronize in progress: the plugin frees what its chunks brought."""
+        if self._sync_started is not None:
+            self._plugin.synchronize_part((), (), first=True)
+        self._reset_sync_counts()
+
+    def _reset_sync_counts(self) -> None:
+        self._sync_pods = self._sync_containers = 0
         self._sync_bytes = 0
         self._sync_started = None
 

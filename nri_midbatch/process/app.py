@@ -82,6 +82,8 @@ class App:
             on_state=self._on_state,
             registration_timeout=registration_timeout,
         )
+        # Pod cgroups and log lines left for after a reply wait while a request is in progress.
+        self.plugin.after_reply.yield_to(self.session.busy)
         self.metrics.add_collector(CountersCollector(self._counter_families))
         self.health: HealthServer | None = None
         self._metrics_address = metrics_address

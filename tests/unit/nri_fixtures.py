@@ -138,6 +138,7 @@ class RecordingPlugin:
         self.on_event = on_event
         self.configs: list[tuple[str, RuntimeInfo]] = []
         self.syncs: list[tuple[list[api.PodSandbox], list[api.Container]]] = []
+        self._parts: tuple[list[api.PodSandbox], list[api.Container]] = ([], [])
         self.created: list[tuple[str, str]] = []
         self.updated: list[tuple[str, str, api.LinuxResources]] = []
         self.stopped: list[tuple[str, str]] = []
@@ -148,10 +149,19 @@ class RecordingPlugin:
     async def configure(self, config: str, runtime: RuntimeInfo) -> None:
         self.configs.append((config, runtime))
 
+    def synchronize_part(
+        self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container], *, first: bool
+    ) -> None:
+        if first:
+            self._parts = ([], [])
+        self._parts[0].extend(pods)
+        self._parts[1].extend(containers)
+
     async def synchronize(
         self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container]
     ) -> api.SynchronizeResponse:
-        self.syncs.append((list(pods), list(containers)))
+        parts, self._parts = self._parts, ([], [])
+        self.syncs.append(([*parts[0], *pods], [*parts[1], *containers]))
         return api.SynchronizeResponse(update=self.sync_updates)
 
     async def create_container(

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import select
 import socket
 from typing import Any
 
+import pytest
 import structlog
 
 from nri_midbatch.api import nri_pb2 as api
@@ -127,3 +129,143 @@ def test_flush_runs_what_is_queued_and_drops_what_waits() -> None:
 
     assert run(scenario(), timeout=STEP_TIMEOUT) == 1  # well before the delayed 60 s
     assert done == ["queued"]
+
+
+def test_work_waits_while_the_probe_says_busy() -> None:
+    after_reply = AfterReply(slice_seconds=60)
+    busy = [False]
+    order: list[str] = []
+
+    def work(n: int) -> None:
+        order.append(f"work {n}")
+        if n == 0:
+            busy[0] = True  # a request arrives during the first piece
+            asyncio.get_running_loop().call_soon(done_with_request)
+
+    def done_with_request() -> None:
+        order.append("request answered")
+        busy[0] = False
+
+    async def scenario() -> None:
+        after_reply.yield_to(lambda: busy[0])
+        for n in range(3):
+            after_reply.defer(work, n)
+        await after_reply.settle()
+
+    run(scenario())
+    assert order == ["work 0", "request answered", "work 1", "work 2"]
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_request_arriving_during_a_backlog_is_served_before_the_rest_of_it(loop: str) -> None:
+    """On a real socket: the connection's busy() stops deferred work for a request.
+
+    The slice is a minute long, so only the probe can let the request in
+    before the backlog is done. uvloop reads the socket before it runs ready
+    callbacks: there the request waits in the reader's buffer, not on the socket.
+    """
+    after_reply = AfterReply(slice_seconds=60)
+    left, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    order: list[str] = []
+
+    def request(stream_id: int, method: str) -> bytes:
+        body = ttrpc_pb2.Request(service="s", method=method).SerializeToString()
+        return frame_message(PLUGIN_CONN, encode_message(stream_id, MessageType.REQUEST, body))
+
+    def work(n: int) -> None:
+        order.append(f"work {n}")
+        if n == 0:  # the runtime sends its next request now
+            peer.send(request(3, "next"))
+
+    async def first(_request: Any, _ctx: CallContext) -> api.Empty:
+        for n in range(20):
+            after_reply.defer(work, n)
+        return api.Empty()
+
+    async def following(_request: Any, _ctx: CallContext) -> api.Empty:
+        order.append("next request")
+        return api.Empty()
+
+    async def scenario() -> None:
+        reader, writer = await asyncio.open_unix_connection(sock=left)
+        service = Service(
+            "s", {"first": Method(api.Empty, first), "next": Method(api.Empty, following)}
+        )
+        conn = MuxConnection(reader, writer, {"s": service}, name="test")
+        after_reply.yield_to(conn.busy)
+        serving = asyncio.create_task(conn.run())
+        peer.send(request(1, "first"))
+        async with asyncio.timeout(5):
+            while len(order) < 21:
+                await asyncio.sleep(0.001)
+            await after_reply.settle()
+        conn.close()
+        await serving
+
+    factory = (
+        asyncio.new_event_loop
+        if loop == "asyncio"
+        else pytest.importorskip("uvloop").new_event_loop
+    )
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(asyncio.wait_for(scenario(), 5))
+    peer.close()
+    assert order[:2] == ["work 0", "next request"]
+    assert order[2:] == [f"work {n}" for n in range(1, 20)]
+
+
+def test_busy_while_a_request_waits_in_the_readers_buffer() -> None:
+    """The transport has taken the bytes off the socket; the reader task has not run yet."""
+    left, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+
+    async def scenario() -> tuple[bool, bool]:
+        reader, writer = await asyncio.open_unix_connection(sock=left)
+        conn = MuxConnection(reader, writer, {}, name="test")  # not reading: run() not started
+        idle = conn.busy()
+        peer.send(b"\0" * 32)
+        while select.select((left,), (), (), 0)[0]:  # until the transport has read them
+            await asyncio.sleep(0.001)
+        busy = conn.busy()
+        conn.close()
+        return idle, busy
+
+    assert run(scenario()) == (False, True)
+    peer.close()
+
+
+def test_work_still_gets_done_when_the_connection_is_never_idle() -> None:
+    """Under steady load a request is always in flight: the work must not starve."""
+    after_reply = AfterReply()
+    done: list[int] = []
+
+    async def scenario() -> None:
+        after_reply.yield_to(lambda: True)
+        for n in range(5):
+            after_reply.defer(done.append, n)
+        await after_reply.settle()
+
+    run(scenario())
+    assert done == [0, 1, 2, 3, 4]
+
+
+def test_under_steady_load_the_work_keeps_up_with_a_piece_per_request() -> None:
+    """Each request leaves a piece (its log line): a piece per wait would fall behind."""
+    after_reply = AfterReply()
+    done: list[int] = []
+    asked = [0]
+
+    def busy() -> bool:
+        asked[0] += 1
+        return True
+
+    async def scenario() -> None:
+        after_reply.yield_to(busy)
+        for n in range(200):
+            after_reply.defer(done.append, n)
+        await after_reply.settle()
+
+    run(scenario())
+    assert done == list(range(200))
+    # Each wait for the busy connection costs two questions; 200 trivial
+    # pieces fit in a handful of the runs that follow a wait.
+    assert asked[0] < 50

@@ -769,6 +769,30 @@ def test_event_between_split_synchronize_chunks_is_refused() -> None:
     run(scenario())
 
 
+def test_each_chunk_goes_to_the_plugin_as_it_arrives() -> None:
+    """The session keeps no chunk: a node's Synchronize is never held as protobuf at once."""
+    plugin = RecordingPlugin()
+
+    async def scenario() -> None:
+        session = Session(plugin, "midbatch", "10")
+        peer, task = await registered_raw(session)
+        chunk = api.SynchronizeRequest(pods=[pod("p0"), pod("q0")], more=True)
+        peer.send_request(1, 3, PLUGIN_SERVICE, "Synchronize", chunk)
+        await peer.read_response(1)
+        # Taken in before the last chunk comes.
+        assert [p.id for p in plugin._parts[0]] == ["p0", "q0"]
+        last = api.SynchronizeRequest(pods=[pod("p1")])
+        peer.send_request(1, 5, PLUGIN_SERVICE, "Synchronize", last)
+        await peer.read_response(1)
+        ((pods, _),) = plugin.syncs
+        assert [p.id for p in pods] == ["p0", "q0", "p1"]
+        assert (session.state.sync_pods, session.state.sync_containers) == (3, 0)
+        peer.close()
+        await task
+
+    run(scenario())
+
+
 def test_split_synchronize_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     """Chunks with more=true are buffered up to a bound, then refused, and the buffer dropped."""
     monkeypatch.setattr(session_module, "MAX_SYNC_OBJECTS", 5)
@@ -789,7 +813,8 @@ def test_split_synchronize_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
         _, response = await peer.read_response(1)
         assert response.status.code == Code.RESOURCE_EXHAUSTED
         assert "6 pods and containers" in response.status.message
-        assert session._sync_pods == []  # nothing kept
+        assert session._sync_pods == 0
+        assert plugin._parts == ([], [])  # nothing kept
         assert session.state.phase.value == "configured"
         assert plugin.syncs == []
         peer.close()

@@ -492,6 +492,40 @@ def test_synchronize_updates_only_the_container_off_its_tier_values(tree: Cgroup
     assert tree.pod(node.prod.linux.cgroup_parent) == BURSTABLE_DEFAULTS
 
 
+def test_synchronize_logs_changes_at_info_and_the_rest_at_debug_with_a_summary(
+    tree: CgroupTree,
+) -> None:
+    """A large node must not bury the log: one summary line, and lines for changes only."""
+    node = sync_node(tree)
+
+    async def scenario() -> None:
+        async with connected(make_config(tree)) as c:
+            await c.sync(node.pods, node.containers)
+
+    with structlog.testing.capture_logs() as logs:
+        run(scenario())
+    decisions = {
+        line["container"]: line
+        for line in logs
+        if line["event"] == "decision" and line.get("method") == "Synchronize"
+    }
+    # The sidecar is changed: info. The app already has its values: debug, so marked.
+    assert decisions["sidecar"]["log_level"] == "info"
+    assert "unchanged" not in decisions["sidecar"]
+    assert (decisions["app"]["log_level"], decisions["app"]["unchanged"]) == ("debug", True)
+    info = [line for line in logs if line["log_level"] == "info"]
+    assert [line["event"] for line in info].count("decision") == 1
+    (summary,) = [line for line in logs if line["event"] == "synchronized"]
+    assert summary["log_level"] == "info"
+    assert (summary["pods"], summary["containers"], summary["updates"]) == (3, 5, 1)
+    assert summary["tiers"] == {
+        "batch": {"updated": 1, "unchanged": 1},
+        "none": {"untouched": 1},
+    }
+    # It comes after every per-container line of the Synchronize.
+    assert logs.index(summary) > max(logs.index(line) for line in decisions.values())
+
+
 def test_synchronize_loosens_values_we_set_under_a_stricter_config(tree: CgroupTree) -> None:
     """A restarted plugin tells our own earlier values from kubelet's by the annotation."""
     pod = batch_pod()
@@ -1243,3 +1277,15 @@ def test_synchronize_leaves_containers_that_hold_their_values_alone(tree: Cgroup
     run(scenario())
     assert tree.snapshot() == before
     assert (plugin.counters.containers_repaired, plugin.counters.container_repairs_failed) == (0, 0)
+
+
+def test_a_pod_cgroup_that_already_holds_its_values_is_logged_at_debug(tree: CgroupTree) -> None:
+    pod, ctr, plugin = new_batch_pod(tree)
+    sync_directly(tree, plugin, [pod], [ctr])  # writes the pod's values
+
+    with structlog.testing.capture_logs() as logs:
+        sync_directly(tree, plugin, [pod], [ctr])  # a restarted plugin finds them in place
+
+    (line,) = [line for line in logs if line["event"] == "pod cgroup set"]
+    assert (line["log_level"], line["unchanged"], line["pod"]) == ("debug", True, pod.name)
+    assert plugin.counters.pod_writes_ok == 2
