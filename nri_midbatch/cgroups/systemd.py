@@ -17,6 +17,9 @@ The D-Bus side runs as one background task (`run`); the plugin only queues
 without D-Bus the values are in the files, as under the cgroupfs driver, and
 the task keeps trying to connect. dbus-fast is imported by that task only,
 so the cgroupfs path never loads it.
+
+Longer than the house's 400 lines: the D-Bus task, its reconnect backoff, the queue it
+drains and the drift repair share one connection and one queue.
 """
 
 from __future__ import annotations

@@ -5,6 +5,10 @@ the Plugin service before registering, fit the event mask to the runtime's NRI
 version, reassemble split Synchronize requests, route both the v0.12 dedicated
 event RPCs and StateChange to one set of handlers, and keep UpdateContainers
 out of event handlers. What to do with events is the `Plugin`'s business.
+
+Longer than the house's 400 lines: Configure, the reassembly of split Synchronize requests
+and its bounds, event routing and UpdateContainers all read and advance one lifecycle
+phase (lifecycle.py).
 """
 
 from __future__ import annotations

@@ -14,6 +14,9 @@ One line per call:
      "error": {"code": int, "message": str} | null, "decisions": [{...}, ...]}
 with request and response as protobuf JSON (`MessageToDict`, proto field names), environment
 values and mount sources replaced by "<redacted>" unless the recorder is raw.
+
+Longer than the house's 400 lines: the recorder, its bounded queue, the rotating file and
+the line format are one contract, the one replay and explain read.
 """
 
 from __future__ import annotations

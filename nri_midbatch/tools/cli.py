@@ -1,4 +1,9 @@
-"""The `nri-midbatch` command line."""
+"""The `nri-midbatch` command line.
+
+Longer than the house's 400 lines: every subcommand's flags and their checks sit in one
+parser, so the flag table of the docs is checked against one place; each command's work lives
+in the module it calls.
+"""
 
 from __future__ import annotations
 

@@ -15,6 +15,10 @@ recordings keep replaying.
 Golden files (`--expect`) are JSON lines of {"method", "response", "error"} in call order, as
 `write_expected` writes them; a recording is a valid golden file too (its other keys are
 ignored). Responses are compared as serialized protobuf.
+
+Longer than the house's 400 lines: reading, running, comparing and reporting are one
+streaming pipeline, a line at a time; the golden-file section is the first to move out when
+replay next grows.
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ no request.uid) are HTTP 400: there is no uid to answer to, and the API server t
 as failed and applies the webhook's failurePolicy. A well-formed review whose object cannot be
 read (not a Pod, a field of the wrong shape) gets an explicit denial with code 400 and the
 reason, echoing the uid, so the user sees why instead of the failure policy deciding silently.
+
+Longer than the house's 400 lines: mutation and validation share the classification and
+the walk over every container's resources, and stay pure together.
 """
 
 from __future__ import annotations
