@@ -329,3 +329,20 @@ def test_every_metric_family_is_exposed_once(tmp_path: Path) -> None:
     assert typed, text
     assert sorted(typed) == sorted(set(typed)), [n for n in typed if typed.count(n) > 1]
     assert "nri_midbatch_config_reloads_total" in typed
+
+
+def test_event_counters_are_present_at_zero_before_their_first_event(tmp_path: Path) -> None:
+    # Prometheus's increase() only sees a rise within a series it already has: a series
+    # born at 1 hides its first event, and an alert on invalid inputs or refused reloads
+    # (examples/monitoring/) would miss a single bad pod or a single bad file.
+    async def scenario() -> Scrape:
+        async with running_app(make_config(cgroup_root(tmp_path))) as r:
+            await r.configure()
+            await r.sync([], [])
+            return await r.scrape()
+
+    m = run(scenario())
+    for reason in ("spec", "overflow", "internal"):
+        assert m.value("nri_midbatch_invalid_inputs_total", reason=reason) == 0, reason
+    for result in ("applied", "unchanged", "invalid", "failed", "rejected_from_runtime"):
+        assert m.value("nri_midbatch_config_reloads_total", result=result) == 0, result
