@@ -219,7 +219,8 @@ def test_prometheus_scrapes_the_plugin_on_real_containerd(
     assert answered_in_2s == calls
 
     # The bad annotation: once for its pod, once for its container.
-    assert prom.by("reason", "nri_midbatch_invalid_inputs_total") == {"spec": 2.0, "overflow": 0.0}
+    invalid = prom.by("reason", "nri_midbatch_invalid_inputs_total")
+    assert invalid == {"spec": 2.0, "overflow": 0.0, "internal": 0.0}
 
     # The rules: every one evaluates without error, and the bad pod fires its alert, alone.
     def rules_evaluated() -> bool:
