@@ -240,11 +240,13 @@ class App:
             ("tier",),
             {(tier,): n for tier, n in counters.decisions.items()},
         )
+        invalid: dict[tuple[str, ...], int] = {(r,): 0 for r in INVALID_REASONS}
+        invalid.update({(r,): n for r, n in counters.invalid.items()})
         yield (
             "nri_midbatch_invalid_inputs",
             "Pods or containers left alone (or refused) because of bad input, by reason",
             ("reason",),
-            {(r,): 0 for r in INVALID_REASONS} | {(r,): n for r, n in counters.invalid.items()},
+            invalid,
         )
         yield (
             "nri_midbatch_adjusted_fields",
@@ -271,7 +273,8 @@ class App:
             (),
             {(): counters.pods_lowered_unconfirmed},
         )
-        reloads = {(r,): 0 for r in RELOAD_RESULTS} | {(r,): n for r, n in self.reloads.items()}
+        reloads: dict[tuple[str, ...], int] = {(r,): 0 for r in RELOAD_RESULTS}
+        reloads.update({(r,): n for r, n in self.reloads.items()})
         reloads[("rejected_from_runtime",)] = counters.config_rejected
         yield (
             "nri_midbatch_config_reloads",
