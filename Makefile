@@ -20,9 +20,10 @@ demo: $(STAMP)
 test: lint
 	$(BIN)/python -m pytest
 
-# The behaviour suite: no real containerd, no generated-code, packaging, docs or benchmark checks.
+# The behaviour suite: no real containerd, no generated-code, packaging, docs, benchmark or
+# promtool checks.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m 'not (e2e or generated or packaging or docs or bench)'
+	$(BIN)/python -m pytest -m 'not (e2e or generated or packaging or docs or bench or monitoring)'
 
 lint: $(STAMP)
 	$(BIN)/ruff check nri_midbatch tests scripts bench

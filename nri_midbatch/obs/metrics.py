@@ -28,6 +28,11 @@ EVENT_BUCKETS = (
 )  # fmt: skip
 
 
+#: The pod and container events that carry decisions; StateChange delivers the pod
+#: events on runtimes before NRI v0.12.
+EVENT_METHODS = ("RunPodSandbox", "CreateContainer", "UpdateContainer", "StateChange")
+
+
 def build_info(registry: CollectorRegistry) -> None:
     build = Gauge(
         "nri_midbatch_build_info", "Build information", ["version", "python"], registry=registry
@@ -66,6 +71,12 @@ class Metrics:
             buckets=EVENT_BUCKETS,
             registry=r,
         )
+        # Present at 0 from the start, so that rate() and increase() see the first calls
+        # (a series born at its first call hides that call from them).
+        for method in EVENT_METHODS:
+            self.event_duration.labels(method)
+            for result in ("ok", "error"):
+                self.events.labels(method, result)
         self.registered = Gauge(
             "nri_midbatch_registered", "1 while registered and configured by a runtime", registry=r
         )

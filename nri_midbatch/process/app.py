@@ -34,6 +34,7 @@ from nri_midbatch.nri.version import Version
 from nri_midbatch.obs.health import HealthServer
 from nri_midbatch.obs.logging import set_level
 from nri_midbatch.obs.metrics import CounterFamily, CountersCollector, Metrics
+from nri_midbatch.policy import ErrorKind
 from nri_midbatch.process.heap import LARGE_SYNC, settle_heap
 from nri_midbatch.process.record import Recorder, note_decision
 from nri_midbatch.process.reload import FileWatch
@@ -50,6 +51,11 @@ _PASSING_BIND_ERRORS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL})
 #: How long a reload waits for the runtime to answer UpdateContainers before it writes
 #: the containers' cgroup files itself (the runtime's own request timeout is 2 s).
 UPDATE_CONTAINERS_TIMEOUT = 10.0
+#: Reload results and invalid-input reasons are exposed from the start, at 0:
+#: Prometheus's increase() misses the first rise of a series it did not have,
+#: and the alerts in examples/monitoring/ use increase().
+RELOAD_RESULTS = ("applied", "unchanged", "invalid", "failed")
+INVALID_REASONS = (*(kind.value for kind in ErrorKind), "internal")
 #: Runtimes before this never synchronize pre-launched plugins.
 PRELAUNCHED_SYNC_FROM: Version = (0, 7, 0)
 
@@ -238,11 +244,13 @@ class App:
             ("tier",),
             {(tier,): n for tier, n in counters.decisions.items()},
         )
+        invalid: dict[tuple[str, ...], int] = {(r,): 0 for r in INVALID_REASONS}
+        invalid.update({(r,): n for r, n in counters.invalid.items()})
         yield (
             "nri_midbatch_invalid_inputs",
             "Pods or containers left alone (or refused) because of bad input, by reason",
             ("reason",),
-            {(reason,): n for reason, n in counters.invalid.items()},
+            invalid,
         )
         yield (
             "nri_midbatch_adjusted_fields",
@@ -269,7 +277,8 @@ class App:
             (),
             {(): counters.pods_lowered_unconfirmed},
         )
-        reloads: dict[tuple[str, ...], int] = {(r,): n for r, n in self.reloads.items()}
+        reloads: dict[tuple[str, ...], int] = {(r,): 0 for r in RELOAD_RESULTS}
+        reloads.update({(r,): n for r, n in self.reloads.items()})
         reloads[("rejected_from_runtime",)] = counters.config_rejected
         yield (
             "nri_midbatch_config_reloads",

@@ -231,8 +231,7 @@ def test_metrics_count_what_the_runtime_sent(tmp_path: Path) -> None:
             m = await r.scrape()
             assert m.value("nri_midbatch_events_total", method="CreateContainer", result="ok") == 4
             assert (
-                m.value("nri_midbatch_events_total", method="CreateContainer", result="error")
-                is None
+                m.value("nri_midbatch_events_total", method="CreateContainer", result="error") == 0
             )
             assert m.value("nri_midbatch_events_total", method="RunPodSandbox", result="ok") == 1
             assert m.value("nri_midbatch_events_total", method="Synchronize", result="ok") == 1
@@ -304,9 +303,7 @@ def test_refused_calls_count_as_errors(tmp_path: Path) -> None:
             assert (
                 m.value("nri_midbatch_events_total", method="CreateContainer", result="error") == 2
             )
-            assert (
-                m.value("nri_midbatch_events_total", method="CreateContainer", result="ok") is None
-            )
+            assert m.value("nri_midbatch_events_total", method="CreateContainer", result="ok") == 0
             assert (
                 m.value("nri_midbatch_event_duration_seconds_count", method="CreateContainer") == 2
             )
@@ -329,3 +326,23 @@ def test_every_metric_family_is_exposed_once(tmp_path: Path) -> None:
     assert typed, text
     assert sorted(typed) == sorted(set(typed)), [n for n in typed if typed.count(n) > 1]
     assert "nri_midbatch_config_reloads_total" in typed
+
+
+def test_event_counters_are_present_at_zero_before_their_first_event(tmp_path: Path) -> None:
+    # Prometheus's increase() only sees a rise within a series it already has: a series
+    # born at 1 hides its first event, and an alert on invalid inputs or refused reloads
+    # (examples/monitoring/) would miss a single bad pod or a single bad file.
+    async def scenario() -> Scrape:
+        async with running_app(make_config(cgroup_root(tmp_path))) as r:
+            await r.configure()
+            await r.sync([], [])
+            return await r.scrape()
+
+    m = run(scenario())
+    for method in ("RunPodSandbox", "CreateContainer", "UpdateContainer", "StateChange"):
+        assert m.value("nri_midbatch_event_duration_seconds_count", method=method) == 0, method
+        assert m.value("nri_midbatch_events_total", method=method, result="ok") == 0, method
+    for reason in ("spec", "overflow", "internal"):
+        assert m.value("nri_midbatch_invalid_inputs_total", reason=reason) == 0, reason
+    for result in ("applied", "unchanged", "invalid", "failed", "rejected_from_runtime"):
+        assert m.value("nri_midbatch_config_reloads_total", result=result) == 0, result
