@@ -238,11 +238,16 @@ class App:
 
     def _counter_families(self) -> Iterable[CounterFamily]:
         counters = self.plugin.counters
+        # Every configured tier from 0: rate() and increase() miss the first
+        # rise of a series that did not exist at the scrape before.
+        decisions: dict[tuple[str, ...], int] = {(t.name,): 0 for t in self.plugin.config.tiers}
+        decisions[("none",)] = 0
+        decisions.update({(tier,): n for tier, n in counters.decisions.items()})
         yield (
             "nri_midbatch_decisions",
             "Decisions made, by tier (none: the pod is in no tier)",
             ("tier",),
-            {(tier,): n for tier, n in counters.decisions.items()},
+            decisions,
         )
         invalid: dict[tuple[str, ...], int] = {(r,): 0 for r in INVALID_REASONS}
         invalid.update({(r,): n for r, n in counters.invalid.items()})
