@@ -10,7 +10,7 @@ named in the extended-resource spec.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -257,11 +257,15 @@ def memory_text(memory: int) -> str:
     return short if short in ("unlimited", str(memory)) else f"{memory} ({short})"
 
 
+def _kept(value: int | None, text: Callable[[int], str]) -> str:
+    return "left as kubelet set it" if value is None else text(value)
+
+
 def values_lines(values: CgroupValues) -> list[str]:
     return [
-        f"cpu.shares    {values.cpu_shares}",
+        f"cpu.shares    {_kept(values.cpu_shares, str)}",
         f"cpu quota     {quota_text(values.cpu_quota)} per {CFS_BASE_PERIOD}us period",
-        f"memory limit  {memory_text(values.memory_limit)}",
+        f"memory limit  {_kept(values.memory_limit, memory_text)}",
     ]
 
 

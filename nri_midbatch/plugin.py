@@ -92,14 +92,21 @@ class Counters:
     def count_invalid(self, reason: str) -> None:
         self.invalid[reason] = self.invalid.get(reason, 0) + 1
 
-    def count_adjusted(self, method: str, containers: int = 1) -> None:
-        # Every adjustment or update we send sets all three fields.
-        for name in _ADJUSTED_FIELDS:
+    def count_adjusted(
+        self, method: str, containers: int = 1, fields: tuple[str, ...] | None = None
+    ) -> None:
+        """`fields`: those the adjustments set; all three unless a calculator left some."""
+        for name in _ADJUSTED_FIELDS if fields is None else fields:
             key = (method, name)
             self.adjusted[key] = self.adjusted.get(key, 0) + containers
 
 
 _ADJUSTED_FIELDS = ("cpu_shares", "cpu_quota", "memory_limit")
+
+
+def set_fields(values: CgroupValues) -> tuple[str, ...]:
+    """The fields `values` sets (None: left as kubelet and the runtime set it)."""
+    return tuple(name for name in _ADJUSTED_FIELDS if getattr(values, name) is not None)
 
 
 # -- NRI -> views ----------------------------------------------------------
@@ -202,8 +209,9 @@ def synchronized_view(
     text = container.annotations.get(NATIVE_LIMITS_ANNOTATION)
     native = None if text is None else decode_native_limits(text)
     if native is None:
-        # Never adjusted by us (created while no plugin ran): what it has is kubelet's.
-        return container_view(container, resources)
+        # Never adjusted by us (created while no plugin ran): what it has is kubelet's, as
+        # far as never-loosen goes; not sure enough to scale (cpu-normalization).
+        return replace(container_view(container, resources), native_known=False)
     return ContainerView(id=container.id, name=intern(container.name), native=native)
 
 
@@ -219,14 +227,17 @@ def synchronized_view(
 def _resources_holding(values: CgroupValues) -> api.LinuxResources:
     resources = api.LinuxResources()
     cpu = resources.cpu
-    cpu.shares.value = values.cpu_shares
+    # A field left None is not claimed: NRI gives each field one owner.
+    if values.cpu_shares is not None:
+        cpu.shares.value = values.cpu_shares
     cpu.quota.value = values.cpu_quota
-    resources.memory.limit.value = values.memory_limit
+    if values.memory_limit is not None:
+        resources.memory.limit.value = values.memory_limit
     return resources
 
 
 def set_resources(resources: api.LinuxResources, values: CgroupValues) -> None:
-    """Make `resources` hold the cpu shares, cpu quota and memory limit (each present, even 0)."""
+    """Make `resources` hold the values set (each present, even 0); None fields are absent."""
     resources.CopyFrom(_resources_holding(values))
 
 
@@ -253,6 +264,11 @@ class PodTarget:
     pod: PodView  # as decided: with kubelet's limits, if they were read from the cgroup
     tier: str | None
     values: CgroupValues
+
+
+def differs(values: CgroupValues, current: CgroupValues) -> bool:
+    """Whether a field that `values` sets is off in `current`."""
+    return any(getattr(values, name) != getattr(current, name) for name in set_fields(values))
 
 
 def current_values(resources: api.LinuxResources) -> CgroupValues:
@@ -526,8 +542,9 @@ class MidBatchPlugin:
             if values is None:
                 continue
             current: CgroupValues = waiting[i + 3]
-            if values != current:
+            if differs(values, current):
                 set_resources(updates.add(container_id=ctr_view.id).linux.resources, values)
+                self.counters.count_adjusted("Synchronize", fields=set_fields(values))
                 if raises_quota(current.cpu_quota, values.cpu_quota):
                     raising.add(pod_id)
                 if watch_lowering and lowers(current, values):
@@ -537,7 +554,6 @@ class MidBatchPlugin:
                 lines.unchanged()
                 if not self._dry_run:
                     settled.append((pod, ctr_view, values))
-        self.counters.count_adjusted("Synchronize", len(updates))
         lines.write_after(self.after_reply)
         # Before the pods: a pod goes down only after its containers.
         for start in range(0, len(settled), _REPAIRS_PER_WORK):
@@ -688,7 +704,7 @@ class MidBatchPlugin:
         lines.write_after(self.after_reply)
         if values is None:
             return api.CreateContainerResponse()
-        self.counters.count_adjusted("CreateContainer")
+        self.counters.count_adjusted("CreateContainer", fields=set_fields(values))
         response = api.CreateContainerResponse()
         adjust = response.adjust
         adjust.annotations[NATIVE_LIMITS_ANNOTATION] = encode_native_limits(ctr_view.native)
@@ -709,7 +725,7 @@ class MidBatchPlugin:
         lines.write_after(self.after_reply)
         if values is None:
             return []
-        self.counters.count_adjusted("UpdateContainer")
+        self.counters.count_adjusted("UpdateContainer", fields=set_fields(values))
         return [container_update(container.id, values)]
 
     async def stop_container(
@@ -925,11 +941,16 @@ def _above(current: int, limit: int) -> bool:
 
 
 def lowers(current: CgroupValues, new: CgroupValues) -> bool:
-    """Whether `new` takes any of a container's values down."""
+    """Whether `new` takes any of a container's values down (a None in `new` is kept)."""
+    shares, memory = new.cpu_shares, new.memory_limit
     return (
-        new.cpu_shares < current.cpu_shares
+        (shares is not None and current.cpu_shares is not None and shares < current.cpu_shares)
         or _above(current.cpu_quota, new.cpu_quota)
-        or _above(current.memory_limit, new.memory_limit)
+        or (
+            memory is not None
+            and current.memory_limit is not None
+            and _above(current.memory_limit, memory)
+        )
     )
 
 
@@ -939,15 +960,21 @@ def holds(reading: PodCgroupReading, values: CgroupValues) -> bool:
     The memory limit reads back rounded down to the page; cgroup v2 holds a
     weight, converted by the runtime its own way, which is not compared.
     """
-    memory = values.memory_limit
-    memory_held = reading.memory_limit == memory or (
-        memory != UNLIMITED and 0 <= memory - reading.memory_limit < _PAGE
+    memory = values.memory_limit  # None (a quota-only tier): not ours to compare
+    memory_held = (
+        memory is None
+        or reading.memory_limit == memory
+        or (memory != UNLIMITED and 0 <= memory - reading.memory_limit < _PAGE)
     )
     shares = reading.cpu_shares
     return (
         memory_held
         and reading.cpu_quota == values.cpu_quota
-        and (shares is None or shares == clamp_cpu_shares(values.cpu_shares))
+        and (
+            shares is None
+            or values.cpu_shares is None
+            or shares == clamp_cpu_shares(values.cpu_shares)
+        )
     )
 
 
@@ -957,15 +984,15 @@ def exceeds(reading: PodCgroupReading, values: CgroupValues) -> bool:
     cgroup v2 holds a weight, which the runtime converts from shares its own
     way: only the quota and the memory limit are compared there.
     """
-    shares = reading.cpu_shares
+    shares, want_shares, memory = reading.cpu_shares, values.cpu_shares, values.memory_limit
     return (
-        (shares is not None and shares > clamp_cpu_shares(values.cpu_shares))
+        (shares is not None and want_shares is not None and shares > clamp_cpu_shares(want_shares))
         or _above(reading.cpu_quota, values.cpu_quota)
-        or _above(reading.memory_limit, values.memory_limit)
+        or (memory is not None and _above(reading.memory_limit, memory))
     )
 
 
-def _values_log(values: CgroupValues) -> dict[str, int]:
+def _values_log(values: CgroupValues) -> dict[str, int | None]:
     return {
         "cpu_shares": values.cpu_shares,
         "cpu_quota": values.cpu_quota,
