@@ -49,6 +49,11 @@ class FailurePolicy(StrEnum):
     FAIL = "Fail"
 
 
+class Mode(StrEnum):
+    ENFORCE = "enforce"
+    OBSERVE = "observe"
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel)
 
@@ -242,6 +247,14 @@ class CgroupsConfig(_Model):
 
 
 class Config(_Model):
+    mode: Mode = Field(
+        default=Mode.ENFORCE,
+        description="`enforce`: set the values. `observe`: decide as in `enforce`, log "
+        "(`would set`) and count (`nri_midbatch_observed_total`) what would be set and "
+        "whether it differs from what the container or pod has, and change nothing: no "
+        "container adjustment or update, no cgroup file written. A reload from `observe` to "
+        "`enforce` brings every running tier workload to its values.",
+    )
     failure_policy: FailurePolicy = Field(
         default=FailurePolicy.IGNORE,
         description="What happens when a tier pod cannot be decided (an unusable "

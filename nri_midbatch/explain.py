@@ -193,6 +193,7 @@ class Explanation:
     tiers: tuple[str, ...]
     pod_level: bool
     failure_policy: str
+    mode: str = "enforce"
 
 
 def explain(source: PodInput, config: Config, policy: Policy) -> Explanation:
@@ -206,6 +207,7 @@ def explain(source: PodInput, config: Config, policy: Policy) -> Explanation:
         tiers=_tier_lines(pod_decision, policy, pod.namespace),
         pod_level=config.cgroups.pod_level,
         failure_policy=str(config.failure_policy),
+        mode=str(config.mode),
     )
 
 
@@ -277,6 +279,11 @@ def render_text(explanation: Explanation) -> str:
         f"Pod {pod.namespace}/{pod.name} (uid {pod.uid or '-'})",
         f"  cgroup parent  {pod.cgroup_parent or '-'}",
         "",
+        *(
+            ["Mode: observe (these values would be set; nothing is written)", ""]
+            if explanation.mode == "observe"
+            else []
+        ),
         "Classification",
         f"  {decision.qos.detail}",
         f"  {decision.priority.detail}",
@@ -341,6 +348,7 @@ def render_json(explanation: Explanation) -> str:
         "tiers": list(explanation.tiers),
         "pod_level": explanation.pod_level,
         "failure_policy": explanation.failure_policy,
+        "mode": explanation.mode,
     }
     return json.dumps(document, indent=2) + "\n"
 

@@ -224,7 +224,14 @@ def test_effective_config_round_trips(text: str) -> None:
 
 def test_effective_config_lists_every_field_in_camel_case() -> None:
     rendered = yaml.safe_load(effective_config_yaml(Config()))
-    assert list(rendered) == ["failurePolicy", "tiers", "classification", "rules", "cgroups"]
+    assert list(rendered) == [
+        "mode",
+        "failurePolicy",
+        "tiers",
+        "classification",
+        "rules",
+        "cgroups",
+    ]
     assert rendered["rules"] == {"cfsQuota": True, "cpuNormalizationRatio": None}
     assert rendered["cgroups"] == {"root": "/sys/fs/cgroup", "driver": "auto", "podLevel": True}
     assert rendered["tiers"][0]["namespaces"] is None

@@ -1364,3 +1364,46 @@ def test_normalization_writes_only_the_pod_quota_file(tree: CgroupTree) -> None:
 
     run(scenario())
     assert tree.pod(pod.linux.cgroup_parent) == ("1024", "160000", str(GI))
+
+
+# ---------------------------------------------------------------------------
+# mode: observe
+# ---------------------------------------------------------------------------
+
+
+def test_observe_answers_synchronize_and_updates_with_nothing(tree: CgroupTree) -> None:
+    pod = batch_pod()
+    tree.add_pod(pod.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
+    off = make_container("c-app", pod, "app", current=resources(shares=2))
+
+    async def scenario() -> None:
+        async with connected(make_config(tree, mode="observe")) as c:
+            reply = await c.sync([pod], [off])
+            assert list(reply.update) == []
+            updated = await c.update(pod, off, resources(shares=2))
+            assert list(updated.update) == []
+            await c.plugin.after_reply.settle()
+            assert c.plugin.counters.observed == {
+                ("container", "differs"): 2,
+                ("pod", "differs"): 1,
+            }
+            assert c.plugin.counters.adjusted == {}
+
+    run(scenario())
+    assert tree.pod(pod.linux.cgroup_parent) == BESTEFFORT_DEFAULTS
+
+
+def test_observe_says_same_when_the_values_are_already_there(tree: CgroupTree) -> None:
+    pod = batch_pod()
+    tree.add_pod(pod.linux.cgroup_parent, ("512", "100000", str(512 * MI)))
+    done = make_container(
+        "c-app", pod, "app", current=resources(shares=512, quota=100_000, memory=512 * MI)
+    )
+
+    async def scenario() -> None:
+        async with connected(make_config(tree, mode="observe")) as c:
+            await c.sync([pod], [done])
+            await c.plugin.after_reply.settle()
+            assert c.plugin.counters.observed == {("container", "same"): 1, ("pod", "same"): 1}
+
+    run(scenario())
