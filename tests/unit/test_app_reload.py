@@ -848,3 +848,46 @@ def test_a_reload_into_observe_changes_nothing(tmp_path: Path) -> None:
     assert node.tree.read(parent) == APP_VALUES
     assert node.tree.read(parent, live.id) == APP_VALUES
     assert sum(node.app.followed.values()) == 0
+
+
+def test_a_ratio_change_rescales_a_normalized_container_quota_file_only(tmp_path: Path) -> None:
+    tiers = [
+        {
+            "name": "prod",
+            "priorityClasses": ["koord-prod"],
+            "qosClasses": ["LS"],
+            "calculator": "cpu-normalization",
+        }
+    ]
+    pod = api.PodSandbox(
+        id="web",
+        name="web",
+        uid="uid-web",
+        namespace="default",
+        labels={QOS: "LS", PRIORITY: "koord-prod"},
+        linux=api.LinuxPodSandbox(cgroup_parent="/kubepods/burstable/poduid-web"),
+    )
+    parent = pod.linux.cgroup_parent
+    ctr = container("c-web", pod, "web")
+    ctr.linux.resources.cpu.quota.value = 200_000
+    ctr.linux.resources.cpu.period.value = 100_000
+
+    async def scenario() -> Node:
+        async with running_node(
+            tmp_path, tiers=tiers, rules={"cpuNormalizationRatio": 1.25}
+        ) as node:
+            reply = await node.call(
+                "CreateContainer",
+                api.CreateContainerRequest(pod=pod, container=ctr),
+                api.CreateContainerResponse,
+            )
+            assert reply.adjust.linux.resources.cpu.quota.value == 160_000
+            # kubelet's shares and memory, and our quota, as the runtime applied them.
+            node.tree.add(parent, ("1024", "160000", str(512 * MI)), ctr.id)
+            node.rewrite(rules={"cpuNormalizationRatio": 2.0})
+            await until(lambda: node.tree.read(parent, ctr.id)[1] == "100000", "rescaled")
+            return node
+
+    node = run(scenario())
+    # From kubelet's 200000, not from our 160000; shares and memory not written.
+    assert node.tree.read(parent, ctr.id) == ("1024", "100000", str(512 * MI))
