@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.containerd import Containerd
+from tests.e2e.node import NODE
 from tests.e2e.plugin_process import PluginProcess, wait_until
-from tests.e2e.test_tiers import BE_NATIVE, GIB, MIB, SPEC, Values, labels, read_values, run, spec
+from tests.e2e.test_tiers import BE_NATIVE, GIB, MIB, SPEC, labels, run, spec
 
 # The default tiers, then production pods normalized; ratio 1.25 divides exactly.
 CONFIG = """
@@ -51,14 +52,14 @@ def test_prod_ls_quota_is_scaled_and_nothing_else(
     }
     pod = run(containerd, "prod", "burstable", labels("LS", "koord-prod"), {}, native)
     # ceil(200000 / 1.25); kubelet's shares and memory limit stay.
-    assert read_values(containerd, pod.parent, pod.container_id) == Values(1536, 160000, 512 * MIB)
+    assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(1536, 160000, 512 * MIB)
     assert ("CreateContainer", "prod") in decisions(plugin, "prod")
 
     # kubelet resizes the container: the new quota is scaled, once.
     containerd.update_container_resources(pod.container_id, {**native, "cpu_quota": 300000})
-    assert wait_until(
-        lambda: read_values(containerd, pod.parent, pod.container_id).quota == 240000
-    ), read_values(containerd, pod.parent, pod.container_id)
+    assert wait_until(lambda: NODE.read_values(pod.parent, pod.container_id).quota == 240000), (
+        NODE.read_values(pod.parent, pod.container_id)
+    )
 
 
 def test_a_pod_without_koordinator_labels_is_scaled(
@@ -66,7 +67,7 @@ def test_a_pod_without_koordinator_labels_is_scaled(
 ) -> None:
     native = {"cpu_shares": 512, "cpu_period": 100000, "cpu_quota": 50000}
     pod = run(containerd, "plain", "burstable", {}, {}, native)
-    assert read_values(containerd, pod.parent, pod.container_id) == Values(512, 40000, -1)
+    assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(512, 40000, -1)
 
 
 def test_mid_ls_is_scaled_once(containerd: Containerd, plugin: PluginProcess) -> None:
@@ -85,7 +86,7 @@ def test_mid_ls_is_scaled_once(containerd: Containerd, plugin: PluginProcess) ->
         native,
     )
     # The mid formula: ceil(400000 / 1.25) = 320000. Scaled again it would be 256000.
-    assert read_values(containerd, pod.parent, pod.container_id) == Values(1024, 320000, GIB)
+    assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(1024, 320000, GIB)
     assert set(decisions(plugin, "mid-ls")) == {("CreateContainer", "mid")}
 
 
@@ -99,6 +100,6 @@ def test_batch_is_untouched_by_normalization(containerd: Containerd, plugin: Plu
         BE_NATIVE,
     )
     # The batch formula with its own ratio, as koordlet: ceil(100000 / 1.25) = 80000.
-    assert read_values(containerd, pod.parent, pod.container_id) == Values(512, 80000, 512 * MIB)
-    assert read_values(containerd, pod.parent, None) == Values(512, 80000, 512 * MIB)
+    assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(512, 80000, 512 * MIB)
+    assert NODE.read_values(pod.parent, None) == NODE.expect(512, 80000, 512 * MIB)
     assert {tier for _, tier in decisions(plugin, "batch")} == {"batch"}

@@ -191,8 +191,6 @@ def test_long_quantity_texts_are_not_cached() -> None:
     parse_spec(f'{{"containers": {{"a": {{"limits": {{"{CPU}": "12345m"}}}}}}}}')
     assert info().currsize <= before + 1
 
-    assert load_spec.cache_info().currsize <= 256
-
 
 def test_field_names_match_case_insensitively_as_in_go() -> None:
     # encoding/json matches struct fields case-insensitively, also through the runes that
