@@ -35,6 +35,7 @@ from nri_midbatch.cgroups.values import (
     UNLIMITED,
     PodCgroupReading,
     clamp_cpu_shares,
+    cpu_shares_to_weight,
 )
 from nri_midbatch.config import Config, ConfigError, load_config_text
 from nri_midbatch.decision_log import DecisionLines
@@ -84,6 +85,9 @@ class Counters:
     containers_repaired: int = 0
     container_repairs_failed: int = 0
     config_rejected: int = 0
+    #: (level, result) -> values decided but not set in observe mode; result: whether
+    #: they differ from what the container or pod has ("differs", "same", "unknown")
+    observed: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def count_decision(self, decision: Decision) -> None:
         key = decision.tier or "none"
@@ -92,14 +96,21 @@ class Counters:
     def count_invalid(self, reason: str) -> None:
         self.invalid[reason] = self.invalid.get(reason, 0) + 1
 
-    def count_adjusted(self, method: str, containers: int = 1) -> None:
-        # Every adjustment or update we send sets all three fields.
-        for name in _ADJUSTED_FIELDS:
+    def count_adjusted(
+        self, method: str, containers: int = 1, fields: tuple[str, ...] | None = None
+    ) -> None:
+        """`fields`: those the adjustments set; all three unless a calculator left some."""
+        for name in _ADJUSTED_FIELDS if fields is None else fields:
             key = (method, name)
             self.adjusted[key] = self.adjusted.get(key, 0) + containers
 
 
 _ADJUSTED_FIELDS = ("cpu_shares", "cpu_quota", "memory_limit")
+
+
+def set_fields(values: CgroupValues) -> tuple[str, ...]:
+    """The fields `values` sets (None: left as kubelet and the runtime set it)."""
+    return tuple(name for name in _ADJUSTED_FIELDS if getattr(values, name) is not None)
 
 
 # -- NRI -> views ----------------------------------------------------------
@@ -202,8 +213,9 @@ def synchronized_view(
     text = container.annotations.get(NATIVE_LIMITS_ANNOTATION)
     native = None if text is None else decode_native_limits(text)
     if native is None:
-        # Never adjusted by us (created while no plugin ran): what it has is kubelet's.
-        return container_view(container, resources)
+        # Never adjusted by us (created while no plugin ran): what it has is kubelet's, as
+        # far as never-loosen goes; not sure enough to scale (cpu-normalization).
+        return replace(container_view(container, resources), native_known=False)
     return ContainerView(id=container.id, name=intern(container.name), native=native)
 
 
@@ -219,14 +231,17 @@ def synchronized_view(
 def _resources_holding(values: CgroupValues) -> api.LinuxResources:
     resources = api.LinuxResources()
     cpu = resources.cpu
-    cpu.shares.value = values.cpu_shares
+    # A field left None is not claimed: NRI gives each field one owner.
+    if values.cpu_shares is not None:
+        cpu.shares.value = values.cpu_shares
     cpu.quota.value = values.cpu_quota
-    resources.memory.limit.value = values.memory_limit
+    if values.memory_limit is not None:
+        resources.memory.limit.value = values.memory_limit
     return resources
 
 
 def set_resources(resources: api.LinuxResources, values: CgroupValues) -> None:
-    """Make `resources` hold the cpu shares, cpu quota and memory limit (each present, even 0)."""
+    """Make `resources` hold the values set (each present, even 0); None fields are absent."""
     resources.CopyFrom(_resources_holding(values))
 
 
@@ -253,6 +268,11 @@ class PodTarget:
     pod: PodView  # as decided: with kubelet's limits, if they were read from the cgroup
     tier: str | None
     values: CgroupValues
+
+
+def differs(values: CgroupValues, current: CgroupValues) -> bool:
+    """Whether a field that `values` sets is off in `current`."""
+    return any(getattr(values, name) != getattr(current, name) for name in set_fields(values))
 
 
 def current_values(resources: api.LinuxResources) -> CgroupValues:
@@ -325,20 +345,28 @@ class MidBatchPlugin:
 
     def _apply_config(self, config: Config) -> None:
         self.config = config
+        #: Decide and report, set nothing (`mode: observe`).
+        self.observing = config.mode == "observe"
         self.policy: Policy = compile_policy(config)
         self._fail = config.failure_policy == "Fail"
         self._cgroup_root = Path(config.cgroups.root)
         self._cgroup_driver = CgroupDriver(config.cgroups.driver)
 
     def reconfigure(self, config: Config) -> Plan:
-        """Switch to `config`; returns what running workloads need to follow it."""
+        """Switch to `config`; returns what running workloads need to follow it.
+
+        Nothing, into observe mode; everything with values, out of it, as nothing was set.
+        """
         old, pods_before = self.policy, self.config.cgroups.pod_level
+        set_before = not self.observing
         self._apply_config(config)
+        if self.observing:
+            return Plan((), ())
         return plan(
             self.known,
-            old,
+            old if set_before else None,  # out of observe mode: every value, none was set
             self.policy,
-            pods_before=pods_before,
+            pods_before=pods_before and set_before,
             pods_after=config.cgroups.pod_level,
         )
 
@@ -526,8 +554,11 @@ class MidBatchPlugin:
             if values is None:
                 continue
             current: CgroupValues = waiting[i + 3]
-            if values != current:
+            if self.observing:
+                self._observed("Synchronize", pod, ctr_view, values, current)
+            elif differs(values, current):
                 set_resources(updates.add(container_id=ctr_view.id).linux.resources, values)
+                self.counters.count_adjusted("Synchronize", fields=set_fields(values))
                 if raises_quota(current.cpu_quota, values.cpu_quota):
                     raising.add(pod_id)
                 if watch_lowering and lowers(current, values):
@@ -537,7 +568,6 @@ class MidBatchPlugin:
                 lines.unchanged()
                 if not self._dry_run:
                     settled.append((pod, ctr_view, values))
-        self.counters.count_adjusted("Synchronize", len(updates))
         lines.write_after(self.after_reply)
         # Before the pods: a pod goes down only after its containers.
         for start in range(0, len(settled), _REPAIRS_PER_WORK):
@@ -688,7 +718,11 @@ class MidBatchPlugin:
         lines.write_after(self.after_reply)
         if values is None:
             return api.CreateContainerResponse()
-        self.counters.count_adjusted("CreateContainer")
+        if self.observing:
+            current = current_values(container.linux.resources)
+            self._observed("CreateContainer", view, ctr_view, values, current)
+            return api.CreateContainerResponse()
+        self.counters.count_adjusted("CreateContainer", fields=set_fields(values))
         response = api.CreateContainerResponse()
         adjust = response.adjust
         adjust.annotations[NATIVE_LIMITS_ANNOTATION] = encode_native_limits(ctr_view.native)
@@ -709,7 +743,11 @@ class MidBatchPlugin:
         lines.write_after(self.after_reply)
         if values is None:
             return []
-        self.counters.count_adjusted("UpdateContainer")
+        if self.observing:
+            current = current_values(resources)
+            self._observed("UpdateContainer", pod_view(pod), ctr_view, values, current)
+            return []
+        self.counters.count_adjusted("UpdateContainer", fields=set_fields(values))
         return [container_update(container.id, values)]
 
     async def stop_container(
@@ -843,6 +881,9 @@ class MidBatchPlugin:
         """Write a pod's values; a failure is reported only if `final`."""
         pod, values = target.pod, target.values
         where = {"namespace": pod.namespace, "pod": pod.name}
+        if self.observing:
+            self._observed(method, pod, None, values, self._pod_now(pod, values))
+            return True
         if self._dry_run:
             log.info(
                 "pod cgroup not written: dry run",
@@ -880,6 +921,50 @@ class MidBatchPlugin:
         if final:
             self._pod_write_failed(method, where, reason, refuse)
         return False
+
+    # -- observe mode --------------------------------------------------------
+
+    def _observed(
+        self,
+        method: str,
+        pod: PodView,
+        container: ContainerView | None,
+        values: CgroupValues,
+        current: CgroupValues | None,
+    ) -> None:
+        """Log and count what `mode: observe` would set, and how it differs from `current`."""
+        changes = None if current is None else _changes(values, current)
+        result = "unknown" if changes is None else "differs" if changes else "same"
+        level = "pod" if container is None else "container"
+        key = (level, result)
+        self.counters.observed[key] = self.counters.observed.get(key, 0) + 1
+        where = {"namespace": pod.namespace, "pod": pod.name}
+        if container is not None:
+            where["container"] = container.name
+        log.info(
+            "would set",
+            mode="observe",
+            method=method,
+            **where,
+            **_values_log(values),
+            differs=result,
+            changes=changes,
+        )
+
+    def _pod_now(self, pod: PodView, values: CgroupValues) -> CgroupValues | None:
+        """What the pod cgroup holds now, for observe mode's comparison; None: unreadable."""
+        if self._dry_run:
+            return None
+        try:
+            now = read_pod_values(self._cgroup_root, self._cgroup_driver, pod.cgroup_parent)
+        except (CgroupPathError, OSError, ValueError):
+            return None
+        shares = now.cpu_shares
+        if shares is None and values.cpu_shares is not None and now.cpu_weight is not None:
+            # v2 keeps a weight, which cannot be turned back into shares: compare weights.
+            same = cpu_shares_to_weight(values.cpu_shares) == now.cpu_weight
+            shares = values.cpu_shares if same else None
+        return CgroupValues(shares, now.cpu_quota, now.memory_limit)
 
     def _lacks_kubelet_limits(self, pod: PodView) -> bool:
         """Whether kubelet may have limited the pod's cgroup without the runtime saying so."""
@@ -925,11 +1010,16 @@ def _above(current: int, limit: int) -> bool:
 
 
 def lowers(current: CgroupValues, new: CgroupValues) -> bool:
-    """Whether `new` takes any of a container's values down."""
+    """Whether `new` takes any of a container's values down (a None in `new` is kept)."""
+    shares, memory = new.cpu_shares, new.memory_limit
     return (
-        new.cpu_shares < current.cpu_shares
+        (shares is not None and current.cpu_shares is not None and shares < current.cpu_shares)
         or _above(current.cpu_quota, new.cpu_quota)
-        or _above(current.memory_limit, new.memory_limit)
+        or (
+            memory is not None
+            and current.memory_limit is not None
+            and _above(current.memory_limit, memory)
+        )
     )
 
 
@@ -939,15 +1029,21 @@ def holds(reading: PodCgroupReading, values: CgroupValues) -> bool:
     The memory limit reads back rounded down to the page; cgroup v2 holds a
     weight, converted by the runtime its own way, which is not compared.
     """
-    memory = values.memory_limit
-    memory_held = reading.memory_limit == memory or (
-        memory != UNLIMITED and 0 <= memory - reading.memory_limit < _PAGE
+    memory = values.memory_limit  # None (a quota-only tier): not ours to compare
+    memory_held = (
+        memory is None
+        or reading.memory_limit == memory
+        or (memory != UNLIMITED and 0 <= memory - reading.memory_limit < _PAGE)
     )
     shares = reading.cpu_shares
     return (
         memory_held
         and reading.cpu_quota == values.cpu_quota
-        and (shares is None or shares == clamp_cpu_shares(values.cpu_shares))
+        and (
+            shares is None
+            or values.cpu_shares is None
+            or shares == clamp_cpu_shares(values.cpu_shares)
+        )
     )
 
 
@@ -957,15 +1053,24 @@ def exceeds(reading: PodCgroupReading, values: CgroupValues) -> bool:
     cgroup v2 holds a weight, which the runtime converts from shares its own
     way: only the quota and the memory limit are compared there.
     """
-    shares = reading.cpu_shares
+    shares, want_shares, memory = reading.cpu_shares, values.cpu_shares, values.memory_limit
     return (
-        (shares is not None and shares > clamp_cpu_shares(values.cpu_shares))
+        (shares is not None and want_shares is not None and shares > clamp_cpu_shares(want_shares))
         or _above(reading.cpu_quota, values.cpu_quota)
-        or _above(reading.memory_limit, values.memory_limit)
+        or (memory is not None and _above(reading.memory_limit, memory))
     )
 
 
-def _values_log(values: CgroupValues) -> dict[str, int]:
+def _changes(values: CgroupValues, current: CgroupValues) -> dict[str, list[int | None]]:
+    """field -> [now, would be], for every field `values` sets that `current` holds otherwise."""
+    return {
+        name: [getattr(current, name), getattr(values, name)]
+        for name in set_fields(values)
+        if getattr(current, name) != getattr(values, name)
+    }
+
+
+def _values_log(values: CgroupValues) -> dict[str, int | None]:
     return {
         "cpu_shares": values.cpu_shares,
         "cpu_quota": values.cpu_quota,

@@ -32,7 +32,7 @@ def check_writable(values: CgroupValues) -> None:
     parser; refusing them keeps both versions meaning the same thing.
     """
     for name, value in (("cpu_quota", values.cpu_quota), ("memory_limit", values.memory_limit)):
-        if value != UNLIMITED and value <= 0:
+        if value is not None and value != UNLIMITED and value <= 0:
             raise ValueError(f"{name} must be positive or {UNLIMITED}, got {value}")
 
 
