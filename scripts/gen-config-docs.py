@@ -43,6 +43,9 @@ COMMAND = ".venv/bin/python scripts/gen-config-docs.py"
 #: Validators that look at more than one value, in words. Keyed by (model, function name).
 VALIDATORS = {
     ("TierResources", "_distinct"): "`cpu` and `memory` must name different resources.",
+    ("TierConfig", "_resources_fit_the_calculator"): (
+        "`extended-resources` needs `resources`; `cpu-normalization` takes none."
+    ),
     ("Config", "_tiers_are_unambiguous"): (
         "tier names must be unique; a (priority class, QoS class) pair may belong to one tier "
         "only, so that a pod maps to one tier at most; and no two tiers may read the same "
@@ -144,6 +147,8 @@ def _type_info(annotation: Any, metadata: list[Any]) -> TypeInfo:
         return TypeInfo(text, constraints + item_rules, item.allowed, item.model, True)
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
         return TypeInfo("string", constraints, [f"`{m.value}`" for m in annotation])
+    if origin is typing.Literal:
+        return TypeInfo("string", constraints, [f"`{v}`" for v in typing.get_args(annotation)])
     if annotation is bool:
         return TypeInfo("boolean", constraints, ["`true`", "`false`"])
     if annotation is float:

@@ -82,11 +82,12 @@ def pod_settings(version: CgroupVersion, values: CgroupValues) -> tuple[Setting,
     """
     check_writable(values)
     cpu_file, quota_file, memory_file = pod_files(version)
+    shares = values.cpu_shares
     if version is CgroupVersion.V1:
-        cpu_value = clamp_cpu_shares(values.cpu_shares)
+        cpu_value = None if shares is None else clamp_cpu_shares(shares)
         unlimited_text = "-1"
     else:
-        cpu_value = cpu_shares_to_weight(values.cpu_shares)
+        cpu_value = None if shares is None else cpu_shares_to_weight(shares)
         unlimited_text = "max"
 
     def limit(file: CgroupFile, value: int) -> Setting:
@@ -96,11 +97,13 @@ def pod_settings(version: CgroupVersion, values: CgroupValues) -> tuple[Setting,
     # kernel keep the current period (cpu_max_write starts from it). That is
     # atomic, unlike reading the period and writing both back, which could undo
     # a period change made in between by someone else.
-    return (
-        Setting(cpu_file, cpu_value, str(cpu_value)),
+    # A value left as None (CPU normalization sets the quota only) is not written.
+    settings = (
+        None if cpu_value is None else Setting(cpu_file, cpu_value, str(cpu_value)),
         limit(quota_file, values.cpu_quota),
-        limit(memory_file, values.memory_limit),
+        None if values.memory_limit is None else limit(memory_file, values.memory_limit),
     )
+    return tuple(setting for setting in settings if setting is not None)
 
 
 def parse_value(file: CgroupFile, text: str) -> int:

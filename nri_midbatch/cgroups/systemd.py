@@ -142,15 +142,20 @@ def unit_properties(values: CgroupValues) -> list[tuple[str, int]]:
     which the kernel never lets below 1000 anyway.
     """
     quota = values.cpu_quota
-    memory = values.memory_limit
-    return [
-        ("CPUWeight", cpu_shares_to_weight(values.cpu_shares)),
+    shares, memory = values.cpu_shares, values.memory_limit
+    properties: list[tuple[str, int]] = []
+    # A value left None (a quota-only tier) is not the plugin's: no property for it.
+    if shares is not None:
+        properties.append(("CPUWeight", cpu_shares_to_weight(shares)))
+    properties.append(
         (
             "CPUQuotaPerSecUSec",
             INFINITY if quota == UNLIMITED else quota * (_USEC_PER_SEC // CFS_PERIOD_US),
-        ),
-        ("MemoryMax", INFINITY if memory == UNLIMITED else memory),
-    ]
+        )
+    )
+    if memory is not None:
+        properties.append(("MemoryMax", INFINITY if memory == UNLIMITED else memory))
+    return properties
 
 
 class SystemdUnits:

@@ -15,18 +15,24 @@ __all__ = [
     "CPU_WEIGHT_MAX",
     "CPU_WEIGHT_MIN",
     "UNLIMITED",
+    "VALUE_FIELDS",
     "CgroupValues",
     "PodCgroupReading",
     "check_writable",
     "clamp_cpu_shares",
     "cpu_shares_to_weight",
+    "differs",
     "exceeds",
     "holds",
     "lowers",
+    "set_fields",
 ]
 
 CPU_WEIGHT_MIN = 1
 CPU_WEIGHT_MAX = 10000
+
+#: The values a tier may set, as CgroupValues names them.
+VALUE_FIELDS = ("cpu_shares", "cpu_quota", "memory_limit")
 
 # A memory limit reads back rounded down to the page.
 _PAGE_SIZE = resource.getpagesize()
@@ -39,7 +45,7 @@ def check_writable(values: CgroupValues) -> None:
     parser; refusing them keeps both versions meaning the same thing.
     """
     for name, value in (("cpu_quota", values.cpu_quota), ("memory_limit", values.memory_limit)):
-        if value != UNLIMITED and value <= 0:
+        if value is not None and value != UNLIMITED and value <= 0:
             raise ValueError(f"{name} must be positive or {UNLIMITED}, got {value}")
 
 
@@ -83,11 +89,16 @@ def _above(current: int, limit: int) -> bool:
 
 
 def lowers(current: CgroupValues, new: CgroupValues) -> bool:
-    """Whether `new` takes any of a container's values down."""
+    """Whether `new` takes any of a container's values down (a None in `new` is kept)."""
+    shares, memory = new.cpu_shares, new.memory_limit
     return (
-        new.cpu_shares < current.cpu_shares
+        (shares is not None and current.cpu_shares is not None and shares < current.cpu_shares)
         or _above(current.cpu_quota, new.cpu_quota)
-        or _above(current.memory_limit, new.memory_limit)
+        or (
+            memory is not None
+            and current.memory_limit is not None
+            and _above(current.memory_limit, memory)
+        )
     )
 
 
@@ -97,15 +108,21 @@ def holds(reading: PodCgroupReading, values: CgroupValues) -> bool:
     The memory limit reads back rounded down to the page; cgroup v2 holds a
     weight, converted by the runtime its own way, which is not compared.
     """
-    memory = values.memory_limit
-    memory_held = reading.memory_limit == memory or (
-        memory != UNLIMITED and 0 <= memory - reading.memory_limit < _PAGE_SIZE
+    memory = values.memory_limit  # None (a quota-only tier): not ours to compare
+    memory_held = (
+        memory is None
+        or reading.memory_limit == memory
+        or (memory != UNLIMITED and 0 <= memory - reading.memory_limit < _PAGE_SIZE)
     )
     shares = reading.cpu_shares
     return (
         memory_held
         and reading.cpu_quota == values.cpu_quota
-        and (shares is None or shares == clamp_cpu_shares(values.cpu_shares))
+        and (
+            shares is None
+            or values.cpu_shares is None
+            or shares == clamp_cpu_shares(values.cpu_shares)
+        )
     )
 
 
@@ -115,9 +132,19 @@ def exceeds(reading: PodCgroupReading, values: CgroupValues) -> bool:
     cgroup v2 holds a weight, which the runtime converts from shares its own
     way: only the quota and the memory limit are compared there.
     """
-    shares = reading.cpu_shares
+    shares, want_shares, memory = reading.cpu_shares, values.cpu_shares, values.memory_limit
     return (
-        (shares is not None and shares > clamp_cpu_shares(values.cpu_shares))
+        (shares is not None and want_shares is not None and shares > clamp_cpu_shares(want_shares))
         or _above(reading.cpu_quota, values.cpu_quota)
-        or _above(reading.memory_limit, values.memory_limit)
+        or (memory is not None and _above(reading.memory_limit, memory))
     )
+
+
+def differs(values: CgroupValues, current: CgroupValues) -> bool:
+    """Whether a field that `values` sets is off in `current`."""
+    return any(getattr(values, name) != getattr(current, name) for name in set_fields(values))
+
+
+def set_fields(values: CgroupValues) -> tuple[str, ...]:
+    """The fields `values` sets (None: left as kubelet and the runtime set it)."""
+    return tuple(name for name in VALUE_FIELDS if getattr(values, name) is not None)

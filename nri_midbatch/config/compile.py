@@ -7,11 +7,27 @@ the one step that reads both lives here, above them (`config -> policy`, never b
 from __future__ import annotations
 
 from fractions import Fraction
+from typing import TypeVar
 
 from nri_midbatch.config.model import Config
-from nri_midbatch.policy import ClassificationSettings, Policy, Rules, Tier
+from nri_midbatch.policy import (
+    ClassificationSettings,
+    Policy,
+    PriorityClass,
+    QoSClass,
+    Rules,
+    Tier,
+)
 
 __all__ = ["compile_policy"]
+
+
+_C = TypeVar("_C", PriorityClass, QoSClass)
+
+
+def _class(name: str, kind: type[_C]) -> _C | None:
+    """A class as the configuration names it; "None" (a pod without the class) is None."""
+    return None if name == "None" else kind(name)
 
 
 def compile_policy(config: Config) -> Policy:
@@ -21,11 +37,12 @@ def compile_policy(config: Config) -> Policy:
         tiers=[
             Tier(
                 name=tier.name,
-                priority_classes=tier.priority_classes,
-                qos_classes=frozenset(tier.qos_classes),
-                cpu_resource=tier.resources.cpu,
-                memory_resource=tier.resources.memory,
+                priority_classes=tuple(_class(pc, PriorityClass) for pc in tier.priority_classes),
+                qos_classes=frozenset(_class(qos, QoSClass) for qos in tier.qos_classes),
+                cpu_resource="" if tier.resources is None else tier.resources.cpu,
+                memory_resource="" if tier.resources is None else tier.resources.memory,
                 namespaces=None if tier.namespaces is None else frozenset(tier.namespaces),
+                calculator=tier.calculator,
             )
             for tier in config.tiers
         ],

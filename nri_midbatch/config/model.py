@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Hashable
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -31,7 +31,7 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import ErrorDetails
 
 from nri_midbatch.cgroups.paths import CgroupDriver
-from nri_midbatch.policy import PriorityClass, QoSClass
+from nri_midbatch.policy.calculators import READS_RESOURCES
 
 __all__ = [
     "Config",
@@ -51,6 +51,11 @@ class ConfigError(ValueError):
 class FailurePolicy(StrEnum):
     IGNORE = "Ignore"
     FAIL = "Fail"
+
+
+class Mode(StrEnum):
+    ENFORCE = "enforce"
+    OBSERVE = "observe"
 
 
 class _Model(BaseModel):
@@ -92,6 +97,14 @@ class TierResources(_Model):
         return self
 
 
+# The class names a tier may list; "None" is a pod without the class (no label, nothing to
+# infer it from). Literals, not the enums, so that an error lists every accepted name.
+_PriorityName = Literal["koord-prod", "koord-mid", "koord-batch", "koord-free", "None"]
+_QoSName = Literal["LSE", "LSR", "LS", "BE", "SYSTEM", "None"]
+#: The calculators of policy/calculators.py, by the names a tier gives them.
+_Calculator = Literal["extended-resources", "cpu-normalization"]
+
+
 class TierConfig(_Model):
     name: _TierName = Field(
         description="The tier's name, as it appears in logs, decision traces and the `tier` "
@@ -99,22 +112,38 @@ class TierConfig(_Model):
     )
     # Order matters: the first class is inferred for unlabelled pods carrying these resources.
     priority_classes: Annotated[
-        tuple[PriorityClass, ...],
+        tuple[_PriorityName, ...],
         Field(
             min_length=1,
-            description="Koordinator priority classes the tier takes. The first one listed is "
-            "the class inferred for a pod without the priority-class label whose "
+            description="Koordinator priority classes the tier takes; `None` for a pod "
+            "whose class is none (no label, nothing to infer it from). The first one listed "
+            "is the class inferred for a pod without the priority-class label whose "
             "extended-resource spec names this tier's resources.",
         ),
         AfterValidator(_unique),
     ]
     qos_classes: Annotated[
-        tuple[QoSClass, ...],
-        Field(min_length=1, description="Koordinator QoS classes the tier takes."),
+        tuple[_QoSName, ...],
+        Field(
+            min_length=1,
+            description="Koordinator QoS classes the tier takes; `None` for a pod without "
+            "the QoS label.",
+        ),
         AfterValidator(_unique),
     ]
-    resources: TierResources = Field(
-        description="The extended resources the tier's values are computed from."
+    calculator: _Calculator = Field(
+        default="extended-resources",
+        description="How the tier's pods get their values. `extended-resources` (koordlet's "
+        "BatchResource hook): cpu.shares, CFS quota and memory limit from the tier's "
+        "extended resources in the extended-resource spec. `cpu-normalization` (koordlet's "
+        "CPUNormalization hook): only the CFS quota kubelet set, scaled to "
+        "ceil(quota / rules.cpuNormalizationRatio) when the ratio is above 1; pods bound to "
+        "a cpuset are left alone; takes no `resources`.",
+    )
+    resources: TierResources | None = Field(
+        default=None,
+        description="The extended resources the tier's values are computed from; required "
+        "by `extended-resources`, not allowed with `cpu-normalization`.",
     )
     namespaces: (
         Annotated[tuple[_Name, ...], Field(min_length=1), AfterValidator(_unique)] | None
@@ -123,6 +152,15 @@ class TierConfig(_Model):
         description="Namespaces the tier is limited to; `null` for every namespace. A pod in "
         "another namespace is offered to the next tier.",
     )
+
+    @model_validator(mode="after")
+    def _resources_fit_the_calculator(self) -> TierConfig:
+        reads = self.calculator in READS_RESOURCES
+        if reads and self.resources is None:
+            raise ValueError(f"calculator {self.calculator} needs resources")
+        if not reads and self.resources is not None:
+            raise ValueError(f"calculator {self.calculator} reads no resources")
+        return self
 
 
 # Koordinator's two tiers. Mid is a proposal there (PR #1762): same formulas, mid-* resources.
@@ -213,6 +251,14 @@ class CgroupsConfig(_Model):
 
 
 class Config(_Model):
+    mode: Mode = Field(
+        default=Mode.ENFORCE,
+        description="`enforce`: set the values. `observe`: decide as in `enforce`, log "
+        "(`would set`) and count (`nri_midbatch_observed_total`) what would be set and "
+        "whether it differs from what the container or pod has, and change nothing: no "
+        "container adjustment or update, no cgroup file written. A reload from `observe` to "
+        "`enforce` brings every running tier workload to its values.",
+    )
     failure_policy: FailurePolicy = Field(
         default=FailurePolicy.IGNORE,
         description="What happens when a tier pod cannot be decided (an unusable "
@@ -248,7 +294,7 @@ class Config(_Model):
     @classmethod
     def _tiers_are_unambiguous(cls, tiers: tuple[TierConfig, ...]) -> tuple[TierConfig, ...]:
         names: set[str] = set()
-        claims: dict[tuple[PriorityClass, QoSClass], str] = {}
+        claims: dict[tuple[str, str], str] = {}
         resources: dict[str, str] = {}
         for index, tier in enumerate(tiers):
             this = f"{index} ({tier.name})"
@@ -262,7 +308,8 @@ class Config(_Model):
                         f"with qos {pair[1]}; a pod must map to one tier"
                     )
                 claims[pair] = this
-            for resource in (tier.resources.cpu, tier.resources.memory):
+            read = () if tier.resources is None else (tier.resources.cpu, tier.resources.memory)
+            for resource in read:
                 if resource in resources:
                     raise ValueError(
                         f"tiers {resources[resource]} and {this} both read resource {resource!r}"

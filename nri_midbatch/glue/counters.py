@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from nri_midbatch.cgroups.values import VALUE_FIELDS
 from nri_midbatch.policy import Decision
 
 
@@ -23,6 +24,9 @@ class Counters:
     containers_repaired: int = 0
     container_repairs_failed: int = 0
     config_rejected: int = 0
+    #: (level, result) -> values decided but not set in observe mode; result: whether
+    #: they differ from what the container or pod has ("differs", "same", "unknown")
+    observed: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def count_decision(self, decision: Decision) -> None:
         key = decision.tier or "none"
@@ -31,11 +35,10 @@ class Counters:
     def count_invalid(self, reason: str) -> None:
         self.invalid[reason] = self.invalid.get(reason, 0) + 1
 
-    def count_adjusted(self, method: str, containers: int = 1) -> None:
-        # Every adjustment or update we send sets all three fields.
-        for name in _ADJUSTED_FIELDS:
+    def count_adjusted(
+        self, method: str, containers: int = 1, fields: tuple[str, ...] | None = None
+    ) -> None:
+        """`fields`: those the adjustments set; all three unless a calculator left some."""
+        for name in VALUE_FIELDS if fields is None else fields:
             key = (method, name)
             self.adjusted[key] = self.adjusted.get(key, 0) + containers
-
-
-_ADJUSTED_FIELDS = ("cpu_shares", "cpu_quota", "memory_limit")

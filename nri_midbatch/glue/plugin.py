@@ -25,7 +25,14 @@ import structlog
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.cgroups.paths import CgroupDriver, CgroupPathError
 from nri_midbatch.cgroups.systemd import SystemdUnits, UnitTarget
-from nri_midbatch.cgroups.values import exceeds, holds, lowers
+from nri_midbatch.cgroups.values import (
+    cpu_shares_to_weight,
+    differs,
+    exceeds,
+    holds,
+    lowers,
+    set_fields,
+)
 from nri_midbatch.config.compile import compile_policy
 from nri_midbatch.config.model import Config, ConfigError, load_config_text
 from nri_midbatch.glue.after_reply import AfterReply
@@ -154,6 +161,8 @@ class MidBatchPlugin:
 
     def _apply_config(self, config: Config) -> None:
         self.config = config
+        #: Decide and report, set nothing (`mode: observe`).
+        self.observing = config.mode == "observe"
         self.policy: Policy = compile_policy(config)
         self._fail = config.failure_policy == "Fail"
         self.cgroups = CgroupWriter(
@@ -164,14 +173,20 @@ class MidBatchPlugin:
         )
 
     def reconfigure(self, config: Config) -> Plan:
-        """Switch to `config`; returns what running workloads need to follow it."""
+        """Switch to `config`; returns what running workloads need to follow it.
+
+        Nothing, into observe mode; everything with values, out of it, as nothing was set.
+        """
         old, pods_before = self.policy, self.config.cgroups.pod_level
+        set_before = not self.observing
         self._apply_config(config)
+        if self.observing:
+            return Plan((), ())
         return plan(
             self.known,
-            old,
+            old if set_before else None,  # out of observe mode: every value, none was set
             self.policy,
-            pods_before=pods_before,
+            pods_before=pods_before and set_before,
             pods_after=config.cgroups.pod_level,
         )
 
@@ -310,8 +325,11 @@ class MidBatchPlugin:
             if values is None:
                 continue
             current: CgroupValues = waiting[i + 3]
-            if values != current:
+            if self.observing:
+                self._observed("Synchronize", pod, ctr_view, values, current)
+            elif differs(values, current):
                 set_resources(updates.add(container_id=ctr_view.id).linux.resources, values)
+                self.counters.count_adjusted("Synchronize", fields=set_fields(values))
                 if raises_quota(current.cpu_quota, values.cpu_quota):
                     raising.add(pod_id)
                 if watch_lowering and lowers(current, values):
@@ -321,7 +339,6 @@ class MidBatchPlugin:
                 lines.unchanged()
                 if not self._dry_run:
                     settled.append((pod, ctr_view, values))
-        self.counters.count_adjusted("Synchronize", len(updates))
         lines.write_after(self.after_reply)
         # Before the pods: a pod goes down only after its containers.
         for start in range(0, len(settled), _REPAIRS_PER_WORK):
@@ -447,7 +464,11 @@ class MidBatchPlugin:
         lines.write_after(self.after_reply)
         if values is None:
             return api.CreateContainerResponse()
-        self.counters.count_adjusted("CreateContainer")
+        if self.observing:
+            current = current_values(container.linux.resources)
+            self._observed("CreateContainer", view, ctr_view, values, current)
+            return api.CreateContainerResponse()
+        self.counters.count_adjusted("CreateContainer", fields=set_fields(values))
         response = api.CreateContainerResponse()
         adjust = response.adjust
         adjust.annotations[NATIVE_LIMITS_ANNOTATION] = encode_native_limits(ctr_view.native)
@@ -468,7 +489,11 @@ class MidBatchPlugin:
         lines.write_after(self.after_reply)
         if values is None:
             return []
-        self.counters.count_adjusted("UpdateContainer")
+        if self.observing:
+            current = current_values(resources)
+            self._observed("UpdateContainer", pod_view(pod), ctr_view, values, current)
+            return []
+        self.counters.count_adjusted("UpdateContainer", fields=set_fields(values))
         return [container_update(container.id, values)]
 
     async def stop_container(
@@ -602,6 +627,9 @@ class MidBatchPlugin:
         """Write a pod's values; a failure is reported only if `final`."""
         pod, values = target.pod, target.values
         where = {"namespace": pod.namespace, "pod": pod.name}
+        if self.observing:
+            self._observed(method, pod, None, values, self._pod_now(pod, values))
+            return True
         if self._dry_run:
             log.info(
                 "pod cgroup not written: dry run",
@@ -629,6 +657,50 @@ class MidBatchPlugin:
         if final:
             self._pod_write_failed(method, where, reason, refuse)
         return False
+
+    # -- observe mode --------------------------------------------------------
+
+    def _observed(
+        self,
+        method: str,
+        pod: PodView,
+        container: ContainerView | None,
+        values: CgroupValues,
+        current: CgroupValues | None,
+    ) -> None:
+        """Log and count what `mode: observe` would set, and how it differs from `current`."""
+        changes = None if current is None else _changes(values, current)
+        result = "unknown" if changes is None else "differs" if changes else "same"
+        level = "pod" if container is None else "container"
+        key = (level, result)
+        self.counters.observed[key] = self.counters.observed.get(key, 0) + 1
+        where = {"namespace": pod.namespace, "pod": pod.name}
+        if container is not None:
+            where["container"] = container.name
+        log.info(
+            "would set",
+            mode="observe",
+            method=method,
+            **where,
+            **_values_log(values),
+            differs=result,
+            changes=changes,
+        )
+
+    def _pod_now(self, pod: PodView, values: CgroupValues) -> CgroupValues | None:
+        """What the pod cgroup holds now, for observe mode's comparison; None: unreadable."""
+        if self._dry_run:
+            return None
+        try:
+            now = self.cgroups.read(pod)
+        except (CgroupPathError, OSError, ValueError):
+            return None
+        shares = now.cpu_shares
+        if shares is None and values.cpu_shares is not None and now.cpu_weight is not None:
+            # v2 keeps a weight, which cannot be turned back into shares: compare weights.
+            same = cpu_shares_to_weight(values.cpu_shares) == now.cpu_weight
+            shares = values.cpu_shares if same else None
+        return CgroupValues(shares, now.cpu_quota, now.memory_limit)
 
     def _lacks_kubelet_limits(self, pod: PodView) -> bool:
         """Whether kubelet may have limited the pod's cgroup without the runtime saying so."""
@@ -666,7 +738,16 @@ class MidBatchPlugin:
             raise RpcError(Code.INTERNAL, f"nri-midbatch: pod cgroup not set: {reason}")
 
 
-def _values_log(values: CgroupValues) -> dict[str, int]:
+def _changes(values: CgroupValues, current: CgroupValues) -> dict[str, list[int | None]]:
+    """field -> [now, would be], for every field `values` sets that `current` holds otherwise."""
+    return {
+        name: [getattr(current, name), getattr(values, name)]
+        for name in set_fields(values)
+        if getattr(current, name) != getattr(values, name)
+    }
+
+
+def _values_log(values: CgroupValues) -> dict[str, int | None]:
     return {
         "cpu_shares": values.cpu_shares,
         "cpu_quota": values.cpu_quota,

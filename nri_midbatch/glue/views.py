@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+from dataclasses import replace
 from sys import intern
 
 from nri_midbatch.api import nri_pb2 as api
@@ -108,8 +109,9 @@ def synchronized_view(
     text = container.annotations.get(NATIVE_LIMITS_ANNOTATION)
     native = None if text is None else decode_native_limits(text)
     if native is None:
-        # Never adjusted by us (created while no plugin ran): what it has is kubelet's.
-        return container_view(container, resources)
+        # Never adjusted by us (created while no plugin ran): what it has is kubelet's, as
+        # far as never-loosen goes; not sure enough to scale (cpu-normalization).
+        return replace(container_view(container, resources), native_known=False)
     return ContainerView(id=container.id, name=intern(container.name), native=native)
 
 
@@ -125,14 +127,17 @@ def synchronized_view(
 def _resources_holding(values: CgroupValues) -> api.LinuxResources:
     resources = api.LinuxResources()
     cpu = resources.cpu
-    cpu.shares.value = values.cpu_shares
+    # A field left None is not claimed: NRI gives each field one owner.
+    if values.cpu_shares is not None:
+        cpu.shares.value = values.cpu_shares
     cpu.quota.value = values.cpu_quota
-    resources.memory.limit.value = values.memory_limit
+    if values.memory_limit is not None:
+        resources.memory.limit.value = values.memory_limit
     return resources
 
 
 def set_resources(resources: api.LinuxResources, values: CgroupValues) -> None:
-    """Make `resources` hold the cpu shares, cpu quota and memory limit (each present, even 0)."""
+    """Make `resources` hold the values set (each present, even 0); None fields are absent."""
     resources.CopyFrom(_resources_holding(values))
 
 

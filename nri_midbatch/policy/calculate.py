@@ -24,11 +24,16 @@ UNLIMITED = -1
 
 @dataclass(frozen=True, slots=True)
 class CgroupValues:
-    """cpu.shares, cfs quota (us per 100000us period) and memory limit; -1 is unlimited."""
+    """cpu.shares, cfs quota (us per 100000us period) and memory limit; -1 is unlimited.
 
-    cpu_shares: int
+    None: the calculator leaves that value as kubelet and the runtime set it, and the plugin
+    neither claims the field over NRI nor writes its file (CPU normalization sets the quota
+    only).
+    """
+
+    cpu_shares: int | None
     cpu_quota: int
-    memory_limit: int
+    memory_limit: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +72,7 @@ def container_values(
         trace.append(ValueFrom(Field.CPU_QUOTA, quota, "limit", cpu, limit))
     else:
         quota = _quota_disabled(trace)
-    quota = _never_loosen_quota(_normalize(quota, rules, trace), native, trace)
+    quota = _never_loosen_quota(normalize(quota, rules, trace), native, trace)
 
     memory = _positive(entry.limits, tier.memory_resource) or UNLIMITED
     trace.append(ValueFrom(Field.MEMORY_LIMIT, memory, "limit", tier.memory_resource, memory))
@@ -94,7 +99,7 @@ def pod_values(
         trace.append(PodSum(Field.CPU_QUOTA, quota, cpu, total, len(containers), unlimited_by))
     else:
         quota = _quota_disabled(trace)
-    quota = _never_loosen_quota(_normalize(quota, rules, trace), native, trace)
+    quota = _never_loosen_quota(normalize(quota, rules, trace), native, trace)
 
     total, unlimited_by = _pod_limit_sum(containers, memory_name)
     # Koordinator would write 0 for a spec listing no containers; that means unlimited here.
@@ -130,7 +135,7 @@ def _quota_disabled(trace: list[Step]) -> int:
     return UNLIMITED
 
 
-def _normalize(quota: int, rules: Rules, trace: list[Step]) -> int:
+def normalize(quota: int, rules: Rules, trace: list[Step]) -> int:
     ratio = rules.cpu_normalization_ratio
     # Koordinator ignores ratios in (0, 1]: "no support ratio in (0, 1) yet".
     if quota <= 0 or ratio is None or ratio <= 1:

@@ -60,13 +60,19 @@ def check_tier(
     """One tier through the priority, QoS and namespace filters, in that order."""
     if priority not in tier.priority_classes:
         return TierCheck(
-            tier.name, Filter.PRIORITY, priority or "none", _ordered(tier.priority_classes)
+            tier.name, Filter.PRIORITY, priority or "none", _shown(tier.priority_classes)
         )
     if qos not in tier.qos_classes:
-        return TierCheck(tier.name, Filter.QOS, qos or "none", _ordered(tier.qos_classes))
+        return TierCheck(tier.name, Filter.QOS, qos or "none", _shown(tier.qos_classes))
     if tier.namespaces is not None and namespace not in tier.namespaces:
         return TierCheck(tier.name, Filter.NAMESPACE, repr(namespace), _ordered(tier.namespaces))
     return TierCheck(tier.name)
+
+
+def _shown(items: Sequence[str | None] | frozenset[str | None]) -> tuple[str, ...]:
+    """The classes as the trace names them (None: "none"), sets sorted."""
+    names = tuple(item or "none" for item in items)
+    return names if isinstance(items, tuple) else tuple(sorted(names))
 
 
 def _ordered(items: Sequence[str] | frozenset[str]) -> tuple[str, ...]:

@@ -124,6 +124,7 @@ class Classifier:
                 ),
             )
             for tier in tiers
+            if tier.cpu_resource  # tiers whose calculator reads no resources infer nothing
         )
         self._by_qos = {
             qos: Classified(pc, Source.QOS_DEFAULT, f"priority {pc} by default for qos {qos}")

@@ -6,16 +6,19 @@ the plugin glue applies the failure policy.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from .calculate import CgroupValues, container_values, pod_values
+from .calculate import CgroupValues
+from .calculators import CALCULATORS
 from .classes import PriorityClass, QoSClass
 from .classify import Classified
 from .compiled import Policy
+from .cpuset import bound_cpuset
+from .inputs import Inputs
 from .quantity import INT64_MAX
 from .spec import ExtendedSpec, SpecError, load_spec
-from .trace import SpecIgnored, Step, Untouched, UntouchedReason
+from .trace import CpusetBound, SpecIgnored, Step
 from .views import ContainerView, PodView
 
 #: A step of a Decision's trace: the two classifications first, then the chain's steps.
@@ -73,28 +76,28 @@ def _decide(pod: PodView, container: ContainerView | None, policy: Policy) -> De
         name = None if tier is None else tier.name
         return Decision(name, values, error, tuple(trace), priority, qos, kind)
 
-    if isinstance(spec, SpecError):
-        if tier is None:
-            trace.append(SpecIgnored(str(spec)))
-            return done()
-        return done(error=str(spec), kind=ErrorKind.SPEC)
     if tier is None:
-        return done()
-    if usable is None:
-        trace.append(Untouched(UntouchedReason.NO_CONTAINERS, annotation=policy.spec_annotation))
+        if isinstance(spec, SpecError):
+            trace.append(SpecIgnored(str(spec)))
         return done()
 
     steps: list[Step] = []
-    if container is None:
-        values = pod_values(usable.containers, tier, policy.rules, pod.native, steps)
-    else:
-        entry = usable.containers.get(container.name)
-        if entry is None:
-            trace.append(Untouched(UntouchedReason.NOT_LISTED, container=container.name))
-            return done()
-        values = container_values(entry, tier, policy.rules, container.native, steps)
+    inputs = Inputs(pod, container, tier, policy.rules, spec, policy.spec_annotation)
+    outcome = CALCULATORS[tier.calculator](inputs, steps)
     trace += steps
+    if isinstance(outcome, SpecError):
+        return done(error=str(outcome), kind=ErrorKind.SPEC)
+    if outcome is None:
+        return done()
+    values = outcome
+    # koordlet's CPUSetAllocator runs after the batch hook and unsets the quota of a pod
+    # bound to a cpuset, whatever the tier computed (never-loosen included): the cpuset is
+    # the pod's bound.
+    cpuset = bound_cpuset(pod.annotations)
+    if cpuset is not None and values.cpu_quota != -1:
+        trace.append(CpusetBound(cpuset, values.cpu_quota))
+        values = replace(values, cpu_quota=-1)
 
-    if values.cpu_quota > INT64_MAX or values.memory_limit > INT64_MAX:
+    if values.cpu_quota > INT64_MAX or (values.memory_limit or 0) > INT64_MAX:
         return done(error=f"computed {values} does not fit in int64", kind=ErrorKind.OVERFLOW)
     return done(values)

@@ -116,11 +116,8 @@ def parse_quantity(text: str) -> Quantity:
         raise QuantityError(f"invalid quantity {text!r}")
     sign, whole, fraction, suffix = shape.groups()
     fraction = fraction or ""
-    if not whole and not fraction:
-        raise QuantityError(
-            f"invalid quantity {text!r}: expected a number such as 1, 1.5 or .5 "
-            "(optionally signed) before any suffix"
-        )
+    # apimachinery's scanner reads a missing number as 0 ("k", "Mi", "-", "."), and the API
+    # server stores such quantities, so a pod can carry them: they are zero here too.
     fmt, exponent = _interpret_suffix(text, suffix)
     amount = Fraction(int(whole + fraction or "0"), 10 ** len(fraction))
     if fmt is Format.BINARY_SI:

@@ -3,12 +3,17 @@
 Shape (Koordinator apis/extension ExtendedResourceSpec):
     {"containers": {"<name>": {"requests": {<resource>: <qty>}, "limits": {...}}}}
 Decoding follows Go's encoding/json into those structs: unknown keys are ignored, null means
-"absent", and a quantity may be a JSON string (whitespace trimmed) or a bare JSON number.
+"absent", a quantity may be a JSON string (whitespace trimmed) or a bare JSON number, field names
+(`containers`, `requests`, `limits`) match case-insensitively, and a field written twice merges
+its maps. Map keys (container and resource names) match exactly; a repeated one replaces.
 """
 
 from __future__ import annotations
 
 import json
+import json.decoder
+import json.scanner
+import string
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -100,6 +105,30 @@ spec_cache: BoundedCache[str, ExtendedSpec | SpecError | None] = BoundedCache(
 )
 
 
+class _Escaped(str):
+    """A JSON string written with a backslash escape.
+
+    Quantity.UnmarshalJSON parses the raw bytes between the quotes without unescaping them,
+    and a backslash is never part of a quantity: Go rejects every such quantity.
+    """
+
+
+class _Object(list[tuple[str, object]]):
+    """A JSON object as its (key, value) pairs in order, duplicates kept, as Go decodes it."""
+
+
+# Go's encoding/json folds field names with unicode.ToUpper(unicode.ToLower(r)); the only runes
+# that fold onto the ASCII letters of our field names, besides the letters, are these four.
+_GO_FOLD = str.maketrans(
+    string.ascii_uppercase + "\u017f\u212a\u0130\u0131", string.ascii_lowercase + "skii"
+)
+
+
+def _field(key: str) -> str:
+    """The key as Go matches it against a struct's field names."""
+    return key.translate(_GO_FOLD)
+
+
 def load_spec(text: str) -> ExtendedSpec | SpecError | None:
     """parse_spec with the outcome (error included) cached per annotation string."""
     cached = spec_cache.get(text, _Missing.MISSING)
@@ -132,48 +161,99 @@ def _footprint(text: str, outcome: ExtendedSpec | SpecError | None) -> int:
 def parse_spec(text: str) -> ExtendedSpec | None:
     """Parse the annotation value; None when it carries no containers map (Koordinator: no spec)."""
     try:
-        document = json.loads(
-            text, parse_int=_Number, parse_float=_Number, parse_constant=_reject_constant
-        )
+        document = _decode(text)
     except (ValueError, RecursionError) as error:
         raise SpecError(f"not valid JSON: {error}") from None
     if document is None:
         return None
-    top = _object(document, "the annotation")
-    containers = top.get("containers")
+    containers: dict[str, ContainerSpec] | None = None
+    for key, value in _object(document, "the annotation"):
+        if _field(key) != "containers":
+            continue
+        if value is None:
+            containers = None  # Go sets a map field to nil on null
+            continue
+        if containers is None:
+            containers = {}
+        for name, entry in _object(value, '"containers"'):
+            # Go decodes each map element from zero: a repeated container replaces.
+            containers[name] = _container(entry, name)
     if containers is None:
         return None
-    parsed: dict[str, ContainerSpec] = {}
     names: set[str] = set()
-    for name, entry in _object(containers, '"containers"').items():
-        if entry is None:
-            parsed[name] = ContainerSpec({}, {})
-            continue
-        fields = _object(entry, "the entry", name)
-        requests = _resource_list(fields.get("requests"), name, "requests")
-        limits = _resource_list(fields.get("limits"), name, "limits")
-        names.update(requests, limits)
-        parsed[name] = ContainerSpec(requests, limits)
-    return ExtendedSpec(parsed, frozenset(names))
+    for entry in containers.values():
+        names.update(entry.requests, entry.limits)
+    return ExtendedSpec(containers, frozenset(names))
+
+
+def _decode(text: str) -> object:
+    if "\\" not in text:  # no escapes: the fast C scanner
+        return json.loads(
+            text,
+            object_pairs_hook=_Object,
+            parse_int=_Number,
+            parse_float=_Number,
+            parse_constant=_reject_constant,
+        )
+    return _ESCAPE_AWARE.decode(text)
 
 
 def _reject_constant(token: str) -> object:
     raise ValueError(f"{token} is not JSON")
 
 
+def _scan_string(text: str, end: int, strict: bool = True) -> tuple[str, int]:
+    value, after = json.decoder.scanstring(text, end, strict)  # type: ignore[attr-defined]
+    return (_Escaped(value) if "\\" in text[end:after] else value), after
+
+
+def _escape_aware_decoder() -> json.JSONDecoder:
+    """A decoder whose string values remember whether they were written with escapes.
+
+    Only the pure-Python scanner calls `parse_string`; it is used for the rare annotation
+    holding a backslash.
+    """
+    decoder = json.JSONDecoder(
+        object_pairs_hook=_Object,
+        parse_int=_Number,
+        parse_float=_Number,
+        parse_constant=_reject_constant,
+    )
+    decoder.parse_string = _scan_string  # type: ignore[attr-defined]
+    decoder.scan_once = json.scanner.py_make_scanner(decoder)  # type: ignore[attr-defined]
+    return decoder
+
+
+_ESCAPE_AWARE = _escape_aware_decoder()
+
+
+def _container(entry: object, name: str) -> ContainerSpec:
+    if entry is None:
+        return ContainerSpec({}, {})
+    lists: dict[str, dict[str, int]] = {"requests": {}, "limits": {}}
+    for key, value in _object(entry, "the entry", name):
+        field = _field(key)
+        if field not in lists:
+            continue
+        if value is None:
+            lists[field] = {}  # nil map
+            continue
+        # A field written twice decodes into the map it already has: the entries merge.
+        lists[field].update(_resource_list(value, name, field))
+    return ContainerSpec(lists["requests"], lists["limits"])
+
+
 def _object(
     value: object, what: str, container: str | None = None, field: str | None = None
-) -> dict[str, object]:
-    if isinstance(value, dict):
+) -> _Object:
+    if isinstance(value, _Object):
         return value
     raise SpecError(f"{what} must be a JSON object, not {_json_type(value)}", container, field)
 
 
 def _resource_list(value: object, container: str, field: str) -> dict[str, int]:
-    if value is None:
-        return {}
     result: dict[str, int] = {}
-    for resource, raw in _object(value, "the resource list", container, field).items():
+    for resource, raw in _object(value, "the resource list", container, field):
         result[resource] = _quantity_value(raw, container, field, resource)
     return result
 
@@ -184,6 +264,14 @@ def _quantity_value(raw: object, container: str, field: str, resource: str) -> i
     if not isinstance(raw, str):
         raise SpecError(
             f"quantity must be a string or number, not {_json_type(raw)}",
+            container,
+            field,
+            resource,
+        )
+    if isinstance(raw, _Escaped):
+        raise SpecError(
+            f"quantity {raw!r} is written with a JSON escape; Kubernetes reads a quantity's "
+            "raw text, unescaped, and rejects it",
             container,
             field,
             resource,
@@ -224,6 +312,8 @@ def _json_type(value: object) -> str:
         return "a number"
     if isinstance(value, str):
         return "a string"
+    if isinstance(value, _Object):
+        return "an object"
     if isinstance(value, list):
         return "an array"
     return "null" if value is None else "an object"

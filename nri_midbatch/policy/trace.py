@@ -15,6 +15,7 @@ from enum import StrEnum
 from fractions import Fraction
 
 __all__ = [
+    "CpusetBound",
     "Field",
     "Filter",
     "NeverLoosen",
@@ -147,6 +148,20 @@ class Normalized:
 
 
 @dataclass(frozen=True, slots=True)
+class CpusetBound:
+    """The quota unset, as koordlet's CPUSetAllocator unsets it for a pod bound to a cpuset."""
+
+    cpuset: str
+    computed: int
+
+    def __str__(self) -> str:
+        return (
+            f"cpu quota -1 (not {self.computed}): pod bound to cpuset {self.cpuset} by "
+            "scheduling.koordinator.sh/resource-status, whose quota koordlet unsets"
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class NeverLoosen:
     """The native limit kept, as it is tighter than the computed one (-1: unlimited)."""
 
@@ -167,22 +182,41 @@ class NeverLoosen:
 class UntouchedReason(StrEnum):
     NO_CONTAINERS = "no containers in the spec"
     NOT_LISTED = "container not listed"
+    # cpu-normalization
+    CPUSET_BOUND = "pod bound to a cpuset"
+    NATIVE_UNKNOWN = "kubelet's quota unknown"
+    NO_QUOTA = "no quota to scale"
+    NO_RATIO = "ratio not above 1"
 
 
 @dataclass(frozen=True, slots=True)
 class Untouched:
-    """A tier applies, but the spec gives this pod or container nothing to set."""
+    """A tier applies, but its calculator gives this pod or container nothing to set."""
 
     reason: UntouchedReason
     annotation: str = ""
     container: str = ""
+    detail: str = ""  # the cpuset, for CPUSET_BOUND
 
     def __str__(self) -> str:
-        if self.reason is UntouchedReason.NO_CONTAINERS:
+        reason = self.reason
+        if reason is UntouchedReason.NO_CONTAINERS:
             return f"no containers in annotation {self.annotation}: left untouched"
-        return (
-            f"container {self.container!r} not listed in the extended-resource spec: left untouched"
-        )
+        if reason is UntouchedReason.NOT_LISTED:
+            return (
+                f"container {self.container!r} not listed in the extended-resource spec: "
+                "left untouched"
+            )
+        if reason is UntouchedReason.CPUSET_BOUND:
+            return f"bound to cpuset {self.detail}: quota not normalized, left untouched"
+        if reason is UntouchedReason.NATIVE_UNKNOWN:
+            return (
+                f"container {self.container!r} has no {'nri-midbatch.io/native-limits'} "
+                "annotation, so its current quota may already be scaled: left untouched"
+            )
+        if reason is UntouchedReason.NO_QUOTA:
+            return "no cpu quota set by kubelet to normalize: left untouched"
+        return "rules.cpuNormalizationRatio is not above 1: left untouched"
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +239,7 @@ Step = (
     | QuotaDisabled
     | Normalized
     | NeverLoosen
+    | CpusetBound
     | Untouched
     | SpecIgnored
 )

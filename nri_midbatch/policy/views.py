@@ -31,3 +31,6 @@ class ContainerView:
     id: str
     name: str
     native: NativeLimits = field(default_factory=NativeLimits)
+    #: False when `native` is what the container holds now, which may include our own
+    #: earlier values (a running container without the native-limits annotation).
+    native_known: bool = True

@@ -14,9 +14,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 
 import structlog
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from nri_midbatch.cgroups.systemd import LEVELS
 from nri_midbatch.config.model import Config, ConfigError, load_config_file
@@ -94,6 +96,7 @@ class App:
         # Pod cgroups and log lines left for after a reply wait while a request is in progress.
         self.plugin.after_reply.yield_to(self.session.busy)
         self.metrics.add_collector(CountersCollector(self._counter_families))
+        self.metrics.add_collector(ModeCollector(lambda: str(self.plugin.config.mode)))
         self.health: HealthServer | None = None
         self._metrics_address = metrics_address
         #: Attempts to serve metrics that found the address taken.
@@ -264,6 +267,17 @@ class App:
             {tuple(key): n for key, n in counters.adjusted.items()},
         )
         yield (
+            "nri_midbatch_observed",
+            "Values decided but not set (mode: observe), by level and whether they differ "
+            "from what the container or pod has (differs, same, unknown)",
+            ("level", "result"),
+            {
+                (level, result): counters.observed.get((level, result), 0)
+                for level in ("pod", "container")
+                for result in ("differs", "same", "unknown")
+            },
+        )
+        yield (
             "nri_midbatch_pod_cgroup_writes",
             "Pod-level cgroup updates, by result",
             ("result",),
@@ -385,6 +399,7 @@ class App:
         log.info(
             "configuration reloaded",
             reason=reason,
+            mode=config.mode,
             containers_to_update=len(plan.containers),
             pods_to_update=len(plan.pods),
         )
@@ -446,3 +461,21 @@ class App:
     def _count_followed(self, path: str, result: str, count: int) -> None:
         key = (path, result)
         self.followed[key] = self.followed.get(key, 0) + count
+
+
+class ModeCollector(Collector):
+    """`nri_midbatch_mode{mode}`: 1 for the mode in force (enforce or observe), else 0."""
+
+    def __init__(self, mode: Callable[[], str]) -> None:
+        self._mode = mode
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "nri_midbatch_mode",
+            "1 for the mode in force: enforce sets values, observe only reports them",
+            labels=["mode"],
+        )
+        now = self._mode()
+        for mode in ("enforce", "observe"):
+            family.add_metric([mode], int(mode == now))
+        yield family

@@ -113,7 +113,7 @@ def message_json(message: Message) -> dict[str, Any]:
     return MessageToDict(message, preserving_proto_field_name=True)
 
 
-def values_json(values: CgroupValues | None) -> dict[str, int] | None:
+def values_json(values: CgroupValues | None) -> dict[str, int | None] | None:
     if values is None:
         return None
     return {

@@ -10,7 +10,7 @@ named in the extended-resource spec.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -193,6 +193,7 @@ class Explanation:
     tiers: tuple[str, ...]
     pod_level: bool
     failure_policy: str
+    mode: str = "enforce"
 
 
 def explain(source: PodInput, config: Config, policy: Policy) -> Explanation:
@@ -206,6 +207,7 @@ def explain(source: PodInput, config: Config, policy: Policy) -> Explanation:
         tiers=_tier_lines(pod_decision, policy, pod.namespace),
         pod_level=config.cgroups.pod_level,
         failure_policy=str(config.failure_policy),
+        mode=str(config.mode),
     )
 
 
@@ -257,11 +259,15 @@ def memory_text(memory: int) -> str:
     return short if short in ("unlimited", str(memory)) else f"{memory} ({short})"
 
 
+def _kept(value: int | None, text: Callable[[int], str]) -> str:
+    return "left as kubelet set it" if value is None else text(value)
+
+
 def values_lines(values: CgroupValues) -> list[str]:
     return [
-        f"cpu.shares    {values.cpu_shares}",
+        f"cpu.shares    {_kept(values.cpu_shares, str)}",
         f"cpu quota     {quota_text(values.cpu_quota)} per {CFS_BASE_PERIOD}us period",
-        f"memory limit  {memory_text(values.memory_limit)}",
+        f"memory limit  {_kept(values.memory_limit, memory_text)}",
     ]
 
 
@@ -273,6 +279,11 @@ def render_text(explanation: Explanation) -> str:
         f"Pod {pod.namespace}/{pod.name} (uid {pod.uid or '-'})",
         f"  cgroup parent  {pod.cgroup_parent or '-'}",
         "",
+        *(
+            ["Mode: observe (these values would be set; nothing is written)", ""]
+            if explanation.mode == "observe"
+            else []
+        ),
         "Classification",
         f"  {decision.qos.detail}",
         f"  {decision.priority.detail}",
@@ -337,6 +348,7 @@ def render_json(explanation: Explanation) -> str:
         "tiers": list(explanation.tiers),
         "pod_level": explanation.pod_level,
         "failure_policy": explanation.failure_policy,
+        "mode": explanation.mode,
     }
     return json.dumps(document, indent=2) + "\n"
 

@@ -447,13 +447,23 @@ def sent_values(response: Message | None, container_id: str) -> CgroupValues | N
         adjust = response.adjust
         has = response.HasField("adjust") and adjust.HasField("linux")
         if has and adjust.linux.HasField("resources"):
-            return current_values(adjust.linux.resources)
+            return _reply_values(adjust.linux.resources)
         return None
     if isinstance(response, api.UpdateContainerResponse | api.SynchronizeResponse):
         for update in response.update:
             if update.container_id == container_id and update.linux.HasField("resources"):
-                return current_values(update.linux.resources)
+                return _reply_values(update.linux.resources)
     return None
+
+
+def _reply_values(resources: api.LinuxResources) -> CgroupValues:
+    """current_values, with a field the reply does not set as None (a quota-only reply)."""
+    values = current_values(resources)
+    return CgroupValues(
+        values.cpu_shares if resources.cpu.HasField("shares") else None,
+        values.cpu_quota,
+        values.memory_limit if resources.memory.HasField("limit") else None,
+    )
 
 
 def _recorded_pod_values(entry: Entry, noted: NotedDecision) -> tuple[bool, CgroupValues | None]:
@@ -465,8 +475,11 @@ def _recorded_pod_values(entry: Entry, noted: NotedDecision) -> tuple[bool, Cgro
             if not isinstance(values, dict):
                 return True, None
             try:
+                shares, memory = values["cpu_shares"], values["memory_limit"]
                 return True, CgroupValues(
-                    int(values["cpu_shares"]), int(values["cpu_quota"]), int(values["memory_limit"])
+                    None if shares is None else int(shares),
+                    int(values["cpu_quota"]),
+                    None if memory is None else int(memory),
                 )
             except (KeyError, TypeError, ValueError):
                 return False, None
@@ -546,9 +559,9 @@ def _table_row(row: Row) -> tuple[str, ...]:
         f"{noted.pod.namespace}/{noted.pod.name}",
         "-" if noted.container is None else noted.container.name,
         decision.tier or "-",
-        "-" if values is None else str(values.cpu_shares),
+        "-" if values is None or values.cpu_shares is None else str(values.cpu_shares),
         "-" if values is None else _quota(values.cpu_quota),
-        "-" if values is None else memory_short(values.memory_limit),
+        "-" if values is None or values.memory_limit is None else memory_short(values.memory_limit),
         change_text(row),
         note,
     )

@@ -762,3 +762,132 @@ def test_an_error_of_the_plugins_own_is_counted_and_the_watch_goes_on(
         run(scenario(), timeout=30)
     (failed,) = [e for e in captured if e["event"] == "configuration reload failed"]
     assert failed["log_level"] == "error" and failed["error"] == "a bug"
+
+
+# ---------------------------------------------------------------------------
+# mode: observe, then a reload to enforce
+# ---------------------------------------------------------------------------
+
+
+def metric(app: App, name: str) -> dict[tuple[str, ...], float]:
+    text = generate_latest(app.metrics.registry).decode()
+    return {
+        tuple(sample.labels.values()): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name in (name, name + "_total")
+    }
+
+
+def test_observe_sets_nothing_and_a_reload_to_enforce_applies_the_values(tmp_path: Path) -> None:
+    pod = batch_pod()
+    parent = pod.linux.cgroup_parent
+    live = container("c-app", pod, "app")
+
+    async def scenario() -> Node:
+        async with running_node(tmp_path, mode="observe") as node:
+            node.tree.add(parent, BESTEFFORT)
+            with capture_logs() as logs:
+                await node.state_change(api.RUN_POD_SANDBOX, pod)
+                reply = await node.call(
+                    "CreateContainer",
+                    api.CreateContainerRequest(pod=pod, container=live),
+                    api.CreateContainerResponse,
+                )
+            # Nothing adjusted, nothing written ...
+            assert reply == api.CreateContainerResponse()
+            assert node.tree.read(parent) == BESTEFFORT
+            node.tree.add(parent, BESTEFFORT, live.id)  # what the runtime gave it
+            # ... but said: what would be set, and how it differs.
+            would = [e for e in logs if e["event"] == "would set"]
+            assert [(e["method"], e.get("container")) for e in would] == [
+                ("RunPodSandbox", None),
+                ("CreateContainer", "app"),
+            ]
+            assert would[1]["changes"] == {
+                "cpu_shares": [0, 512],
+                "cpu_quota": [-1, 100_000],
+                "memory_limit": [-1, 512 * MI],
+            }
+            assert would[0]["changes"]["cpu_quota"] == [-1, 100_000]
+            observed = metric(node.app, "nri_midbatch_observed")
+            assert {key: n for key, n in observed.items() if n} == {
+                ("pod", "differs"): 1,
+                ("container", "differs"): 1,
+            }
+            assert metric(node.app, "nri_midbatch_mode") == {("enforce",): 0, ("observe",): 1}
+            assert node.app.plugin.counters.adjusted == {}
+
+            node.rewrite(mode="enforce")
+            await until(lambda: node.tree.read(parent, live.id) == APP_VALUES, "container set")
+            await until(lambda: node.tree.read(parent) == APP_VALUES, "pod set")
+            await until(lambda: node.app.followed[("cgroup_files", "ok")] == 2, "counted")
+            assert metric(node.app, "nri_midbatch_mode") == {("enforce",): 1, ("observe",): 0}
+            return node
+
+    node = run(scenario())
+    assert node.app.followed[("cgroup_files", "ok")] == 2
+
+
+def test_a_reload_into_observe_changes_nothing(tmp_path: Path) -> None:
+    pod = batch_pod()
+    parent = pod.linux.cgroup_parent
+    live = container("c-app", pod, "app")
+
+    async def scenario() -> Node:
+        async with running_node(tmp_path) as node:
+            node.tree.add(parent, BESTEFFORT)
+            await node.state_change(api.RUN_POD_SANDBOX, pod)
+            node.tree.add(parent, APP_VALUES, live.id)
+            await node.create(pod, live)
+            node.rewrite(mode="observe", rules={"cpuNormalizationRatio": 2.0})
+            await until(lambda: node.app.reloads.get("applied") == 1, "reloaded")
+            return node
+
+    node = run(scenario())
+    assert node.tree.read(parent) == APP_VALUES
+    assert node.tree.read(parent, live.id) == APP_VALUES
+    assert sum(node.app.followed.values()) == 0
+
+
+def test_a_ratio_change_rescales_a_normalized_container_quota_file_only(tmp_path: Path) -> None:
+    tiers = [
+        {
+            "name": "prod",
+            "priorityClasses": ["koord-prod"],
+            "qosClasses": ["LS"],
+            "calculator": "cpu-normalization",
+        }
+    ]
+    pod = api.PodSandbox(
+        id="web",
+        name="web",
+        uid="uid-web",
+        namespace="default",
+        labels={QOS: "LS", PRIORITY: "koord-prod"},
+        linux=api.LinuxPodSandbox(cgroup_parent="/kubepods/burstable/poduid-web"),
+    )
+    parent = pod.linux.cgroup_parent
+    ctr = container("c-web", pod, "web")
+    ctr.linux.resources.cpu.quota.value = 200_000
+    ctr.linux.resources.cpu.period.value = 100_000
+
+    async def scenario() -> Node:
+        async with running_node(
+            tmp_path, tiers=tiers, rules={"cpuNormalizationRatio": 1.25}
+        ) as node:
+            reply = await node.call(
+                "CreateContainer",
+                api.CreateContainerRequest(pod=pod, container=ctr),
+                api.CreateContainerResponse,
+            )
+            assert reply.adjust.linux.resources.cpu.quota.value == 160_000
+            # kubelet's shares and memory, and our quota, as the runtime applied them.
+            node.tree.add(parent, ("1024", "160000", str(512 * MI)), ctr.id)
+            node.rewrite(rules={"cpuNormalizationRatio": 2.0})
+            await until(lambda: node.tree.read(parent, ctr.id)[1] == "100000", "rescaled")
+            return node
+
+    node = run(scenario())
+    # From kubelet's 200000, not from our 160000; shares and memory not written.
+    assert node.tree.read(parent, ctr.id) == ("1024", "100000", str(512 * MI))

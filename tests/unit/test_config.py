@@ -124,7 +124,7 @@ def test_unknown_key_rejected_with_its_path(text: str, path: str) -> None:
     [
         (
             f"tiers: [{tier()}, {tier(name='y', qos='BE, XX', cpu='c', memory='d')}]",
-            "tiers.1.qosClasses.1: Input should be 'LSE', 'LSR', 'LS', 'BE' or 'SYSTEM'",
+            "tiers.1.qosClasses.1: Input should be 'LSE', 'LSR', 'LS', 'BE', 'SYSTEM' or 'None'",
         ),
         (f"tiers: [{tier(priority='koord-low')}]", "tiers.0.priorityClasses.0: Input should be"),
         (f"tiers: [{tier(name='Batch')}]", "tiers.0.name: must match [a-z0-9-]+"),
@@ -224,7 +224,14 @@ def test_effective_config_round_trips(text: str) -> None:
 
 def test_effective_config_lists_every_field_in_camel_case() -> None:
     rendered = yaml.safe_load(effective_config_yaml(Config()))
-    assert list(rendered) == ["failurePolicy", "tiers", "classification", "rules", "cgroups"]
+    assert list(rendered) == [
+        "mode",
+        "failurePolicy",
+        "tiers",
+        "classification",
+        "rules",
+        "cgroups",
+    ]
     assert rendered["rules"] == {"cfsQuota": True, "cpuNormalizationRatio": None}
     assert rendered["cgroups"] == {"root": "/sys/fs/cgroup", "driver": "auto", "podLevel": True}
     assert rendered["tiers"][0]["namespaces"] is None
@@ -352,3 +359,22 @@ def test_the_driver_setting_is_the_cgroup_writers_own_enum() -> None:
     config = load_config_text("cgroups: {driver: systemd}\n", "node.yaml")
     assert config.cgroups.driver is paths.CgroupDriver.SYSTEMD
     assert CgroupDriver is paths.CgroupDriver
+
+
+def test_tier_class_names_are_the_policy_classes_and_none() -> None:
+    from typing import get_args
+
+    from nri_midbatch.config.model import _PriorityName, _QoSName
+    from nri_midbatch.policy import PriorityClass, QoSClass
+
+    assert set(get_args(_PriorityName)) == {*PriorityClass, "None"}
+    assert set(get_args(_QoSName)) == {*QoSClass, "None"}
+
+
+def test_the_calculators_a_tier_may_name_are_the_policys() -> None:
+    from typing import get_args
+
+    from nri_midbatch.config.model import _Calculator
+    from nri_midbatch.policy.calculators import CALCULATORS
+
+    assert set(get_args(_Calculator)) == set(CALCULATORS)

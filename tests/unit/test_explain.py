@@ -173,3 +173,23 @@ def test_an_init_container_without_resources_makes_the_pod_burstable_as_in_the_w
     assert "cgroup parent  /kubepods/burstable/podu1" in out
     assert "qos LS from cgroup parent /kubepods/burstable/podu1" in out
     assert "Tier: mid" in out
+
+
+def test_normalization_and_observe_mode_are_explained(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "normalize.yaml"
+    config.write_text(
+        "mode: observe\n"
+        "rules: {cpuNormalizationRatio: 1.2}\n"
+        "tiers:\n"
+        "  - {name: prod, priorityClasses: [koord-prod, None], qosClasses: [LS, None],\n"
+        "     calculator: cpu-normalization}\n"
+    )
+    out = explain(capsys, "--pod", str(PODS / "prod-ls.yaml"), "--config", str(config))
+    assert "Mode: observe (these values would be set; nothing is written)" in out
+    container = section(out, "Container main")
+    # kubelet's quota for limits.cpu 2 is 200000; only the quota is set.
+    assert "cpu quota 166667 = ceil(200000 / cpuNormalizationRatio 1.2)" in container
+    assert "cpu.shares    left as kubelet set it" in container
+    assert "memory limit  left as kubelet set it" in container

@@ -1289,3 +1289,123 @@ def test_a_pod_cgroup_that_already_holds_its_values_is_logged_at_debug(tree: Cgr
     (line,) = [line for line in logs if line["event"] == "pod cgroup set"]
     assert (line["log_level"], line["unchanged"], line["pod"]) == ("debug", True, pod.name)
     assert plugin.counters.pod_writes_ok == 2
+
+
+# ---------------------------------------------------------------------------
+# cpu-normalization tier
+# ---------------------------------------------------------------------------
+
+NORMALIZATION_TIER = {
+    "name": "prod",
+    "priorityClasses": ["koord-prod", "None"],
+    "qosClasses": ["LS", "None"],
+    "calculator": "cpu-normalization",
+}
+
+
+def normalizing_config(tree: CgroupTree) -> Config:
+    tiers = [*Config().model_dump(mode="json", by_alias=True)["tiers"], NORMALIZATION_TIER]
+    return make_config(tree, tiers=tiers, rules={"cpuNormalizationRatio": 1.25})
+
+
+def test_normalization_claims_only_the_quota(tree: CgroupTree) -> None:
+    pod = make_pod("web", qos="LS", priority="koord-prod", annotation=None)
+    kubelet = resources(shares=1024, quota=200_000, period=100_000, memory=GI)
+    ctr = make_container("c-web", pod, "web", state=api.CONTAINER_CREATED, current=kubelet)
+
+    async def scenario() -> None:
+        async with connected(normalizing_config(tree)) as c:
+            reply = await c.create(pod, ctr)
+            linux = reply.adjust.linux.resources
+            # ceil(200000 / 1.25); shares and memory are not claimed (NRI: one owner a field).
+            assert linux.cpu.quota.value == 160_000
+            assert [f.name for f, _ in linux.cpu.ListFields()] == ["quota"]
+            assert not linux.HasField("memory")
+            assert c.plugin.counters.adjusted == {("CreateContainer", "cpu_quota"): 1}
+            kubelet_limits = '{"cpuQuota":200000,"cpuPeriod":100000,"memoryLimit":1073741824}'
+            assert dict(reply.adjust.annotations) == {NATIVE_LIMITS_ANNOTATION: kubelet_limits}
+            # An update is decided from kubelet's requested resources, not scaled twice.
+            (update,) = (await c.update(pod, ctr, resources(quota=300_000, period=100_000))).update
+            assert update.linux.resources.cpu.quota.value == 240_000
+            assert not update.linux.resources.cpu.HasField("shares")
+
+    run(scenario())
+
+
+def test_normalization_at_synchronize_scales_only_known_kubelet_quotas(tree: CgroupTree) -> None:
+    pod = make_pod("web", qos="LS", priority="koord-prod", annotation=None)
+    scaled = make_container("c-ours", pod, "web", current=resources(shares=1024, quota=160_000))
+    scaled.annotations[NATIVE_LIMITS_ANNOTATION] = '{"cpuQuota":200000,"cpuPeriod":100000}'
+    unknown = make_container("c-old", pod, "web", current=resources(shares=1024, quota=200_000))
+    off = make_container("c-off", pod, "side", current=resources(shares=512, quota=100_000))
+    off.annotations[NATIVE_LIMITS_ANNOTATION] = '{"cpuQuota":100000,"cpuPeriod":100000}'
+
+    async def scenario() -> None:
+        async with connected(normalizing_config(tree)) as c:
+            reply = await c.sync([pod], [scaled, unknown, off])
+            # c-ours already holds ceil(200000/1.25); c-old may already be scaled, so it is
+            # left alone; c-off is repaired to ceil(100000/1.25) = 80000, quota only.
+            (update,) = reply.update
+            assert update.container_id == "c-off"
+            assert update.linux.resources.cpu.quota.value == 80_000
+            assert not update.linux.resources.cpu.HasField("shares")
+
+    run(scenario())
+
+
+def test_normalization_writes_only_the_pod_quota_file(tree: CgroupTree) -> None:
+    pod = make_pod("web", qos="LS", priority="koord-prod", annotation=None)
+    pod.linux.pod_resources.CopyFrom(
+        resources(shares=1024, quota=200_000, period=100_000, memory=GI)
+    )
+    tree.add_pod(pod.linux.cgroup_parent, ("1024", "200000", str(GI)))
+
+    async def scenario() -> None:
+        async with connected(normalizing_config(tree)) as c:
+            await c.run_pod_sandbox(pod)
+
+    run(scenario())
+    assert tree.pod(pod.linux.cgroup_parent) == ("1024", "160000", str(GI))
+
+
+# ---------------------------------------------------------------------------
+# mode: observe
+# ---------------------------------------------------------------------------
+
+
+def test_observe_answers_synchronize_and_updates_with_nothing(tree: CgroupTree) -> None:
+    pod = batch_pod()
+    tree.add_pod(pod.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
+    off = make_container("c-app", pod, "app", current=resources(shares=2))
+
+    async def scenario() -> None:
+        async with connected(make_config(tree, mode="observe")) as c:
+            reply = await c.sync([pod], [off])
+            assert list(reply.update) == []
+            updated = await c.update(pod, off, resources(shares=2))
+            assert list(updated.update) == []
+            await c.plugin.after_reply.settle()
+            assert c.plugin.counters.observed == {
+                ("container", "differs"): 2,
+                ("pod", "differs"): 1,
+            }
+            assert c.plugin.counters.adjusted == {}
+
+    run(scenario())
+    assert tree.pod(pod.linux.cgroup_parent) == BESTEFFORT_DEFAULTS
+
+
+def test_observe_says_same_when_the_values_are_already_there(tree: CgroupTree) -> None:
+    pod = batch_pod()
+    tree.add_pod(pod.linux.cgroup_parent, ("512", "100000", str(512 * MI)))
+    done = make_container(
+        "c-app", pod, "app", current=resources(shares=512, quota=100_000, memory=512 * MI)
+    )
+
+    async def scenario() -> None:
+        async with connected(make_config(tree, mode="observe")) as c:
+            await c.sync([pod], [done])
+            await c.plugin.after_reply.settle()
+            assert c.plugin.counters.observed == {("container", "same"): 1, ("pod", "same"): 1}
+
+    run(scenario())

@@ -78,6 +78,10 @@ def pod(
         (256_000, 262_144),
         (300_000, 262_144),  # clamped to the maximum
         (1_000_000_000, 262_144),
+        # koordlet multiplies in int64: 2^62 * 1024 wraps to 0 and it writes 2. Exact here,
+        # so a huge request is the most shares, never the fewest (docs/koordinator.md).
+        (2**62, 262_144),
+        (2**63 - 1, 262_144),
     ],
 )
 def test_milli_cpu_to_shares(milli_cpu: int, shares: int) -> None:
@@ -96,6 +100,10 @@ def test_milli_cpu_to_shares(milli_cpu: int, shares: int) -> None:
         (1, 1000),
         (10, 1000),
         (11, 1100),
+        # koordlet's int64 product wraps past 92233720368547 milli-cores (negative: -1, or a
+        # small positive quota); exact here, and a result beyond int64 is refused by the
+        # decision (reason "overflow").
+        (2**62, 2**62 * 100),
     ],
 )
 def test_milli_cpu_to_quota(milli_cpu: int, quota: int) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -350,3 +351,155 @@ def test_chain_walks_tiers_in_order() -> None:
 def test_chain_without_tiers_matches_nothing() -> None:
     match = Chain(()).select(PriorityClass.BATCH, QoSClass.BE, "ns")
     assert (match.tier, render(match.reasons)) == (None, ("no tier matched: pod left alone",))
+
+
+RESOURCE_STATUS = "scheduling.koordinator.sh/resource-status"
+
+
+@pytest.mark.parametrize("level", ["pod", "container"])
+def test_a_pod_bound_to_a_cpuset_gets_no_quota_as_koordlet_unsets_it(level: str) -> None:
+    # koordlet's CPUSetAllocator runs after BatchResource and sets pod and container quota
+    # to -1 for a pod whose resource-status carries a cpuset; a native quota goes too.
+    base = pod("LS", "koord-mid", mid_spec(main=("2k", "4k", "1Gi")), native=NativeLimits(300_000))
+    bound = replace(base, annotations={**base.annotations, RESOURCE_STATUS: '{"CPUSet": "0-3"}'})
+    native = ContainerView(id="c0", name="main", native=NativeLimits(300_000))
+    decision = decide_pod(bound, DEFAULT) if level == "pod" else decide(bound, native)
+    assert decision.values is not None
+    assert decision.values.cpu_quota == -1
+    assert render(decision.trace)[-1] == (
+        "cpu quota -1 (not 300000): pod bound to cpuset 0-3 by "
+        "scheduling.koordinator.sh/resource-status, whose quota koordlet unsets"
+    )
+    unbound = decide_pod(base, DEFAULT) if level == "pod" else decide(base, native)
+    assert unbound.values is not None and unbound.values.cpu_quota == 300_000
+
+
+@pytest.mark.parametrize(
+    "status", ['{"cpuset": ""}', '{"numaNodeResources": []}', '{"cpuset": 3}', "not json", "[]"]
+)
+def test_no_cpuset_or_an_unreadable_status_is_not_bound(status: str) -> None:
+    annotations = {SPEC: batch_spec(main=("500", "1k", "2Gi")), RESOURCE_STATUS: status}
+    view = PodView("u", "default", "p", {QOS: "BE", PRIORITY: "koord-batch"}, annotations, "")
+    decision = decide(view)
+    assert decision.values == CgroupValues(512, 100_000, 2 * GI)
+
+
+def test_a_quota_beyond_int64_is_refused_not_wrapped() -> None:
+    # 1e17 milli-cores: koordlet's int64 product wraps; here the decision is an error.
+    decision = decide(pod("BE", "koord-batch", batch_spec(main=(None, "1e17", None))))
+    assert (decision.values, decision.error_kind) == (None, ErrorKind.OVERFLOW)
+
+
+def test_negative_quantities_round_away_from_zero_and_count_as_absent() -> None:
+    # Value() of -500m is -1 in apimachinery (away from zero); <= 0 is "absent" either way.
+    decision = decide(pod("BE", "koord-batch", batch_spec(main=("-500m", "-1m", "-1"))))
+    assert decision.values == CgroupValues(2, -1, -1)
+
+
+NORMALIZING = policy(
+    """
+rules: {cpuNormalizationRatio: 1.2}
+tiers:
+  - {name: batch, priorityClasses: [koord-batch, koord-free], qosClasses: [BE],
+     resources: {cpu: kubernetes.io/batch-cpu, memory: kubernetes.io/batch-memory}}
+  - {name: mid, priorityClasses: [koord-mid], qosClasses: [BE, LS],
+     resources: {cpu: kubernetes.io/mid-cpu, memory: kubernetes.io/mid-memory}}
+  - {name: prod, priorityClasses: [koord-prod, None], qosClasses: [LS, None],
+     calculator: cpu-normalization}
+"""
+)
+KUBELET_QUOTA = NativeLimits(cpu_quota=200_000, cpu_period=100_000, memory_limit=GI)
+
+
+@pytest.mark.parametrize(
+    ("qos", "priority"), [("LS", None), ("LS", "koord-prod"), (None, None), (None, "koord-prod")]
+)
+def test_normalization_scales_the_quota_kubelet_set_for_prod_ls_and_none(
+    qos: str | None, priority: str | None
+) -> None:
+    ctr = ContainerView(id="c0", name="main", native=KUBELET_QUOTA)
+    decision = decide(pod(qos, priority), ctr, NORMALIZING)
+    assert decision.tier == "prod"
+    # Only the quota: ceil(200000 / 1.2) = 166667; shares and memory stay kubelet's.
+    assert decision.values == CgroupValues(None, 166_667, None)
+    assert render(decision.trace)[-1] == (
+        "cpu quota 166667 = ceil(200000 / cpuNormalizationRatio 1.2)"
+    )
+    pod_level = decide_pod(pod(qos, priority, native=KUBELET_QUOTA), NORMALIZING)
+    assert pod_level.values == CgroupValues(None, 166_667, None)
+
+
+def test_mid_ls_is_scaled_once_by_the_mid_tier() -> None:
+    ctr = ContainerView(id="c0", name="main", native=NativeLimits(cpu_quota=400_000))
+    decision = decide(pod("LS", "koord-mid", mid_spec(main=("2k", "4k", "1Gi"))), ctr, NORMALIZING)
+    assert decision.tier == "mid"
+    # ceil(400000 / 1.2) once; scaled twice it would be 277778.
+    assert decision.values == CgroupValues(2048, 333_334, GI)
+    assert sum("cpuNormalizationRatio" in line for line in render(decision.trace)) == 1
+
+
+def test_batch_is_not_taken_by_the_normalization_tier() -> None:
+    decision = decide(
+        pod("BE", "koord-batch", batch_spec(main=("500", "1k", "2Gi"))), MAIN, NORMALIZING
+    )
+    assert (decision.tier, decision.values) == ("batch", CgroupValues(512, 83_334, 2 * GI))
+
+
+@pytest.mark.parametrize(
+    ("config", "view", "annotations", "why"),
+    [
+        (NORMALIZING, ContainerView("c0", "main"), {}, "no cpu quota set by kubelet"),
+        (
+            policy(
+                "tiers: [{name: prod, priorityClasses: [koord-prod], "
+                "qosClasses: [LS], calculator: cpu-normalization}]"
+            ),
+            ContainerView("c0", "main", KUBELET_QUOTA),
+            {},
+            "rules.cpuNormalizationRatio is not above 1",
+        ),
+        (
+            NORMALIZING,
+            ContainerView("c0", "main", KUBELET_QUOTA),
+            {"scheduling.koordinator.sh/resource-status": '{"cpuset": "2-3"}'},
+            "bound to cpuset 2-3",
+        ),
+        (
+            NORMALIZING,
+            ContainerView("c0", "main", KUBELET_QUOTA, native_known=False),
+            {},
+            "may already be scaled",
+        ),
+    ],
+)
+def test_normalization_leaves_alone_what_it_cannot_scale(
+    config: Policy, view: ContainerView, annotations: dict[str, str], why: str
+) -> None:
+    p = PodView("u", "default", "web", {QOS: "LS", PRIORITY: "koord-prod"}, annotations, "")
+    decision = decide(p, view, config)
+    assert (decision.tier, decision.values) == ("prod", None)
+    assert why in render(decision.trace)[-1]
+
+
+@pytest.mark.parametrize("ratio", ["1.0", "0.8"])
+def test_normalization_ignores_ratios_up_to_one(ratio: str) -> None:
+    config = policy(
+        f"rules: {{cpuNormalizationRatio: {ratio}}}\ntiers: [{{name: prod, priorityClasses: "
+        "[koord-prod], qosClasses: [LS], calculator: cpu-normalization}]"
+    )
+    decision = decide(pod("LS", "koord-prod"), ContainerView("c0", "main", KUBELET_QUOTA), config)
+    assert decision.values is None
+
+
+def test_a_normalization_tier_takes_no_resources_and_an_extended_one_needs_them() -> None:
+    from nri_midbatch.config.model import ConfigError
+
+    with pytest.raises(ConfigError, match="reads no resources"):
+        policy(
+            "tiers: [{name: p, priorityClasses: [koord-prod], qosClasses: [LS], "
+            "calculator: cpu-normalization, resources: {cpu: a, memory: b}}]"
+        )
+    with pytest.raises(ConfigError, match="needs resources"):
+        policy("tiers: [{name: p, priorityClasses: [koord-prod], qosClasses: [LS]}]")
+    with pytest.raises(ConfigError, match="'extended-resources' or 'cpu-normalization'"):
+        policy("tiers: [{name: p, priorityClasses: [koord-prod], qosClasses: [LS], calculator: x}]")

@@ -45,7 +45,7 @@ def test_no_containers_means_no_spec(text: str) -> None:
 def test_go_json_leniency() -> None:
     text = (
         '{"containers": {"a": null, "b": {"requests": null, "limits": {'
-        '"kubernetes.io/batch-cpu": 1500, "kubernetes.io/batch-memory": " 1Gi\\t", "x": null}, '
+        '"kubernetes.io/batch-cpu": 1500, "kubernetes.io/batch-memory": " 1Gi\u00a0", "x": null}, '
         '"unknown": [1, 2]}}, "extra": true}'
     )
     spec = parse_spec(text)
@@ -190,3 +190,63 @@ def test_long_quantity_texts_are_not_cached() -> None:
     assert info().currsize == before
     parse_spec(f'{{"containers": {{"a": {{"limits": {{"{CPU}": "12345m"}}}}}}}}')
     assert info().currsize <= before + 1
+
+
+def test_field_names_match_case_insensitively_as_in_go() -> None:
+    # encoding/json matches struct fields case-insensitively, also through the runes that
+    # fold onto ASCII letters (U+017F long s, U+212A Kelvin sign); map keys match exactly.
+    text = (
+        '{"Containers": {"a": {"LIMITS": {"kubernetes.io/batch-cpu": "1k"}, '
+        '"Requests": {"kubernetes.io/batch-cpu": "500"}}, '
+        '"b": {"limit\u017f": {"kubernetes.io/batch-cpu": "2k"}, '
+        '"limits ": {"kubernetes.io/batch-cpu": "3k"}}}}'
+    )
+    spec = parse_spec(text)
+    assert spec is not None
+    assert spec.containers["a"] == ContainerSpec({CPU: 500}, {CPU: 1000})
+    assert spec.containers["b"] == ContainerSpec({}, {CPU: 2000})
+    upper = parse_spec('{"containers": {"a": {"limits": {"KUBERNETES.IO/BATCH-CPU": "1k"}}}}')
+    assert upper is not None and CPU not in upper.resource_names
+
+
+def test_a_repeated_field_merges_its_maps_as_in_go() -> None:
+    # Go decodes a field written twice into the map it already holds; a repeated map key
+    # (container or resource) replaces the earlier value, and null resets the map.
+    text = (
+        '{"containers": {"a": {"limits": {"kubernetes.io/batch-cpu": "1k"}, '
+        '"Limits": {"kubernetes.io/batch-memory": "1Gi", "kubernetes.io/batch-cpu": "2k"}}}, '
+        '"containers": {"b": {"requests": {"kubernetes.io/batch-cpu": "1"}}, '
+        '"b": {"limits": {"kubernetes.io/batch-cpu": "3k"}}}}'
+    )
+    spec = parse_spec(text)
+    assert spec is not None
+    assert spec.containers == {
+        "a": ContainerSpec({}, {CPU: 2000, MEMORY: 2**30}),
+        "b": ContainerSpec({}, {CPU: 3000}),
+    }
+    assert parse_spec('{"containers": {"a": null}, "containers": null}') is None
+    reset = parse_spec(
+        '{"containers": {"a": {"limits": {"kubernetes.io/batch-cpu": "1k"}, "limits": null}}}'
+    )
+    assert reset is not None and reset.containers["a"] == ContainerSpec({}, {})
+
+
+@pytest.mark.parametrize("quantity", ['"1\\u006b"', '"\\u00201k"', '"1k\\n"', '"\\"1k"'])
+def test_an_escaped_quantity_is_refused_as_go_reads_it_raw(quantity: str) -> None:
+    # Quantity.UnmarshalJSON hands the bytes between the quotes to ParseQuantity unescaped.
+    text = f'{{"containers": {{"a": {{"limits": {{"{CPU}": {quantity}}}}}}}}}'
+    with pytest.raises(SpecError, match="JSON escape"):
+        parse_spec(text)
+
+
+def test_escapes_elsewhere_are_decoded() -> None:
+    spec = parse_spec(
+        '{"containers": {"\\u0061": {"limits": {"kubernetes.io/batch\\u002dcpu": "1k"}}}}'
+    )
+    assert spec is not None
+    assert spec.containers == {"a": ContainerSpec({}, {CPU: 1000})}
+
+
+def test_an_array_is_not_an_object() -> None:
+    with pytest.raises(SpecError, match="not an array"):
+        parse_spec('{"containers": []}')

@@ -79,14 +79,6 @@ def test_parse(text: str, amount: int | Fraction, fmt: Format) -> None:
         "1E+",
         "1e1.5",
         "1kk",
-        # Number-less strings: outside the documented grammar (apimachinery's lenient
-        # scanner reads them as 0).
-        "Ki",
-        "m",
-        ".",
-        "+",
-        "-",
-        "e3",
         # Non-ASCII digits.
         "\u0663",
         "1e\u0663",
@@ -98,6 +90,18 @@ def test_parse(text: str, amount: int | Fraction, fmt: Format) -> None:
 def test_rejects(text: str) -> None:
     with pytest.raises(QuantityError):
         parse_quantity(text)
+
+
+@pytest.mark.parametrize("text", ["Ki", "m", "k", ".", "+", "-", "-k", ".M", "e3"])
+def test_a_suffix_without_digits_is_zero(text: str) -> None:
+    # apimachinery's parseQuantityString: "if we stripped all numerator positions, always
+    # return 0"; the suffix must still be one it knows.
+    assert parse_quantity(text).value() == 0
+
+
+def test_a_suffix_without_digits_must_still_be_known() -> None:
+    with pytest.raises(QuantityError, match="unknown suffix 'mi'"):
+        parse_quantity("mi")
 
 
 def test_error_says_what_is_wrong() -> None:

@@ -125,6 +125,37 @@ def test_cpu_normalization_changes_exactly_the_containers_with_a_quota() -> None
     }
 
 
+NORMALIZING = (
+    "rules: {cpuNormalizationRatio: 1.2}\n"
+    "tiers:\n"
+    "  - {name: batch, priorityClasses: [koord-batch, koord-free], qosClasses: [BE],\n"
+    "     resources: {cpu: kubernetes.io/batch-cpu, memory: kubernetes.io/batch-memory}}\n"
+    "  - {name: mid, priorityClasses: [koord-mid], qosClasses: [BE, LS],\n"
+    "     resources: {cpu: kubernetes.io/mid-cpu, memory: kubernetes.io/mid-memory}}\n"
+    "  - {name: prod, priorityClasses: [koord-prod, None], qosClasses: [LS, None],\n"
+    "     calculator: cpu-normalization}\n"
+)
+
+
+def test_a_normalization_tier_adds_the_prod_pod_and_sets_its_quota_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    changed = changed_containers(replayed(load_config_text(NORMALIZING, "test")))
+    # prod-ls: kubelet's 200000 (limits.cpu 2) / 1.2; mid-ls once, by the mid formula.
+    assert changed[(10, "prod-ls", "main")] == 166667
+    assert changed[(8, "mid-ls", "main")] == 83334
+    config = tmp_path / "normalize.yaml"
+    config.write_text(NORMALIZING)
+    assert main(["replay", str(RECORDING), "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    (prod,) = [
+        line for line in out.splitlines() if "default/prod-ls" in line and "container" in line
+    ]
+    # Tier prod, shares and memory not set ("-"), the quota scaled.
+    assert prod.split()[5:9] == ["prod", "-", "166667", "-"]
+    assert "was untouched" in prod
+
+
 def test_cfs_quota_off_leaves_native_quotas_in_place() -> None:
     config = load_config_text("rules:\n  cfsQuota: false\n", "test")
     assert changed_containers(replayed(config)) == {

@@ -263,7 +263,14 @@ def classify(pod: PodFacts, policy: Policy) -> Classification:
 def tier_resources(policy: Policy) -> tuple[str, ...]:
     """Every resource a tier reads, in a stable order."""
     return tuple(
-        sorted({name for t in policy.chain.tiers for name in (t.cpu_resource, t.memory_resource)})
+        sorted(
+            {
+                name
+                for t in policy.chain.tiers
+                for name in (t.cpu_resource, t.memory_resource)
+                if name  # tiers whose calculator reads none
+            }
+        )
     )
 
 
@@ -324,6 +331,8 @@ def mutate(pod: PodFacts, policy: Policy) -> Verdict:
         settings.priority_class_label,
         found.priority.value,
     )
+    if not tier.cpu_resource:  # its calculator reads no extended resources: no spec to write
+        return Verdict(True, tuple(ops), warnings=tuple(warnings), tier=tier.name)
     spec = derive_spec(pod, tier_resources(policy))
     key = settings.spec_annotation
     current = pod.annotations.get(key)
@@ -427,12 +436,13 @@ def validate(pod: PodFacts, policy: Policy) -> Verdict:
         names = "resources " + ", ".join(used) + f" (tier {tier.name})"
         if found.qos not in tier.qos_classes:
             problems.append(
-                f"{names} need QoS class {' or '.join(sorted(tier.qos_classes))} in label "
+                f"{names} need QoS class {' or '.join(sorted(map(str, tier.qos_classes)))} in "
+                "label "
                 f"{settings.qos_label}, but the pod's QoS class is {found.qos or 'none'}"
             )
         if found.priority is not None and found.priority not in tier.priority_classes:
             problems.append(
-                f"{names} are for priority class {' or '.join(tier.priority_classes)}, "
+                f"{names} are for priority class {' or '.join(map(str, tier.priority_classes))}, "
                 f"but the pod's priority class is {found.priority}"
             )
     if problems:
