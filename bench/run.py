@@ -716,7 +716,8 @@ def _payload(reply: bytes, method: str) -> bytes:
     response = ttrpc_pb2.Response.FromString(reply)
     if response.HasField("status") and response.status.code:
         raise BenchError(f"{method} failed: {response.status.code} {response.status.message}")
-    return response.payload
+    payload: bytes = response.payload
+    return payload
 
 
 def check_sync_updates(

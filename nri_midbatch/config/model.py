@@ -34,6 +34,7 @@ from nri_midbatch.cgroups.paths import CgroupDriver
 from nri_midbatch.policy.calculators import READS_RESOURCES
 
 __all__ = [
+    "CgroupDriver",
     "Config",
     "ConfigError",
     "effective_config_yaml",

@@ -604,7 +604,7 @@ disabled_plugins = [
         labels: Mapping[str, str] | None = None,
         annotations: Mapping[str, str] | None = None,
         cgroup_parent: str | None = None,
-    ) -> cri.PodSandboxConfig:
+    ) -> Any:
         """A host-network PodSandboxConfig; cgroup parent defaults to the besteffort tier."""
         uid = uid or str(uuid.uuid4())
         if cgroup_parent is None:
@@ -639,18 +639,19 @@ disabled_plugins = [
         config = self.pod_config(name, namespace, uid, labels, annotations, cgroup_parent)
         return self.run_pod_config(config, timeout=timeout)
 
-    def run_pod_config(self, config: cri.PodSandboxConfig, *, timeout: float = 30.0) -> str:
+    def run_pod_config(self, config: Any, *, timeout: float = 30.0) -> str:
         self.cgroup_parents.add(config.linux.cgroup_parent)
         NODE.prepare_parent(config.linux.cgroup_parent)
         Path(config.log_directory).mkdir(parents=True, exist_ok=True)
         resp = self.cri.RunPodSandbox(cri.RunPodSandboxRequest(config=config), timeout=timeout)
         self.pod_configs[resp.pod_sandbox_id] = config
-        return resp.pod_sandbox_id
+        pod_id: str = resp.pod_sandbox_id
+        return pod_id
 
     def create_container(
         self,
         pod_id: str,
-        pod_config: cri.PodSandboxConfig | None = None,
+        pod_config: Any | None = None,
         name: str = "main",
         resources: Mapping[str, Any] | None = None,
         labels: Mapping[str, str] | None = None,
@@ -680,7 +681,8 @@ disabled_plugins = [
             ),
             timeout=timeout,
         )
-        return resp.container_id
+        container_id: str = resp.container_id
+        return container_id
 
     def start_container(self, container_id: str, *, timeout: float = 30.0) -> None:
         self.cri.StartContainer(
@@ -704,7 +706,7 @@ disabled_plugins = [
             timeout=timeout,
         )
 
-    def container_status(self, container_id: str) -> cri.ContainerStatus:
+    def container_status(self, container_id: str) -> Any:
         req = cri.ContainerStatusRequest(container_id=container_id)
         return self.cri.ContainerStatus(req, timeout=10).status
 
@@ -722,11 +724,11 @@ disabled_plugins = [
         self.cri.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=pod_id), timeout=30)
         self.pod_configs.pop(pod_id, None)
 
-    def list_containers(self, pod_id: str = "") -> list[cri.Container]:
+    def list_containers(self, pod_id: str = "") -> list[Any]:
         req = cri.ListContainersRequest(filter=cri.ContainerFilter(pod_sandbox_id=pod_id))
         return list(self.cri.ListContainers(req, timeout=10).containers)
 
-    def list_pods(self) -> list[cri.PodSandbox]:
+    def list_pods(self) -> list[Any]:
         return list(self.cri.ListPodSandbox(cri.ListPodSandboxRequest(), timeout=10).items)
 
     def stop_and_remove_all(self) -> None:

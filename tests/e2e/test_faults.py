@@ -12,6 +12,7 @@ that a pod's quota reaches its lowered value only after its containers'.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -65,6 +66,25 @@ def plugins() -> Iterator[list[PluginProcess]]:
 
 
 # -- what every fault is checked for --------------------------------------------------
+
+
+def holds(pod: Pod, values: object) -> bool:
+    """Whether the pod's container cgroup holds `values` now."""
+    return NODE.read_values(pod.parent, pod.container_id) == values
+
+
+def pod_holds(pod: Pod, values: object) -> bool:
+    """Whether the pod's own cgroup holds `values` now."""
+    return NODE.read_values(pod.parent, None) == values
+
+
+def all_at_quota(pods: list[Pod], quota: int) -> bool:
+    """Whether every pod and its container hold `quota` now."""
+    return all(
+        NODE.read_values(p.parent).quota == quota
+        and NODE.read_values(p.parent, p.container_id).quota == quota
+        for p in pods
+    )
 
 
 def metrics_port(plugin: PluginProcess) -> int:
@@ -150,10 +170,10 @@ def test_containerd_killed_during_a_synchronize_then_restarted(
     # The pod's values add up its three containers'.
     whole = NODE.expect(3 * 512, 3 * 100000, 3 * 512 * MIB)
     for p in pods:
-        assert wait_until(lambda p=p: NODE.read_values(p.parent, p.container_id) == EXPECTED), (
-            NODE.read_values(p.parent, p.container_id)
+        assert wait_until(functools.partial(holds, p, EXPECTED)), NODE.read_values(
+            p.parent, p.container_id
         )
-        assert wait_until(lambda p=p: NODE.read_values(p.parent, None) == whole)
+        assert wait_until(functools.partial(pod_holds, p, whole))
     assert scrape(port, "nri_midbatch_reconnects_total") >= 1
     repaired = scrape(port, "nri_midbatch_container_repairs_total", result="ok")
     print(f"containers reported right by the restarted containerd but repaired: {repaired:g}")
@@ -188,10 +208,10 @@ def test_plugin_stopped_past_the_request_timeout_registers_again_and_repairs(
     plugin.wait_for("connection to runtime lost", after=first, timeout=30)
     plugin.wait_for("synchronized", after=first + 1, timeout=30)
     for p in (late, meanwhile):
-        assert wait_until(lambda p=p: NODE.read_values(p.parent, p.container_id) == EXPECTED), (
-            NODE.read_values(p.parent, p.container_id)
+        assert wait_until(functools.partial(holds, p, EXPECTED)), NODE.read_values(
+            p.parent, p.container_id
         )
-        assert wait_until(lambda p=p: NODE.read_values(p.parent, None) == EXPECTED)
+        assert wait_until(functools.partial(pod_holds, p, EXPECTED))
     assert scrape(port, "nri_midbatch_reconnects_total") >= 1
     assert outside_files() == outside
     assert_serving(containerd, plugin, port, "after-resume")
@@ -604,14 +624,7 @@ def test_reload_lowers_pods_after_their_containers_and_raises_them_before(
         with FilePoller([f for pair in files for f in pair]) as poller:
             config.write_text(NODE.plugin_config(text))
             # Both levels: under emulation the second write comes well after the first.
-            assert wait_until(
-                lambda value=value: all(
-                    NODE.read_values(p.parent).quota == int(value)
-                    and NODE.read_values(p.parent, p.container_id).quota == int(value)
-                    for p in pods
-                ),
-                timeout=15,
-            )
+            assert wait_until(functools.partial(all_at_quota, pods, int(value)), timeout=15)
             time.sleep(0.05)  # no later write may follow
         gaps = order_gaps(poller, files, value)
         print(f"\nreload, {label}: pod after its container by {[round(g, 4) for g in gaps]} s")

@@ -90,7 +90,7 @@ class FakeManager(ServiceInterface):
         self._changed.set()
 
     @method()
-    def SetUnitProperties(self, name: "s", runtime: "b", properties: "a(sv)") -> None:  # type: ignore[name-defined] # noqa: F821
+    def SetUnitProperties(self, name: "s", runtime: "b", properties: "a(sv)") -> None:  # type: ignore[name-defined,valid-type] # noqa: F821
         # Refusing unknown units stands for any error reply: real systemd 252
         # accepts properties for any unit name (measured).
         if name not in self.units:
@@ -144,4 +144,4 @@ async def serve_manager(address: str, manager: FakeManager) -> AsyncIterator[Non
         yield
     finally:
         bus.disconnect()
-        await bus.wait_for_disconnect()
+        await bus.wait_for_disconnect()  # type: ignore[no-untyped-call]

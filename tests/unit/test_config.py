@@ -67,6 +67,7 @@ def test_defaults_reproduce_koordinator() -> None:
         (PriorityClass.BATCH, PriorityClass.FREE),
         (QoSClass.BE,),
     )
+    assert batch.resources is not None and mid.resources is not None
     assert (batch.resources.cpu, batch.resources.memory) == (
         "kubernetes.io/batch-cpu",
         "kubernetes.io/batch-memory",
@@ -91,7 +92,7 @@ def test_defaults_reproduce_koordinator() -> None:
     assert config.rules.cfs_quota is True
     assert config.rules.cpu_normalization_ratio is None
     assert config.cgroups.root == "/sys/fs/cgroup"
-    assert config.cgroups.driver is CgroupDriver.AUTO
+    assert config.cgroups.driver is paths.CgroupDriver.AUTO
     assert config.cgroups.pod_level is True
 
 
@@ -261,7 +262,7 @@ def test_load_config_file_names_the_file(tmp_path: Path) -> None:
 def test_config_is_frozen() -> None:
     config = Config()
     with pytest.raises(ValueError):
-        config.rules.cfs_quota = False
+        config.rules.cfs_quota = False  # type: ignore[misc]
 
 
 def test_compile_policy() -> None:

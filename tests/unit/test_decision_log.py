@@ -15,6 +15,7 @@ from nri_midbatch.glue.after_reply import AfterReply
 from nri_midbatch.glue.decision_log import LINES_PER_WRITE, DecisionLines
 from nri_midbatch.obs.logging import configure_logging, set_level
 from nri_midbatch.policy import CgroupValues, ContainerView, PodView
+from nri_midbatch.policy.trace import NoTier
 
 POD = PodView("u", "jobs", "spark-1", {}, {}, "/kubepods/besteffort/podu")
 VALUES = CgroupValues(512, 100_000, 512 * 2**20)
@@ -87,7 +88,7 @@ def test_many_lines_keep_their_order_across_slices(sink: io.StringIO) -> None:
 
 def test_untouched_containers_are_written_at_debug_only(sink: io.StringIO) -> None:
     lines = DecisionLines("CreateContainer")
-    lines.add(None, POD, ContainerView("c1", "app"), "no tier matched: pod left alone")
+    lines.add(None, POD, ContainerView("c1", "app"), NoTier())
 
     async def write() -> None:
         after_reply = AfterReply()

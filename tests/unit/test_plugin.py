@@ -22,6 +22,7 @@ import structlog
 import structlog.testing
 
 from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.cgroups import fs as cgroups_fs
 from nri_midbatch.cgroups.files import CgroupVersion
 from nri_midbatch.cgroups.fs import apply_pod_values
 from nri_midbatch.cgroups.report import FileFailure, WriteReport
@@ -175,7 +176,7 @@ def make_container(
         id=container_id,
         pod_sandbox_id=pod_id,
         name=name,
-        state=state,  # type: ignore[arg-type]
+        state=state,
         linux=api.LinuxContainer(resources=current or api.LinuxResources()),
     )
 
@@ -376,7 +377,9 @@ def test_create_untouched_pods_get_an_empty_response(
     tree: CgroupTree, labels: dict[str, str | None], why: str
 ) -> None:
     # Even with batch resources in the annotation, these pods are not a tier's.
-    pod = make_pod("p", annotation=spec({"app": BATCH_APP}), **labels)
+    pod = make_pod(
+        "p", qos=labels["qos"], priority=labels["priority"], annotation=spec({"app": BATCH_APP})
+    )
     ctr = make_container("c", pod, "app", current=resources(quota=100_000, memory=GI))
 
     async def scenario() -> None:
@@ -710,7 +713,7 @@ def lowered_batch_pod(tree: CgroupTree) -> tuple[api.PodSandbox, api.Container, 
 def count_container_reads(monkeypatch: pytest.MonkeyPatch) -> asyncio.Queue[str]:
     """Each read of a container's cgroup files by the plugin, by container id."""
     reads: asyncio.Queue[str] = asyncio.Queue()
-    real = cgroup_writer.read_container_values
+    real = cgroups_fs.read_container_values
 
     def read(root: Path, driver: Any, parent: str, container_id: str, path: str = "") -> Any:
         reads.put_nowait(container_id)
@@ -1255,7 +1258,7 @@ def test_synchronize_repairs_a_container_whose_files_miss_the_reported_values(
     async def scenario() -> Sequence[api.ContainerUpdate]:
         response = await plugin.synchronize([pod], [ctr])
         await asyncio.wait_for(plugin.after_reply.settle(), STEP_TIMEOUT)
-        return response.update
+        return list(response.update)
 
     with structlog.testing.capture_logs() as logs:
         assert list(run(scenario())) == []
