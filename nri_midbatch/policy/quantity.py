@@ -147,7 +147,10 @@ def _interpret_suffix(text: str, suffix: str) -> tuple[Format, int]:
     if exponent is None:
         stray = next((ch for ch in suffix if ch not in _SUFFIX_ALPHABET), None)
         if stray is not None:
-            raise QuantityError(f"invalid quantity {text!r}: unexpected {stray!r} after the number")
+            raise QuantityError(
+                f"invalid quantity {text!r}: unexpected {stray!r} (a quantity is an optional "
+                "number such as 1, 1.5 or .5, then an optional suffix such as m, Mi or e3)"
+            )
         raise QuantityError(
             f"invalid quantity {text!r}: unknown suffix {suffix!r} (expected one of "
             "n u m k M G T P E Ki Mi Gi Ti Pi Ei, or an exponent such as e3)"
