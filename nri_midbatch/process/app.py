@@ -21,6 +21,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from nri_midbatch.cgroups.systemd import LEVELS
+from nri_midbatch.cgroups.values import VALUE_FIELDS
 from nri_midbatch.config.model import Config, ConfigError, load_config_file
 from nri_midbatch.glue.plugin import MidBatchPlugin
 from nri_midbatch.glue.reconcile import Plan, split_pods
@@ -58,6 +59,7 @@ UPDATE_CONTAINERS_TIMEOUT = 10.0
 #: and the alerts in examples/monitoring/ use increase().
 RELOAD_RESULTS = ("applied", "unchanged", "invalid", "failed")
 INVALID_REASONS = (*(kind.value for kind in ErrorKind), "internal")
+ADJUSTING_METHODS = ("CreateContainer", "UpdateContainer", "Synchronize")
 #: Runtimes before this never synchronize pre-launched plugins.
 PRELAUNCHED_SYNC_FROM: Version = (0, 7, 0)
 
@@ -260,11 +262,15 @@ class App:
             ("reason",),
             invalid,
         )
+        adjusted: dict[tuple[str, ...], int] = {
+            (method, name): 0 for method in ADJUSTING_METHODS for name in VALUE_FIELDS
+        }
+        adjusted.update({tuple(key): n for key, n in counters.adjusted.items()})
         yield (
             "nri_midbatch_adjusted_fields",
             "Container cgroup fields set through NRI, by method and field",
             ("method", "field"),
-            {tuple(key): n for key, n in counters.adjusted.items()},
+            adjusted,
         )
         yield (
             "nri_midbatch_observed",

@@ -73,7 +73,7 @@ def guest_command(driver: Driver, tests: tuple[str, ...]) -> str:
     return (
         f"cd {ROOT}\n"
         f"export CI=true {DRIVER_ENV}={driver} NRI_E2E_SLOWDOWN={SLOWDOWN}"
-        " PYTHONDONTWRITEBYTECODE=1\n"
+        " PYTHONDONTWRITEBYTECODE=1 TMPDIR=/guest-tmp\n"
         f"exec {sys.executable} -m pytest -p no:cacheprovider -q"
         f" --junitxml={GUEST_SHARE}/junit.xml -k {GUEST_CONTAINERD.id} {ids}\n"
     )

@@ -12,6 +12,7 @@ import structlog
 
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.api import ttrpc_pb2
+from nri_midbatch.glue import after_reply as after_reply_module
 from nri_midbatch.glue.after_reply import AfterReply
 from nri_midbatch.rpc.connection import MuxConnection
 from nri_midbatch.rpc.service import CallContext, Method, Service
@@ -157,13 +158,18 @@ def test_work_waits_while_the_probe_says_busy() -> None:
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
-def test_a_request_arriving_during_a_backlog_is_served_before_the_rest_of_it(loop: str) -> None:
+def test_a_request_arriving_during_a_backlog_is_served_before_the_rest_of_it(
+    loop: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """On a real socket: the connection's busy() stops deferred work for a request.
 
     The slice is a minute long, so only the probe can let the request in
     before the backlog is done. uvloop reads the socket before it runs ready
     callbacks: there the request waits in the reader's buffer, not on the socket.
+    The wait after a busy answer is stretched to a second, so that a loaded
+    machine still reads and serves the request before the work runs regardless.
     """
+    monkeypatch.setattr(after_reply_module, "BUSY_RECHECK_SECONDS", 1.0)
     after_reply = AfterReply(slice_seconds=60)
     left, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     order: list[str] = []
@@ -195,7 +201,7 @@ def test_a_request_arriving_during_a_backlog_is_served_before_the_rest_of_it(loo
         after_reply.yield_to(conn.busy)
         serving = asyncio.create_task(conn.run())
         peer.send(request(1, "first"))
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(STEP_TIMEOUT):
             while len(order) < 21:
                 await asyncio.sleep(0.001)
             await after_reply.settle()

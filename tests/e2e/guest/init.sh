@@ -4,7 +4,7 @@
 # Loads the virtio, 9p and overlay modules, mounts the host's root (9p tag
 # `host`, read-only) as the lower layer of an overlay with a tmpfs upper
 # layer, mounts the writable results share (9p tag `results`) at
-# /guest-results and a tmpfs at /tmp, and hands over to the program named by
+# /guest-results and a tmpfs at /guest-tmp, and hands over to the program named by
 # `guest.init=` on the kernel command line, as PID 1 of the new root.
 /bin/busybox --install -s /bin
 export PATH=/bin
@@ -34,8 +34,11 @@ mount -t overlay -o lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work overlay 
 rm -f /newroot/.dockerenv
 mkdir -p /newroot/guest-results
 mount -t 9p -o "$p9" results /newroot/guest-results || fail "cannot mount the results share"
-# A real tmpfs: containerd's overlay snapshots cannot live on the overlay root.
-mount -t tmpfs -o mode=1777 tmp /newroot/tmp
+# A real tmpfs for the tests' files (TMPDIR): containerd's overlay snapshots
+# cannot live on the overlay root. Not on /tmp, which would hide a checkout
+# that lives there on the host (CI may clone anywhere).
+mkdir -p /newroot/guest-tmp
+mount -t tmpfs -o mode=1777 tmp /newroot/guest-tmp
 
 init="$(sed -n 's/.*guest\.init=\([^ ]*\).*/\1/p' /proc/cmdline)"
 [ -n "$init" ] || fail "no guest.init= on the kernel command line"

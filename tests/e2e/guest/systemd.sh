@@ -36,7 +36,7 @@ for unit in systemd-timesyncd.service systemd-pstore.service apt-daily.timer \
     serial-getty@ttyS0.service console-getty.service cron.service; do
     ln -sf /dev/null "$units/$unit"
 done
-# Debian's tmpfiles rule would empty /tmp, where the tests keep their files.
+# Debian's tmpfiles rule would empty /tmp, and with it a checkout that lives there.
 mkdir -p /etc/tmpfiles.d
 ln -sf /dev/null /etc/tmpfiles.d/tmp.conf
 exec /lib/systemd/systemd --unit=nri-e2e.target --show-status=1
