@@ -193,6 +193,9 @@ class Session:
         if on_state is not None:
             self.state._listeners.append(on_state)
         self._conn: MuxConnection | None = None
+        #: What the wire layer refused or ignored on connections now closed.
+        self._refused_before = 0
+        self._ignored_before = 0
         #: The Synchronize being received: chunks are handed to the plugin as they come.
         self._sync_pods = 0
         self._sync_containers = 0
@@ -228,9 +231,17 @@ class Session:
             conn.close()
             await asyncio.gather(reader_task, return_exceptions=True)
             self._conn = None
+            self._refused_before += conn.refused
+            self._ignored_before += conn.ignored
             self._drop_sync_buffer()
             self._advance(Step.CLOSE)
         return conn.close_reason or "closed"
+
+    def protocol_violations(self) -> tuple[int, int]:
+        """(requests refused, messages ignored) by the wire layer, over every connection."""
+        conn = self._conn
+        live = (conn.refused, conn.ignored) if conn is not None else (0, 0)
+        return self._refused_before + live[0], self._ignored_before + live[1]
 
     async def _register(self, conn: MuxConnection) -> None:
         request = api.RegisterPluginRequest(

@@ -317,6 +317,14 @@ class App:
             ("path", "result"),
             {tuple(key): n for key, n in self.followed.items()},
         )
+        refused, ignored = self.session.protocol_violations()
+        yield (
+            "nri_midbatch_runtime_protocol_violations",
+            "Messages from the runtime the wire layer answered itself (refused: malformed or"
+            " unknown requests) or dropped (ignored: stray replies, unknown message types)",
+            ("kind",),
+            {("refused",): refused, ("ignored",): ignored},
+        )
         yield (
             "nri_midbatch_metrics_bind_failures",
             "Attempts to serve metrics and health that found the address taken",

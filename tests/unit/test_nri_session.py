@@ -841,3 +841,24 @@ def test_split_synchronize_is_bounded_in_bytes(monkeypatch: pytest.MonkeyPatch) 
         await task
 
     run(scenario())
+
+
+def test_protocol_violations_are_counted_across_connections() -> None:
+    """What the wire layer refuses or drops is counted, live and after the connection ends."""
+
+    async def scenario() -> None:
+        session = Session(RecordingPlugin(), "midbatch", "10")
+        peer, task = await registered_raw(session)
+        assert session.protocol_violations() == (0, 0)
+        peer.send_request(1, 7, "no.such.Service", "Nothing", api.Empty())
+        _, response = await peer.read_response(1)
+        assert response.status.code != Code.OK
+        peer.send(1, 99, 2, ttrpc_pb2.Response().SerializeToString())  # a reply to no call
+        peer.send_request(1, 9, PLUGIN_SERVICE, "Synchronize", api.SynchronizeRequest())
+        await peer.read_response(1)  # the stray reply was read before this request
+        assert session.protocol_violations() == (1, 1)
+        peer.close()
+        await task
+        assert session.protocol_violations() == (1, 1)
+
+    run(scenario())
