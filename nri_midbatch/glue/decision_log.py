@@ -25,6 +25,9 @@ log = structlog.get_logger(__name__)
 #: longest a request arriving meanwhile waits for them (after_reply.py).
 LINES_PER_WRITE = 16
 
+#: The extra field of a decision line, by whether it changed anything.
+_UNCHANGED_FIELD: dict[bool, dict[str, bool]] = {True: {}, False: {"unchanged": True}}
+
 _FIELDS_PER_LINE = 5
 
 #: Results counted in the summary line, by tier.
@@ -99,20 +102,6 @@ class DecisionLines:
             pod: PodView = fields[i + 1]
             container: ContainerView = fields[i + 2]
             values = fields[i + 3]
-            if not fields[i + 4]:
-                logger.debug(
-                    "decision",
-                    method=method,
-                    tier=fields[i],
-                    namespace=pod.namespace,
-                    pod=pod.name,
-                    container=container.name,
-                    cpu_shares=values.cpu_shares,
-                    cpu_quota=values.cpu_quota,
-                    memory_limit=values.memory_limit,
-                    unchanged=True,
-                )
-                continue
             if not isinstance(values, CgroupValues):
                 logger.debug(
                     "untouched",
@@ -123,7 +112,9 @@ class DecisionLines:
                     why=str(values),
                 )
                 continue
-            logger.info(
+            changed = fields[i + 4]
+            # Changes at info; a container that already had its values at debug.
+            (logger.info if changed else logger.debug)(
                 "decision",
                 method=method,
                 tier=fields[i],
@@ -133,4 +124,5 @@ class DecisionLines:
                 cpu_shares=values.cpu_shares,
                 cpu_quota=values.cpu_quota,
                 memory_limit=values.memory_limit,
+                **_UNCHANGED_FIELD[changed],
             )
