@@ -24,19 +24,9 @@ UNPACKED="$CACHE/unpacked"
 BIN="$UNPACKED/usr/bin"
 LOG="$CACHE/fetch.log"
 
-die() {
-    echo "fetch-containerd: $*" >&2
-    if [[ -s "$LOG" ]]; then
-        echo "--- $LOG ---" >&2
-        tail -n 40 "$LOG" >&2
-    fi
-    exit 1
-}
-
-# Run a command with its output in the log; the log is shown on failure.
-quietly() {
-    "$@" >>"$LOG" 2>&1 || die "failed: $*"
-}
+SCRIPT=fetch-containerd
+# shellcheck source=scripts/lib.sh
+source "$ROOT/scripts/lib.sh"
 
 mkdir -p "$CACHE"
 : >"$LOG"
@@ -46,13 +36,7 @@ missing=()
 command -v runc >/dev/null 2>&1 || missing+=(runc)
 [[ -x /bin/busybox ]] || missing+=(busybox-static)
 if ((${#missing[@]})); then
-    [[ $EUID -eq 0 ]] || die "need root to apt-get install ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    # Install straight away if the lists already know the packages, else update once.
-    if ! apt-get install -y --no-install-recommends "${missing[@]}" >>"$LOG" 2>&1; then
-        quietly apt-get update
-        quietly apt-get install -y --no-install-recommends "${missing[@]}"
-    fi
+    apt_install "${missing[@]}"
 fi
 
 # Debian version "2.1.9~ds1-5" or "1.7.24~ds1-6+b2" -> "2.1.9" / "1.7.24".

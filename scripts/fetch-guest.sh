@@ -19,18 +19,9 @@ LOG="$CACHE/fetch.log"
 MODULES=(virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci virtio-rng
     netfs fscache 9pnet 9pnet_virtio 9p overlay)
 
-die() {
-    echo "fetch-guest: $*" >&2
-    if [[ -s "$LOG" ]]; then
-        echo "--- $LOG ---" >&2
-        tail -n 40 "$LOG" >&2
-    fi
-    exit 1
-}
-
-quietly() {
-    "$@" >>"$LOG" 2>&1 || die "failed: $*"
-}
+SCRIPT=fetch-guest
+# shellcheck source=scripts/lib.sh
+source "$ROOT/scripts/lib.sh"
 
 mkdir -p "$CACHE"
 : >"$LOG"
@@ -40,12 +31,7 @@ missing=()
 command -v qemu-system-x86_64 >/dev/null 2>&1 || missing+=(qemu-system-x86)
 [[ -x /bin/busybox ]] || missing+=(busybox-static)
 if ((${#missing[@]})); then
-    [[ $EUID -eq 0 ]] || die "need root to apt-get install ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    if ! apt-get install -y --no-install-recommends "${missing[@]}" >>"$LOG" 2>&1; then
-        quietly apt-get update
-        quietly apt-get install -y --no-install-recommends "${missing[@]}"
-    fi
+    apt_install "${missing[@]}"
 fi
 
 # --- the kernel: vmlinuz and a few modules of Debian 12's current one ---

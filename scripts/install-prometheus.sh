@@ -17,17 +17,9 @@ LOG="$ROOT/.cache/install-prometheus.log"
 mkdir -p "$(dirname "$LOG")"
 : >"$LOG"
 
-die() {
-    echo "install-prometheus: $*" >&2
-    if [[ -s "$LOG" ]]; then
-        echo "--- $LOG ---" >&2
-        tail -n 40 "$LOG" >&2
-    fi
-    exit 1
-}
-
-[[ $EUID -eq 0 ]] || die "need root to apt-get install prometheus"
-export DEBIAN_FRONTEND=noninteractive
+SCRIPT=install-prometheus
+# shellcheck source=scripts/lib.sh
+source "$ROOT/scripts/lib.sh"
 
 # The package's maintainer scripts start the service (through invoke-rc.d or
 # deb-systemd-invoke, both of which ask policy-rc.d first). Refuse every start
@@ -39,12 +31,7 @@ if [[ ! -e "$POLICY" ]]; then
     trap 'rm -f "$POLICY"' EXIT
 fi
 
-# Wait for another apt or dpkg run (other tests install packages too).
-APT=(apt-get -y --no-install-recommends -o DPkg::Lock::Timeout=300)
-if ! "${APT[@]}" install prometheus >>"$LOG" 2>&1; then
-    apt-get -o DPkg::Lock::Timeout=300 update >>"$LOG" 2>&1 || die "failed: apt-get update"
-    "${APT[@]}" install prometheus >>"$LOG" 2>&1 || die "failed: apt-get install prometheus"
-fi
+apt_install prometheus
 
 # On a machine run by systemd the unit is enabled by the install: turn it off
 # so that the next boot does not start it either.
