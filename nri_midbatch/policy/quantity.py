@@ -118,7 +118,7 @@ def parse_quantity(text: str) -> Quantity:
     fraction = fraction or ""
     # apimachinery's scanner reads a missing number as 0 ("k", "Mi", "-", "."), and the API
     # server stores such quantities, so a pod can carry them: they are zero here too.
-    fmt, exponent = _interpret_suffix(text, suffix)
+    fmt, exponent = _interpret_suffix(text, suffix, bool(whole or fraction))
     amount = Fraction(int(whole + fraction or "0"), 10 ** len(fraction))
     if fmt is Format.BINARY_SI:
         amount *= 2**exponent
@@ -136,7 +136,7 @@ def parse_quantity(text: str) -> Quantity:
     return Quantity(amount, fmt)
 
 
-def _interpret_suffix(text: str, suffix: str) -> tuple[Format, int]:
+def _interpret_suffix(text: str, suffix: str, has_number: bool) -> tuple[Format, int]:
     decimal = _DECIMAL_SUFFIXES.get(suffix)
     if decimal is not None:
         return Format.DECIMAL_SI, decimal
@@ -147,10 +147,12 @@ def _interpret_suffix(text: str, suffix: str) -> tuple[Format, int]:
     if exponent is None:
         stray = next((ch for ch in suffix if ch not in _SUFFIX_ALPHABET), None)
         if stray is not None:
-            raise QuantityError(
-                f"invalid quantity {text!r}: unexpected {stray!r} (a quantity is an optional "
-                "number such as 1, 1.5 or .5, then an optional suffix such as m, Mi or e3)"
+            where = (
+                "after the number"
+                if has_number
+                else "(a quantity is a number such as 1, 1.5 or .5, then a suffix such as m or Mi)"
             )
+            raise QuantityError(f"invalid quantity {text!r}: unexpected {stray!r} {where}")
         raise QuantityError(
             f"invalid quantity {text!r}: unknown suffix {suffix!r} (expected one of "
             "n u m k M G T P E Ki Mi Gi Ti Pi Ei, or an exponent such as e3)"
