@@ -250,6 +250,14 @@ def test_prometheus_scrapes_the_plugin_on_real_containerd(
     )
     assert firing() == {("NriMidbatchInvalidAnnotations", "firing")}
 
+    # rate() needs two samples of a series in its window: on a loaded machine let
+    # a few scrapes follow the events before the panels are asked.
+    def scraped_thrice() -> bool:
+        counts = prom.query("min(count_over_time(nri_midbatch_events_total[1m]))")
+        return bool(counts) and min(counts.values()) >= 3
+
+    prom.wait_for("three scrapes of every event series", scraped_thrice)
+
     # Every panel's query returns data over the run, as Grafana would ask for it.
     board = json.loads(DASHBOARD.read_text())
     for variable in board["templating"]["list"]:

@@ -45,6 +45,10 @@ def test_config_change_reaches_running_containers(containerd: Containerd, tmp_pa
             NODE.read_values(pod.parent, pod.container_id)
         )
         assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(512, 50000, 512 * MIB)
+        # A lowered pod is written after its container (order of lowering): wait for it too.
+        assert wait_until(lambda: NODE.read_values(pod.parent, None).quota == 50000), (
+            NODE.read_values(pod.parent, None)
+        )
         assert NODE.read_values(pod.parent, None) == NODE.expect(512, 50000, 512 * MIB)
         assert scrape(port, "nri_midbatch_config_reloads_total", result="applied") == 1
 
