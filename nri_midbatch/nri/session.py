@@ -149,6 +149,9 @@ class SessionState:
     runtime: RuntimeInfo | None = None
     events: int = 0
     sync_chunks: int = 0
+    #: Pods and containers of the Synchronize being received, so far (0 between them);
+    #: listeners are told after each chunk is taken in.
+    sync_receiving: int = 0
     sync_pods: int = 0
     sync_containers: int = 0
     #: Completed Synchronizes, and how long the last took from first chunk to reply.
@@ -505,6 +508,8 @@ class Session:
         # The plugin keeps what it needs of the chunk; the request is freed
         # with this frame, so the peak memory is one chunk's, not the node's.
         self._plugin.synchronize_part(request.pods, request.containers, first=first)
+        self.state.sync_receiving = objects
+        self.state.changed()
         if request.more:
             # The runtime closes a plugin that answers a partial chunk with
             # anything but more=true.
@@ -529,6 +534,7 @@ class Session:
         self._reset_sync_counts()
 
     def _reset_sync_counts(self) -> None:
+        self.state.sync_receiving = 0
         self._sync_pods = self._sync_containers = 0
         self._sync_bytes = 0
         self._sync_started = None

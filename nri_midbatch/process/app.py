@@ -38,7 +38,7 @@ from nri_midbatch.obs.health import HealthServer
 from nri_midbatch.obs.logging import set_level
 from nri_midbatch.obs.metrics import CounterFamily, CountersCollector, Metrics
 from nri_midbatch.policy import ErrorKind
-from nri_midbatch.process.heap import LARGE_SYNC, settle_heap
+from nri_midbatch.process.heap import LARGE_SYNC, freeze_survivors, release_freed_memory
 from nri_midbatch.process.record import Recorder, note_decision
 from nri_midbatch.process.reload import FileWatch
 
@@ -230,13 +230,16 @@ class App:
     def _on_state(self, state: SessionState) -> None:
         self.metrics.registered.set(1 if state.configured else 0)
         self.metrics.synchronized.set(1 if state.synchronized else 0)
+        if state.sync_receiving >= LARGE_SYNC:
+            freeze_survivors()  # a chunk taken in: its views are here to stay
         if state.syncs > self._syncs_seen:
             self._syncs_seen = state.syncs
             if state.sync_pods + state.sync_containers >= LARGE_SYNC:
-                # Called as the Synchronize handler returns: queued behind the
-                # Synchronize's own work, this runs once the reply is out and
-                # the request is garbage.
-                self.plugin.after_reply.defer(settle_heap)
+                # Now, before the work left for after the reply allocates;
+                # the memory is given back once that work is done and the
+                # request is garbage.
+                freeze_survivors()
+                self.plugin.after_reply.defer(release_freed_memory)
             self.metrics.sync_duration.observe(state.last_sync_seconds)
             self.metrics.sync_objects.labels("pods").set(state.sync_pods)
             self.metrics.sync_objects.labels("containers").set(state.sync_containers)

@@ -1,0 +1,96 @@
+"""The App keeps a large Synchronize out of the garbage collector's walks (process/heap.py).
+
+What a Synchronize of a large node leaves behind is long-lived; left in the
+collector's generations it would be walked by the full collections that its
+own allocations set off, tens of milliseconds each on a node of 10,000
+containers, in the middle of the chunks and of the work after the reply.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.process import app as app_module
+from nri_midbatch.process.heap import LARGE_SYNC
+
+from .nri_fixtures import run
+from .test_obs_metrics import make_config, make_container, prod_pod, running_app
+
+
+@pytest.fixture(autouse=True)
+def _unfreeze() -> Iterator[None]:
+    gc.unfreeze()
+    yield
+    gc.unfreeze()
+
+
+def _node(pods: int) -> tuple[list[api.PodSandbox], list[api.Container]]:
+    pod_list = [prod_pod(f"p{n}") for n in range(pods)]
+    return pod_list, [make_container(f"c{n}", pod, "app") for n, pod in enumerate(pod_list)]
+
+
+def _chunk(
+    pods: list[api.PodSandbox], containers: list[api.Container], *, more: bool
+) -> api.SynchronizeRequest:
+    return api.SynchronizeRequest(pods=pods, containers=containers, more=more)
+
+
+def test_a_large_synchronize_is_frozen_chunk_by_chunk_and_at_its_reply(tmp_path: Path) -> None:
+    pods, containers = _node(LARGE_SYNC // 2 + 1)  # half in each chunk: together past the bound
+    half = len(pods) // 2
+
+    async def scenario() -> tuple[int, int, int]:
+        async with running_app(make_config(tmp_path)) as running:
+            await running.configure()
+            before = gc.get_freeze_count()
+            first = _chunk(pods[:half], containers[:half], more=True)
+            await running.runtime.call("Synchronize", first, api.SynchronizeResponse)
+            after_small_chunk = gc.get_freeze_count()
+            second = _chunk(pods[half:], containers[half:], more=True)
+            await running.runtime.call("Synchronize", second, api.SynchronizeResponse)
+            after_large_chunk = gc.get_freeze_count()
+            await running.sync([], [])
+            return before, after_small_chunk, after_large_chunk - after_small_chunk
+
+    before, after_small_chunk, frozen_by_chunk = run(scenario())
+    # Below the bound so far: nothing frozen yet.
+    assert after_small_chunk == before
+    # The second chunk brings it past the bound: what the plugin keeps of the
+    # chunks (a view per pod and container, at least) goes out of the walks.
+    assert frozen_by_chunk >= len(pods) + len(containers)
+
+
+def test_the_reply_of_a_large_synchronize_freezes_what_it_decided(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pods, containers = _node(LARGE_SYNC // 2 + 1)
+    #: For each freeze: how many Synchronizes the session had answered.
+    freezes: list[int] = []
+
+    async def scenario() -> None:
+        async with running_app(make_config(tmp_path)) as running:
+            state = running.app.session.state
+            monkeypatch.setattr(app_module, "freeze_survivors", lambda: freezes.append(state.syncs))
+            await running.configure()
+            await running.sync(pods, containers)
+
+    run(scenario())
+    # Once as the one chunk is taken in, once more when it has been decided and answered.
+    assert freezes == [0, 1]
+
+
+def test_a_small_synchronize_is_left_to_the_collector(tmp_path: Path) -> None:
+    pods, containers = _node(10)
+
+    async def scenario() -> int:
+        async with running_app(make_config(tmp_path)) as running:
+            await running.configure()
+            await running.sync(pods, containers)
+            return gc.get_freeze_count()
+
+    assert run(scenario()) == 0
