@@ -18,7 +18,8 @@ itself: the order holds there without waiting; see MidBatchPlugin.write_plan.)
 
 Bounded in time and reads:
 - polled every `POLL_SECONDS`, from the work queue that runs after replies,
-  so a poll never delays a request by more than one slice;
+  `CHECKS_PER_PIECE` containers to a piece of work, so a poll never delays a
+  request by more than those few reads;
 - pods are waited for in the order of the updates sent, which is the order
   the runtime applies them: a poll stops at the first container not yet
   lowered, so it usually reads one container's files;
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from nri_midbatch.glue.after_reply import DEFAULT_SLICE_SECONDS, AfterReply
+from nri_midbatch.glue.after_reply import AfterReply
 
 log = structlog.get_logger(__name__)
 
@@ -44,6 +45,8 @@ log = structlog.get_logger(__name__)
 POLL_SECONDS = 0.02
 #: Longer than containerd takes for one container (a runc update, 10-50 ms under load).
 STALL_SECONDS = 5.0
+#: Containers read in one piece of work: a few files each, some 0.1 ms all told.
+CHECKS_PER_PIECE = 8
 
 #: True once the container holds no more than what the runtime was asked to set.
 Check = Callable[[], bool]
@@ -95,14 +98,16 @@ class LoweringWait:
         if self._cancelled:
             return
         waiting = self._waiting
-        # Many containers seen lowered at once (a node's worth): a slice at a time.
-        deadline = time.perf_counter() + DEFAULT_SLICE_SECONDS
+        # Many containers seen lowered at once (a node's worth): a few reads
+        # to a piece of work, so that a request waits for no more than those.
+        reads = CHECKS_PER_PIECE
         while waiting:
             head = waiting[0]
             while head.checks and head.checks[0]():
                 head.checks.popleft()
                 self._progress_at = time.monotonic()
-                if time.perf_counter() >= deadline:
+                reads -= 1
+                if not reads:
                     self._after_reply.defer(self._check)
                     return
             if head.checks:
