@@ -193,7 +193,9 @@ def _open_targets(
                 try:
                     dir_fd = _open_below(real_root, directory)
                 except OSError as exc:
-                    opened[directory] = (None, exc)
+                    # Kept without its traceback, which holds this frame: a
+                    # cycle for the garbage collector on every missing cgroup.
+                    opened[directory] = (None, exc.with_traceback(None))
                 else:
                     stack.callback(os.close, dir_fd)
                     opened[directory] = (dir_fd, None)
@@ -326,7 +328,10 @@ def _write(target: _Target, text: str) -> None:
 
 def _open_file(target: _Target, flags: int) -> int:
     if target.dir_error is not None:
-        raise target.dir_error
+        # A copy: raised, the kept error would take on this traceback, whose
+        # frames hold the target that holds it.
+        error = target.dir_error
+        raise OSError(error.errno, error.strerror, error.filename)
     fd = os.open(target.name, flags, dir_fd=target.dir_fd)
     try:
         mode = os.fstat(fd).st_mode

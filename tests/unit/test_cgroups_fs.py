@@ -3,6 +3,7 @@
 import contextlib
 import ctypes
 import errno
+import gc
 import os
 import stat
 import tempfile
@@ -325,6 +326,28 @@ def test_read_pod_values_of_missing_pod_raises(tmp_path: Path) -> None:
     make_v1(tmp_path, "kubepods")
     with pytest.raises(FileNotFoundError):
         read_pod_values(tmp_path, AUTO, BE_CGROUPFS)
+
+
+def test_a_missing_cgroup_leaves_no_garbage_for_the_collector(tmp_path: Path) -> None:
+    """A container gone before its read (every poll of a node's removed pods): freed at once.
+
+    An error kept with its traceback would hold the frames that hold it, a
+    cycle left for the garbage collector each time, and its pauses grow with them.
+    """
+    make_v1(tmp_path, "kubepods")
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for _ in range(3):
+            with pytest.raises(FileNotFoundError) as raised:
+                read_pod_values(tmp_path, AUTO, BE_CGROUPFS)
+            del raised
+        gc.collect()
+        left = list(gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert left == []
 
 
 def test_read_pod_values_of_garbage_raises(tmp_path: Path) -> None:
