@@ -4,6 +4,7 @@ The values are the policy's `CgroupValues` (cgroup v1 units, as Koordinator comp
 them) and so are the constants: one type and one set of limits for the whole plugin.
 """
 
+import functools
 import resource
 from dataclasses import dataclass
 
@@ -141,10 +142,17 @@ def exceeds(reading: PodCgroupReading, values: CgroupValues) -> bool:
 
 
 def differs(values: CgroupValues, current: CgroupValues) -> bool:
-    """Whether a field that `values` sets is off in `current`."""
-    return any(getattr(values, name) != getattr(current, name) for name in set_fields(values))
+    """Whether a field that `values` sets is off in `current` (the quota is always set)."""
+    shares, memory = values.cpu_shares, values.memory_limit
+    return (
+        values.cpu_quota != current.cpu_quota
+        or (shares is not None and shares != current.cpu_shares)
+        or (memory is not None and memory != current.memory_limit)
+    )
 
 
+# Values come from few distinct instances (a node has few distinct limits).
+@functools.lru_cache(maxsize=1024)
 def set_fields(values: CgroupValues) -> tuple[str, ...]:
     """The fields `values` sets (None: left as kubelet and the runtime set it)."""
     return tuple(name for name in VALUE_FIELDS if getattr(values, name) is not None)

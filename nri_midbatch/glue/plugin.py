@@ -313,6 +313,8 @@ class MidBatchPlugin:
         #: containers the runtime reports at their values already, to check after the reply
         settled: list[tuple[PodView, ContainerView, CgroupValues]] = []
         lines = DecisionLines("Synchronize")
+        #: fields set -> containers updated with them, counted once at the end
+        adjusted: dict[tuple[str, ...], int] = {}
         waiting = part.containers
         for i in range(0, len(waiting), _SyncPart.FIELDS):
             pod_id = pod_ids.get(waiting[i])
@@ -329,7 +331,8 @@ class MidBatchPlugin:
                 self._observed("Synchronize", pod, ctr_view, values, current)
             elif differs(values, current):
                 set_resources(updates.add(container_id=ctr_view.id).linux.resources, values)
-                self.counters.count_adjusted("Synchronize", fields=set_fields(values))
+                fields = set_fields(values)
+                adjusted[fields] = adjusted.get(fields, 0) + 1
                 if raises_quota(current.cpu_quota, values.cpu_quota):
                     raising.add(pod_id)
                 if watch_lowering and lowers(current, values):
@@ -339,6 +342,8 @@ class MidBatchPlugin:
                 lines.unchanged()
                 if not self._dry_run:
                     settled.append((pod, ctr_view, values))
+        for fields, containers_updated in adjusted.items():
+            self.counters.count_adjusted("Synchronize", containers_updated, fields)
         lines.write_after(self.after_reply)
         # Before the pods: a pod goes down only after its containers.
         for start in range(0, len(settled), _REPAIRS_PER_WORK):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import replace
 from sys import intern
 
 from nri_midbatch.api import nri_pb2 as api
@@ -56,11 +55,17 @@ def pod_view(pod: api.PodSandbox) -> PodView:
 
 
 def container_view(
-    container: api.Container, resources: api.LinuxResources | None = None
+    container: api.Container,
+    resources: api.LinuxResources | None = None,
+    *,
+    native_known: bool = True,
 ) -> ContainerView:
     current = resources if resources is not None else container.linux.resources
     return ContainerView(
-        id=container.id, name=intern(container.name), native=native_limits(current)
+        id=container.id,
+        name=intern(container.name),
+        native=native_limits(current),
+        native_known=native_known,
     )
 
 
@@ -111,7 +116,7 @@ def synchronized_view(
     if native is None:
         # Never adjusted by us (created while no plugin ran): what it has is kubelet's, as
         # far as never-loosen goes; not sure enough to scale (cpu-normalization).
-        return replace(container_view(container, resources), native_known=False)
+        return container_view(container, resources, native_known=False)
     return ContainerView(id=container.id, name=intern(container.name), native=native)
 
 
