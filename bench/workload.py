@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.cgroups.paths import CgroupDriver, container_relpath
+from nri_midbatch.cgroups.values import cpu_shares_to_weight
 
 #: Stands for a 12-hex-digit counter in pre-encoded requests; not hex, so never ambiguous.
 TOKEN = "ZZZZZZZZZZZZ"
@@ -31,6 +33,7 @@ TOKEN = "ZZZZZZZZZZZZ"
 NATIVE_LIMITS_ANNOTATION = "nri-midbatch.io/native-limits"
 
 SPEC_ANNOTATION = "node.koordinator.sh/extended-resource-spec"
+PRIORITY_LABEL = "koordinator.sh/priority-class"
 BATCH_CPU = "kubernetes.io/batch-cpu"
 BATCH_MEMORY = "kubernetes.io/batch-memory"
 
@@ -44,8 +47,8 @@ MAIN_SPEC = {
 #: What the plugin must answer for it: shares = 1000m * 1024 / 1000, quota = 2000m * 100.
 MAIN_VALUES = (1024, 200_000, 4 * GI)
 
-# kubelet's values for a BestEffort pod cgroup (cgroup v2, systemd driver).
-_BE_POD_FILES = {"cpu.weight": "1\n", "cpu.max": "max 100000\n", "memory.max": "max\n"}
+# kubelet's values for a BestEffort pod's or container's cgroup (cgroup v2, systemd driver).
+BE_CGROUP_FILES = {"cpu.weight": "1\n", "cpu.max": "max 100000\n", "memory.max": "max\n"}
 
 
 def counter_token(n: int) -> bytes:
@@ -91,14 +94,62 @@ def make_cgroup_root(root: Path) -> None:
 def create_pod_cgroup(root: Path, cgroup_parent: str) -> Path:
     """What the runtime does before RunPodSandbox: the pod cgroup exists with kubelet's values."""
     directory = pod_cgroup_dir(root, cgroup_parent)
+    write_cgroup_files(directory, BE_CGROUP_FILES)
+    return directory
+
+
+def container_cgroup_dir(root: Path, container: api.Container) -> Path:
+    """A container's cgroup: at its own `cgroups_path`, as the plugin reads it."""
+    parent = container.linux.cgroups_path.split(":", 1)[0]
+    relpath = container_relpath(
+        CgroupDriver.AUTO, parent, container.id, container.linux.cgroups_path
+    )
+    return root / relpath
+
+
+def write_cgroup_files(directory: Path, files: dict[str, str]) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    for name, text in _BE_POD_FILES.items():
+    for name, text in files.items():
         fd = os.open(directory / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.write(fd, text.encode())
         finally:
             os.close(fd)
-    return directory
+
+
+def container_files(resources: api.LinuxResources) -> dict[str, str]:
+    """The v2 files of a container holding `resources`, as the runtime writes them."""
+    quota = resources.cpu.quota.value if resources.cpu.HasField("quota") else 0
+    memory = resources.memory.limit.value if resources.memory.HasField("limit") else 0
+    return {
+        "cpu.weight": f"{cpu_shares_to_weight(resources.cpu.shares.value)}\n",
+        "cpu.max": f"{quota if quota > 0 else 'max'} 100000\n",
+        "memory.max": f"{memory if memory > 0 else 'max'}\n",
+    }
+
+
+def reset_sync_cgroups(
+    root: Path, pods: list[api.PodSandbox], containers: list[api.Container]
+) -> None:
+    """The batch pods' and their containers' cgroups as before the plugin's first run.
+
+    Pods hold kubelet's BestEffort values; each container what the runtime
+    reports for it (kubelet's values, or the plugin's for the one it set).
+    """
+    batch = {pod.id for pod in pods if pod.labels.get(PRIORITY_LABEL) == "koord-batch"}
+    for pod in pods:
+        if pod.id in batch:
+            create_pod_cgroup(root, pod.linux.cgroup_parent)
+    for ctr in containers:
+        if ctr.pod_sandbox_id in batch:
+            files = container_files(ctr.linux.resources)
+            write_cgroup_files(container_cgroup_dir(root, ctr), files)
+
+
+def apply_updates(root: Path, updates: list[tuple[api.Container, api.LinuxResources]]) -> None:
+    """What the runtime does with a Synchronize reply: each container's new values, in order."""
+    for ctr, resources in updates:
+        write_cgroup_files(container_cgroup_dir(root, ctr), container_files(resources))
 
 
 def remove_pod_cgroup(directory: Path) -> None:
@@ -133,7 +184,7 @@ def pod(shape: PodShape) -> api.PodSandbox:
         parent = burstable_cgroup_parent(uid)
     labels = {
         "koordinator.sh/qosClass": qos,
-        "koordinator.sh/priority-class": priority,
+        PRIORITY_LABEL: priority,
         "app.kubernetes.io/name": shape.app,
         "app.kubernetes.io/instance": f"{shape.app}-20261129",
         "app.kubernetes.io/component": "executor",
@@ -356,7 +407,7 @@ def container(
 
 
 def sync_objects(
-    pods: int, containers_per_pod: int, root: Path
+    pods: int, containers_per_pod: int
 ) -> tuple[list[api.PodSandbox], list[api.Container], int]:
     """A node's worth of running pods for Synchronize; returns (pods, containers, expected updates).
 
@@ -366,7 +417,7 @@ def sync_objects(
     after it was set), the others still have kubelet's BestEffort values and
     need an update. Pods of one job (37 jobs) share their extended-resource
     spec. Containers come in no particular order, as containerd lists them.
-    The pod cgroups of batch pods are created under `root`.
+    `reset_sync_cgroups` makes their cgroups.
     """
     names = tuple("main" if i == 0 else f"worker-{i}" for i in range(containers_per_pod))
     pod_list: list[api.PodSandbox] = []
@@ -381,10 +432,7 @@ def sync_objects(
             # One spec per job: a job's pods share theirs.
             memory_request=f"{1024 + p % 37}Mi",
         )
-        pod_msg = pod(shape)
-        pod_list.append(pod_msg)
-        if shape.batch:
-            create_pod_cgroup(root, pod_msg.linux.cgroup_parent)
+        pod_list.append(pod(shape))
         for c in range(containers_per_pod):
             done = shape.batch and c == containers_per_pod - 1
             values = expected_values(names[c], c) if done else None
