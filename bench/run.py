@@ -47,6 +47,8 @@ PROBE_FIRST_POD = 90_000_000
 #: The plugin's last line for a Synchronize, once its deferred work is done.
 SYNC_SUMMARY = b'"event": "synchronized"'
 MB = 1 << 20
+#: The checkout this benchmark is part of.
+REPO = Path(__file__).resolve().parents[1]
 
 
 # -- options -------------------------------------------------------------------
@@ -66,6 +68,7 @@ class Options:
     check_every: int = 64
     nri: str = "v0.12"  # "v0.12": dedicated RPCs; "1.7": StateChange, as containerd 1.7
     loop: str | None = None
+    plugin_module: str = "nri_midbatch.tools.cli"
     json_path: str | None = "bench-results.json"
     keep: bool = False
     profile: str | None = None
@@ -81,7 +84,9 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     parser.add_argument("--memory-events", type=int, help="CreateContainer events, memory phase")
     parser.add_argument("--sync-pods", type=int)
     parser.add_argument("--sync-containers-per-pod", type=int)
-    parser.add_argument("--decisions", type=int, help="decide_container calls per policy figure")
+    parser.add_argument(
+        "--decisions", type=int, help="decide_container calls per policy figure (0: none)"
+    )
     parser.add_argument(
         "--launches",
         type=int,
@@ -99,9 +104,22 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         help="event loop of the plugin (NRI_MIDBATCH_EVENT_LOOP); default: the plugin's choice",
     )
     parser.add_argument("--profile", metavar="FILE", help="py-spy the plugin's event phases")
+    parser.add_argument(
+        "--plugin-module",
+        default=Options.plugin_module,
+        metavar="MODULE",
+        help="the plugin's command line, run as `python -m MODULE` (an earlier commit's code "
+        "on PYTHONPATH has its own)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = parser.parse_args(argv)
-    opts = Options(quick=args.quick, nri=args.nri, loop=args.loop, keep=args.keep)
+    opts = Options(
+        quick=args.quick,
+        nri=args.nri,
+        loop=args.loop,
+        keep=args.keep,
+        plugin_module=args.plugin_module,
+    )
     if args.quick:
         opts.events, opts.memory_events = 300, 1000
         opts.sync_pods, opts.sync_containers_per_pod = 40, 10
@@ -120,7 +138,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     ):
         value = getattr(args, name)
         if value is not None:
-            if value < 1:
+            if value < 1 and name != "decisions":
                 parser.error(f"--{name.replace('_', '-')} must be positive")
             setattr(opts, name, value)
     opts.json_path = args.json_path or None
@@ -148,6 +166,8 @@ class Figure:
             return f"{self.value:.1f} MB"
         if self.unit == "/s":
             return f"{self.value:,.0f}/s"
+        if self.unit == "x":
+            return f"{self.value:.2f}x"
         return f"{self.value:,.0f}{' ' + self.unit if self.unit else ''}"
 
 
@@ -200,13 +220,6 @@ def _percentile(ordered: Sequence[float], pct: float) -> float:
 
 
 # -- the plugin process --------------------------------------------------------
-
-
-def plugin_command() -> list[str]:
-    script = Path(sys.executable).with_name("nri-midbatch")
-    if script.exists():
-        return [str(script)]
-    return [sys.executable, "-m", "nri_midbatch.tools.cli"]
 
 
 @dataclass
@@ -291,28 +304,42 @@ class Bench:
             ).SerializeToString(),
         )
 
-    def launch(self) -> Plugin:
+    def launch(self, *, floor: bool = False) -> Plugin:
+        """Start the plugin (or with `floor`, the plugin with no policy) and register it."""
         env = dict(os.environ)
         if self.opts.loop is not None:
             env["NRI_MIDBATCH_EVENT_LOOP"] = self.opts.loop
         stderr = self.workdir / "plugin.stderr"
-        command = [
-            *plugin_command(),
-            "run",
-            "--socket-path",
-            self.socket_path,
-            "--log-file",
-            str(self.log_file),
-            "--metrics-address",
-            "",
-            "--config",
-            str(self.config),
-        ]
+        if floor:
+            command = [sys.executable, "-m", "bench.floor", "--socket-path", self.socket_path]
+            # The floor is this checkout's code, whichever plugin code is measured
+            # (another commit's, on PYTHONPATH or in the working directory).
+            env["PYTHONPATH"] = str(REPO)
+        else:
+            command = [
+                sys.executable,
+                "-m",
+                self.opts.plugin_module,
+                "run",
+                "--socket-path",
+                self.socket_path,
+                "--log-file",
+                str(self.log_file),
+                "--metrics-address",
+                "",
+                "--config",
+                str(self.config),
+            ]
         self.listener.settimeout(10)
         started = time.perf_counter()
         with stderr.open("ab") as err:
             process = subprocess.Popen(
-                command, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err
+                command,
+                env=env,
+                cwd=REPO if floor else None,
+                stdin=subprocess.DEVNULL,
+                stdout=err,
+                stderr=err,
             )
         try:
             sock, _ = self.listener.accept()
@@ -344,14 +371,17 @@ class Bench:
 
     def run(self) -> Results:
         r = self.results
-        node = SyncNode.build(self.opts)
+        node = SyncNode.build(self.opts, self.cgroup_root)
         startups: list[float] = []
         syncs: list[SyncRun] = []
+        floors: list[float] = []
         for _ in range(self.opts.launches - 1):
             extra = self.launch()
             startups.append(extra.startup)
             syncs.append(self.synchronize(extra, node, probe=False))
             extra.stop()
+            floors.append(self.synchronize_floor(node))
+        floors.append(self.synchronize_floor(node))
         plugin = self.launch()
         startups.append(plugin.startup)
         r.details["rss_after_startup_mb"] = plugin.rss_mb()
@@ -361,13 +391,15 @@ class Bench:
             syncs.append(self.synchronize(plugin, node, probe=True))
             rss_sync = plugin.rss_mb()
             self.report_launches(startups, syncs, node)
+            self.report_floor(floors, syncs)
             self.events(plugin, rss_sync)
             if profiler is not None:
                 profiler.send_signal(signal.SIGINT)
                 profiler.wait(60)
         finally:
             plugin.stop()
-        self.decisions()
+        if self.opts.decisions:
+            self.decisions()
         return r
 
     def synchronize(self, plugin: Plugin, node: SyncNode, *, probe: bool) -> SyncRun:
@@ -391,7 +423,7 @@ class Bench:
         reply, _ = runtime.call(node.chunks[-1], timeout=30)
         replied = time.perf_counter()
         seconds = replied - started
-        applier = node.apply_reply(self.cgroup_root, reply)
+        applier = node.apply_reply(reply)
         probes = self.probe_after_sync(plugin) if probe else []
         applier.join(60)
         if applier.exitcode != 0:
@@ -419,6 +451,31 @@ class Bench:
             probes,
             peak,
         )
+
+    def synchronize_floor(self, node: SyncNode) -> float:
+        """The same Synchronize answered by `bench.floor`, the plugin with no policy: seconds."""
+        floor = self.launch(floor=True)
+        try:
+            runtime = floor.runtime
+            started = time.perf_counter()
+            for chunk in node.chunks:
+                reply, _ = runtime.call(chunk, timeout=30)
+            seconds = time.perf_counter() - started
+        finally:
+            floor.stop()
+        response = api.SynchronizeResponse.FromString(_payload(reply, "Synchronize"))
+        if response.more or response.update:
+            raise BenchError(f"the floor answered the Synchronize with {response}")
+        return seconds
+
+    def report_floor(self, floors: list[float], syncs: list[SyncRun]) -> None:
+        """The floor under the plugin's Synchronize, and how far above it the plugin is."""
+        floor = statistics.median(floors)
+        plugin = statistics.median(run.seconds for run in syncs)
+        r = self.results
+        r.add("Synchronize floor: a plugin with no policy (median)", floor, "s", "")
+        r.add("Synchronize: the plugin's time over the floor's", plugin / floor, "x", "")
+        r.details["sync"]["floor_runs_s"] = floors
 
     def wait_for_log_line(self, offset: int, marker: bytes, timeout: float = 60.0) -> None:
         """Wait until the plugin's log, from `offset` on, holds `marker`."""
@@ -757,35 +814,38 @@ class SyncNode:
     expected_updates: int
     chunks: list[Template]
 
+    #: Each container's cgroup directory, by id.
+    container_dirs: dict[str, Path]
+
     @classmethod
-    def build(cls, opts: Options) -> SyncNode:
+    def build(cls, opts: Options, cgroup_root: Path) -> SyncNode:
         pods, containers, expected = workload.sync_objects(
             opts.sync_pods, opts.sync_containers_per_pod
         )
         chunks = split_sync(pods, containers, opts.sync_chunk_max)
-        return cls(pods, containers, expected, chunks)
+        dirs = {ctr.id: workload.container_cgroup_dir(cgroup_root, ctr) for ctr in containers}
+        return cls(pods, containers, expected, chunks, dirs)
 
-    def apply_reply(self, cgroup_root: Path, reply: bytes) -> multiprocessing.process.BaseProcess:
+    def apply_reply(self, reply: bytes) -> multiprocessing.process.BaseProcess:
         """Apply the reply's updates to the container cgroups, as the runtime does once it has it.
 
         In a process of its own, started now: the runtime does this while the
         plugin goes on with its own work, and the probes must not wait for it.
         """
         applier = multiprocessing.get_context("fork").Process(
-            target=_apply_updates, args=(cgroup_root, self.containers, reply), daemon=True
+            target=_apply_updates, args=(self.container_dirs, reply), daemon=True
         )
         applier.start()
         return applier
 
 
-def _apply_updates(cgroup_root: Path, containers: list[api.Container], reply: bytes) -> None:
+def _apply_updates(directories: dict[str, Path], reply: bytes) -> None:
     # Behind the plugin and the probes for the CPU: the figures time the
     # plugin, not how two cores are shared with the runtime's own work.
     os.nice(10)
-    by_id = {ctr.id: ctr for ctr in containers}
     response = api.SynchronizeResponse.FromString(_payload(reply, "Synchronize"))
     workload.apply_updates(
-        cgroup_root, [(by_id[u.container_id], u.linux.resources) for u in response.update]
+        directories, ((u.container_id, u.linux.resources) for u in response.update)
     )
 
 

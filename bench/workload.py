@@ -15,10 +15,12 @@ part in no formula, so the values the plugin answers stay the same.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,10 +109,11 @@ def container_cgroup_dir(root: Path, container: api.Container) -> Path:
     return root / relpath
 
 
-def write_cgroup_files(directory: Path, files: dict[str, str]) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
+def write_cgroup_files(directory: Path, files: dict[str, str], *, create: bool = True) -> None:
+    if create:
+        directory.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
-        fd = os.open(directory / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(f"{directory}/{name}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.write(fd, text.encode())
         finally:
@@ -119,10 +122,18 @@ def write_cgroup_files(directory: Path, files: dict[str, str]) -> None:
 
 def container_files(resources: api.LinuxResources) -> dict[str, str]:
     """The v2 files of a container holding `resources`, as the runtime writes them."""
-    quota = resources.cpu.quota.value if resources.cpu.HasField("quota") else 0
-    memory = resources.memory.limit.value if resources.memory.HasField("limit") else 0
+    cpu, memory = resources.cpu, resources.memory
+    return _files(
+        cpu.shares.value,
+        cpu.quota.value if cpu.HasField("quota") else 0,
+        memory.limit.value if memory.HasField("limit") else 0,
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _files(shares: int, quota: int, memory: int) -> dict[str, str]:
     return {
-        "cpu.weight": f"{cpu_shares_to_weight(resources.cpu.shares.value)}\n",
+        "cpu.weight": f"{cpu_shares_to_weight(shares)}\n",
         "cpu.max": f"{quota if quota > 0 else 'max'} 100000\n",
         "memory.max": f"{memory if memory > 0 else 'max'}\n",
     }
@@ -146,10 +157,16 @@ def reset_sync_cgroups(
             write_cgroup_files(container_cgroup_dir(root, ctr), files)
 
 
-def apply_updates(root: Path, updates: list[tuple[api.Container, api.LinuxResources]]) -> None:
-    """What the runtime does with a Synchronize reply: each container's new values, in order."""
-    for ctr, resources in updates:
-        write_cgroup_files(container_cgroup_dir(root, ctr), container_files(resources))
+def apply_updates(
+    directories: dict[str, Path], updates: Iterable[tuple[str, api.LinuxResources]]
+) -> None:
+    """What the runtime does with a Synchronize reply: each container's new values, in order.
+
+    directories: each container's cgroup, by container id.
+    """
+    for container_id, resources in updates:
+        files = container_files(resources)
+        write_cgroup_files(directories[container_id], files, create=False)
 
 
 def remove_pod_cgroup(directory: Path) -> None:
