@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,8 @@ FIGURES = (
     "Synchronize ",  # ... pods / ... containers: first chunk to last reply
     "Synchronize: updates returned",
     "Synchronize: chunks sent",
+    "Synchronize floor: a plugin with no policy",
+    "Synchronize: the plugin's time over the floor's",
     "CreateContainer serial p50",
     "CreateContainer serial p99",
     "CreateContainer serial max",
@@ -92,6 +95,14 @@ def test_the_synchronize_was_split_and_answered_with_updates(report: dict[str, A
     assert all(size <= 4 << 20 for size in sync["chunk_bytes"])
     # Most containers need an update (the workload's expectation, checked by the run).
     assert sync["updates"] > sync["containers"] // 2
+
+
+def test_the_floor_answered_the_same_synchronize_once_per_launch(report: dict[str, Any]) -> None:
+    sync = report["details"]["sync"]
+    assert len(sync["floor_runs_s"]) == len(sync["runs_s"])
+    floor = _figure(report, "Synchronize floor")["value"]
+    ratio = _figure(report, "Synchronize: the plugin's time over the floor's")["value"]
+    assert ratio == pytest.approx(statistics.median(sync["runs_s"]) / floor)
 
 
 def test_memory_stays_within_reason(report: dict[str, Any]) -> None:
