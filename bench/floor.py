@@ -1,88 +1,101 @@
-"""A plugin with no policy: what any plugin pays for a Synchronize on this machine and runtime.
+"""A plugin with no policy and no framework: the Synchronize floor of this machine and runtime.
 
-`python -m bench.floor --socket-path PATH` registers with the benchmark's
-runtime through the plugin's own transport and session (mux, ttrpc, protobuf
-decoding of every chunk: upb decodes each message whole, as Go's protobuf
-unmarshals it into structs) and answers every Synchronize with an empty
-reply. It decides and keeps nothing. The benchmark times the same node's
-Synchronize against it, in the same run as the plugin's: the floor under
-the plugin's time, and a proxy for a Go plugin's, whose time is mostly this
-same receiving and decoding (docs/performance.md, "Synchronize floor").
+`python -m bench.floor --socket-path PATH` is the least any plugin can do on
+the benchmark's runtime: a blocking socket, the mux and ttrpc framing read
+straight off it, each request decoded whole (upb decodes a message whole, as
+Go's protobuf unmarshals it into structs), and every Synchronize chunk
+answered with an empty reply. It shares no code with the plugin (only the
+generated messages), so that changes to the plugin's transport do not move
+it: the benchmark times the same Synchronize against it, in the same run,
+as the reference that a Go plugin's time is estimated from
+(docs/performance.md, "Synchronize floor").
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import signal
-from collections.abc import Sequence
+import socket
+import struct
+import sys
 
 from nri_midbatch.api import nri_pb2 as api
-from nri_midbatch.glue.plugin import MidBatchPlugin
-from nri_midbatch.nri.events import Event
-from nri_midbatch.nri.runner import run_external
-from nri_midbatch.nri.session import RuntimeInfo, Session
-from nri_midbatch.rpc import loop as event_loop
+from nri_midbatch.api import ttrpc_pb2
+
+# NRI's mux and ttrpc framing: conn 1 carries the runtime's
+# requests to the plugin, conn 2 the plugin's to the runtime.
+MUX = struct.Struct(">II")
+TTRPC = struct.Struct(">IIBB")
+PLUGIN_CONN, RUNTIME_CONN = 1, 2
+REQUEST, RESPONSE = 1, 2
+RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
+#: The events the real plugin subscribes to, so that the runtime treats both alike:
+#: RunPodSandbox, RemovePodSandbox, CreateContainer, UpdateContainer, RemoveContainer.
+EVENTS = (1 << 0) | (1 << 2) | (1 << 3) | (1 << 7) | (1 << 10)
 
 
-class FloorPlugin:
-    """Subscribes to what the real plugin does, so that the runtime treats both alike."""
-
-    events = MidBatchPlugin.events
-
-    async def configure(self, config: str, runtime: RuntimeInfo) -> None:
-        return None
-
-    def synchronize_part(
-        self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container], *, first: bool
-    ) -> None:
-        return None
-
-    async def synchronize(
-        self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container]
-    ) -> api.SynchronizeResponse:
-        return api.SynchronizeResponse()
-
-    async def create_container(
-        self, pod: api.PodSandbox, container: api.Container
-    ) -> api.CreateContainerResponse:
-        return api.CreateContainerResponse()
-
-    async def update_container(
-        self, pod: api.PodSandbox, container: api.Container, resources: api.LinuxResources
-    ) -> Sequence[api.ContainerUpdate]:
-        return ()
-
-    async def stop_container(
-        self, pod: api.PodSandbox, container: api.Container
-    ) -> Sequence[api.ContainerUpdate]:
-        return ()
-
-    async def update_pod_sandbox(
-        self, pod: api.PodSandbox, overhead: api.LinuxResources, resources: api.LinuxResources
-    ) -> None:
-        return None
-
-    async def pod_event(self, event: Event, pod: api.PodSandbox) -> None:
-        return None
-
-    async def container_event(
-        self, event: Event, pod: api.PodSandbox, container: api.Container
-    ) -> None:
-        return None
+def _frame(conn: int, stream_id: int, msg_type: int, body: bytes) -> bytes:
+    # Replies here are a few bytes: one mux frame each.
+    return (
+        MUX.pack(conn, TTRPC.size + len(body))
+        + TTRPC.pack(len(body), stream_id, msg_type, 0)
+        + body
+    )
 
 
-async def serve(socket_path: str) -> None:
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    await run_external(Session(FloorPlugin(), "floor", "10"), socket_path, stop)
+def _answer(method: str, payload: bytes) -> bytes:
+    """The reply's payload; each request is decoded whole first, as any plugin must."""
+    reply: api.ConfigureResponse | api.SynchronizeResponse | None = None
+    if method == "Configure":
+        api.ConfigureRequest.FromString(payload)
+        reply = api.ConfigureResponse(events=EVENTS)
+    elif method == "Synchronize":
+        chunk = api.SynchronizeRequest.FromString(payload)
+        reply = api.SynchronizeResponse(more=chunk.more)
+    # Every other reply of the Plugin service may be empty.
+    return b"" if reply is None else bytes(reply.SerializeToString())
+
+
+def serve(path: str) -> None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(path)
+    register = api.RegisterPluginRequest(plugin_name="floor", plugin_idx="10")
+    request = ttrpc_pb2.Request(
+        service=RUNTIME_SERVICE, method="RegisterPlugin", payload=register.SerializeToString()
+    )
+    sock.sendall(_frame(RUNTIME_CONN, 1, REQUEST, request.SerializeToString()))
+    data = bytearray()
+    streams: dict[int, bytearray] = {PLUGIN_CONN: bytearray(), RUNTIME_CONN: bytearray()}
+    while chunk := sock.recv(1 << 20):
+        data += chunk
+        offset = 0
+        while len(data) - offset >= MUX.size:
+            conn, length = MUX.unpack_from(data, offset)
+            if len(data) - offset - MUX.size < length:
+                break
+            streams.setdefault(conn, bytearray()).extend(
+                memoryview(data)[offset + MUX.size : offset + MUX.size + length]
+            )
+            offset += MUX.size + length
+        del data[:offset]
+        buffered = streams[PLUGIN_CONN]
+        while len(buffered) >= TTRPC.size:
+            length, stream_id = TTRPC.unpack_from(buffered)[:2]
+            if len(buffered) < TTRPC.size + length:
+                break
+            call = ttrpc_pb2.Request.FromString(bytes(buffered[TTRPC.size : TTRPC.size + length]))
+            del buffered[: TTRPC.size + length]
+            reply = ttrpc_pb2.Response(payload=_answer(call.method, call.payload))
+            sock.sendall(_frame(PLUGIN_CONN, stream_id, RESPONSE, reply.SerializeToString()))
+        streams[RUNTIME_CONN].clear()  # the RegisterPlugin reply: nothing to do with it
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.floor", description=__doc__)
     parser.add_argument("--socket-path", required=True)
     args = parser.parse_args()
-    event_loop.run(serve(args.socket_path), event_loop.loop_factory())
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    serve(args.socket_path)
 
 
 if __name__ == "__main__":

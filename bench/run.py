@@ -69,6 +69,7 @@ class Options:
     nri: str = "v0.12"  # "v0.12": dedicated RPCs; "1.7": StateChange, as containerd 1.7
     loop: str | None = None
     plugin_module: str = "nri_midbatch.tools.cli"
+    plugin_path: str | None = None
     json_path: str | None = "bench-results.json"
     keep: bool = False
     profile: str | None = None
@@ -105,11 +106,17 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     )
     parser.add_argument("--profile", metavar="FILE", help="py-spy the plugin's event phases")
     parser.add_argument(
+        "--plugin-path",
+        metavar="DIR",
+        help="run the plugin code in DIR (e.g. an earlier commit's, from git archive) "
+        "instead of this checkout's",
+    )
+    parser.add_argument(
         "--plugin-module",
         default=Options.plugin_module,
         metavar="MODULE",
         help="the plugin's command line, run as `python -m MODULE` (an earlier commit's code "
-        "on PYTHONPATH has its own)",
+        "has its own)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = parser.parse_args(argv)
@@ -119,6 +126,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         loop=args.loop,
         keep=args.keep,
         plugin_module=args.plugin_module,
+        plugin_path=args.plugin_path,
     )
     if args.quick:
         opts.events, opts.memory_events = 300, 1000
@@ -310,11 +318,12 @@ class Bench:
         if self.opts.loop is not None:
             env["NRI_MIDBATCH_EVENT_LOOP"] = self.opts.loop
         stderr = self.workdir / "plugin.stderr"
+        # `python -m` imports from its working directory first.
+        code = Path(self.opts.plugin_path or REPO)
         if floor:
             command = [sys.executable, "-m", "bench.floor", "--socket-path", self.socket_path]
-            # The floor is this checkout's code, whichever plugin code is measured
-            # (another commit's, on PYTHONPATH or in the working directory).
-            env["PYTHONPATH"] = str(REPO)
+            # The floor is this checkout's code, whichever plugin code is measured.
+            code = REPO
         else:
             command = [
                 sys.executable,
@@ -336,7 +345,7 @@ class Bench:
             process = subprocess.Popen(
                 command,
                 env=env,
-                cwd=REPO if floor else None,
+                cwd=code,
                 stdin=subprocess.DEVNULL,
                 stdout=err,
                 stderr=err,
