@@ -290,7 +290,7 @@ class MidBatchPlugin:
                 container.pod_sandbox_id,
                 synchronized_view(container, resources),
                 linux.cgroups_path,
-                _shared_values(current_values(resources)),
+                current_values(resources),
             )
 
     async def synchronize(

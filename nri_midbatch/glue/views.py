@@ -155,9 +155,14 @@ def container_update(container_id: str, values: CgroupValues) -> api.ContainerUp
 def current_values(resources: api.LinuxResources) -> CgroupValues:
     """A container's values as the runtime reports them, unlimited as -1 (see native_limits)."""
     cpu = resources.cpu
-    quota, limit = cpu.quota.value, resources.memory.limit.value
+    return _current_values(cpu.shares.value, cpu.quota.value, resources.memory.limit.value)
+
+
+@functools.lru_cache(maxsize=DISTINCT_LIMITS)
+def _current_values(shares: int, quota: int, limit: int) -> CgroupValues:
+    """One instance per distinct value: a Synchronize keeps each running container's."""
     return CgroupValues(
-        cpu_shares=cpu.shares.value,
+        cpu_shares=shares,
         cpu_quota=quota if quota > 0 else -1,
         memory_limit=limit if limit > 0 else -1,
     )
