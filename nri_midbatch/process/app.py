@@ -38,7 +38,7 @@ from nri_midbatch.obs.health import HealthServer
 from nri_midbatch.obs.logging import set_level
 from nri_midbatch.obs.metrics import CounterFamily, CountersCollector, Metrics
 from nri_midbatch.policy import ErrorKind
-from nri_midbatch.process.heap import LARGE_SYNC, freeze_survivors, release_freed_memory
+from nri_midbatch.process.heap import LARGE_SYNC, freeze_survivors
 from nri_midbatch.process.record import Recorder, note_decision
 from nri_midbatch.process.reload import FileWatch
 
@@ -235,11 +235,8 @@ class App:
         if state.syncs > self._syncs_seen:
             self._syncs_seen = state.syncs
             if state.sync_pods + state.sync_containers >= LARGE_SYNC:
-                # Now, before the work left for after the reply allocates;
-                # the memory is given back once that work is done and the
-                # request is garbage.
+                # Now, before the work left for after the reply allocates.
                 freeze_survivors()
-                self.plugin.after_reply.defer(release_freed_memory)
             self.metrics.sync_duration.observe(state.last_sync_seconds)
             self.metrics.sync_objects.labels("pods").set(state.sync_pods)
             self.metrics.sync_objects.labels("containers").set(state.sync_containers)

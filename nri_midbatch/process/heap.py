@@ -1,4 +1,4 @@
-"""Keeping the process small and its pauses short after a large Synchronize.
+"""Keeping the garbage collector's pauses short after a large Synchronize.
 
 Process policy, not protocol: the App triggers it as the chunks of a large
 Synchronize come in and once it has been answered.
@@ -7,13 +7,9 @@ Synchronize come in and once it has been answered.
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable
 
-#: Pods plus containers from which a Synchronize is large enough to settle the heap after.
+#: Pods plus containers from which a Synchronize is large enough to freeze what it leaves.
 LARGE_SYNC = 1000
-
-_malloc_trim: Callable[[int], int] | None = None
-_malloc_trim_loaded = False
 
 
 def freeze_survivors() -> None:
@@ -34,24 +30,3 @@ def freeze_survivors() -> None:
     Synchronize at most.
     """
     gc.freeze()
-
-
-def release_freed_memory() -> None:
-    """Give the pages of freed heap memory back to the OS (glibc; elsewhere a no-op).
-
-    A Synchronize of a large node parses tens of MB of protobuf, all freed
-    once it is answered; glibc keeps such memory in the heap for reuse, so
-    the plugin would go on holding its peak: 26 MB for 1,000 pods and 10,000
-    containers, most of the process.
-    """
-    global _malloc_trim, _malloc_trim_loaded
-    if not _malloc_trim_loaded:
-        _malloc_trim_loaded = True
-        try:
-            import ctypes
-
-            _malloc_trim = ctypes.CDLL(None).malloc_trim
-        except (OSError, AttributeError):
-            _malloc_trim = None
-    if _malloc_trim is not None:
-        _malloc_trim(0)
