@@ -270,12 +270,28 @@ def _confined_dir(
             )
     # Strictly below the hierarchy, not merely the root: a parent resolving to
     # a hierarchy's top would rewrite the root cgroup's own files.
-    directory = _realpath(hierarchy / relpath, cgroup_parent)
+    directory = _realpath_below(hierarchy, relpath, cgroup_parent)
     if not _strictly_inside(directory, hierarchy):
         raise CgroupPathError(
             f"cgroup parent {cgroup_parent!r} resolves to {directory}, not below {hierarchy}"
         )
     return directory
+
+
+def _realpath_below(base: Path, relpath: PurePosixPath, cgroup_parent: str) -> Path:
+    """realpath(base / relpath), where `base` is a real path already.
+
+    Only the components below `base` are examined (one lstat each, not one for
+    every component from /): a path with no symlink in them is its own real
+    path. At a symlink, or a component realpath would interpret, the whole
+    path is resolved as before, so the outcome is realpath's in every case.
+    """
+    path = str(base)
+    for part in relpath.parts:
+        path = f"{path}/{part}"
+        if part in ("..", ".") or _is_link(path):
+            return _realpath(base / relpath, cgroup_parent)
+    return Path(path)
 
 
 def _realpath(path: Path, cgroup_parent: str) -> Path:
@@ -289,7 +305,7 @@ def _realpath(path: Path, cgroup_parent: str) -> Path:
         ) from None
 
 
-def _is_link(path: Path) -> bool:
+def _is_link(path: Path | str) -> bool:
     """Whether `path` is a symlink; one that cannot be examined is not (as realpath has it)."""
     try:
         return stat.S_ISLNK(os.lstat(path).st_mode)

@@ -18,7 +18,7 @@ itself: the order holds there without waiting; see MidBatchPlugin.write_plan.)
 
 Bounded in time and reads:
 - polled every `POLL_SECONDS`, from the work queue that runs after replies,
-  `CHECKS_PER_PIECE` containers to a piece of work, so a poll never delays a
+  `CGROUP_READS_PER_PIECE` containers to a piece of work, so a poll never delays a
   request by more than those few reads;
 - pods are waited for in the order of the updates sent, which is the order
   the runtime applies them: a poll stops at the first container not yet
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from nri_midbatch.glue.after_reply import AfterReply
+from nri_midbatch.glue.after_reply import CGROUP_READS_PER_PIECE, AfterReply
 
 log = structlog.get_logger(__name__)
 
@@ -45,8 +45,6 @@ log = structlog.get_logger(__name__)
 POLL_SECONDS = 0.02
 #: Longer than containerd takes for one container (a runc update, 10-50 ms under load).
 STALL_SECONDS = 5.0
-#: Containers read in one piece of work: a few files each, some 0.1 ms all told.
-CHECKS_PER_PIECE = 8
 
 #: True once the container holds no more than what the runtime was asked to set.
 Check = Callable[[], bool]
@@ -100,7 +98,7 @@ class LoweringWait:
         waiting = self._waiting
         # Many containers seen lowered at once (a node's worth): a few reads
         # to a piece of work, so that a request waits for no more than those.
-        reads = CHECKS_PER_PIECE
+        reads = CGROUP_READS_PER_PIECE
         while waiting:
             head = waiting[0]
             while head.checks and head.checks[0]():

@@ -35,7 +35,7 @@ from nri_midbatch.cgroups.values import (
 )
 from nri_midbatch.config.compile import compile_policy
 from nri_midbatch.config.model import Config, ConfigError, load_config_text
-from nri_midbatch.glue.after_reply import AfterReply
+from nri_midbatch.glue.after_reply import CGROUP_READS_PER_PIECE, AfterReply
 from nri_midbatch.glue.cgroup_writer import CgroupWriter
 from nri_midbatch.glue.counters import Counters
 from nri_midbatch.glue.decision_log import DecisionLines
@@ -74,8 +74,6 @@ log = structlog.get_logger(__name__)
 
 _NO_LIMITS = NativeLimits()
 
-#: Containers checked per piece of work after a Synchronize's reply (about 2 ms).
-_REPAIRS_PER_WORK = 64
 
 _RUNNING_STATES = frozenset({api.CONTAINER_CREATED, api.CONTAINER_RUNNING, api.CONTAINER_PAUSED})
 
@@ -346,9 +344,9 @@ class MidBatchPlugin:
             self.counters.count_adjusted("Synchronize", containers_updated, fields)
         lines.write_after(self.after_reply)
         # Before the pods: a pod goes down only after its containers.
-        for start in range(0, len(settled), _REPAIRS_PER_WORK):
+        for start in range(0, len(settled), CGROUP_READS_PER_PIECE):
             self.after_reply.defer(
-                self._repair_containers, settled[start : start + _REPAIRS_PER_WORK]
+                self._repair_containers, settled[start : start + CGROUP_READS_PER_PIECE]
             )
         if self.config.cgroups.pod_level:
             self._synchronize_pods(pod_views, raising, lowered)

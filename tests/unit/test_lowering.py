@@ -6,8 +6,8 @@ import asyncio
 import functools
 from typing import Any
 
-from nri_midbatch.glue.after_reply import AfterReply
-from nri_midbatch.glue.lowering import CHECKS_PER_PIECE, LoweringWait
+from nri_midbatch.glue.after_reply import CGROUP_READS_PER_PIECE, AfterReply
+from nri_midbatch.glue.lowering import LoweringWait
 
 from .nri_fixtures import STEP_TIMEOUT, run
 
@@ -44,4 +44,4 @@ def test_a_piece_of_work_reads_a_few_containers_however_many_are_lowered_at_once
     run(scenario())
     assert written == [f"pod-{pod}" for pod in range(40)]
     assert sum(pieces) == 400
-    assert max(pieces) == CHECKS_PER_PIECE
+    assert max(pieces) == CGROUP_READS_PER_PIECE

@@ -30,6 +30,7 @@ from nri_midbatch.config.model import Config, load_config_text
 from nri_midbatch.glue import cgroup_writer
 from nri_midbatch.glue import lowering as lowering_module
 from nri_midbatch.glue import plugin as plugin_module
+from nri_midbatch.glue.after_reply import CGROUP_READS_PER_PIECE
 from nri_midbatch.glue.plugin import MidBatchPlugin
 from nri_midbatch.glue.views import NATIVE_LIMITS_ANNOTATION
 from nri_midbatch.nri.events import Event
@@ -1280,6 +1281,52 @@ def test_synchronize_leaves_containers_that_hold_their_values_alone(tree: Cgroup
     run(scenario())
     assert tree.snapshot() == before
     assert (plugin.counters.containers_repaired, plugin.counters.container_repairs_failed) == (0, 0)
+
+
+def test_synchronize_reads_settled_containers_a_few_to_a_piece_of_work(
+    tree: CgroupTree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request arriving while a node's containers are checked waits for a few reads only."""
+    pods, containers = [], []
+    for n in range(10):
+        pod = batch_pod(f"batch-{n}")
+        parent = pod.linux.cgroup_parent
+        tree.add_pod(parent, ("512", "100000", str(512 * MI)))
+        tree.add_pod(f"{parent}/c-{n}", ("512", "100000", str(512 * MI)))
+        ctr = make_container(
+            f"c-{n}", pod, "app", current=resources(shares=512, quota=100_000, memory=512 * MI)
+        )
+        ctr.annotations[NATIVE_LIMITS_ANNOTATION] = "{}"
+        pods.append(pod)
+        containers.append(ctr)
+    plugin = MidBatchPlugin(make_config(tree))
+    #: Container cgroups read in each piece of work after the reply.
+    pieces: list[int] = []
+    queue = plugin.after_reply.defer
+
+    def counted(work: Any, *args: Any) -> None:
+        def piece() -> None:
+            pieces.append(0)
+            work(*args)
+
+        queue(piece)
+
+    monkeypatch.setattr(plugin.after_reply, "defer", counted)
+    real = cgroups_fs.read_container_values
+
+    def read(*args: Any) -> Any:
+        pieces[-1] += 1
+        return real(*args)
+
+    monkeypatch.setattr(cgroup_writer, "read_container_values", read)
+
+    async def scenario() -> None:
+        await plugin.synchronize(pods, containers)
+        await asyncio.wait_for(plugin.after_reply.settle(), STEP_TIMEOUT)
+
+    run(scenario())
+    assert sum(pieces) == 10
+    assert max(pieces) == CGROUP_READS_PER_PIECE
 
 
 def test_a_pod_cgroup_that_already_holds_its_values_is_logged_at_debug(tree: CgroupTree) -> None:
