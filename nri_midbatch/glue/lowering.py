@@ -9,19 +9,21 @@ After a Synchronize, the runtime applies the reply's container updates on
 its own time: containerd does it in its plugin accept loop once it has the
 reply, one container after another, 0.3 to 0.9 s later on a quiet node. It
 tells the plugin nothing when it is done: no reply, and no event unless a pod
-happens to change. The only witness is the containers' own cgroup files. So a
-pod whose containers are being lowered waits here until none of those
-containers holds more than the values sent for it (or its cgroup is gone),
-and is written then. (After a reload, UpdateContainers returns once the
-runtime has applied the updates, and the cgroup-file path writes containers
-itself: the order holds there without waiting; see MidBatchPlugin.write_plan.)
+happens to change. The only witness is the containers' own cgroup files. The
+runtime applies the updates one after another, in the reply's order, so a
+pod whose containers are being lowered waits here until the last of them in
+that order holds no more than the values sent for it (or its cgroup is gone),
+and is written then: one container read per pod, not one per container.
+(After a reload, UpdateContainers returns once the runtime has applied the
+updates, and the cgroup-file path writes containers itself: the order holds
+there without waiting; see MidBatchPlugin.write_plan.)
 
 Bounded in time and reads:
 - polled every `POLL_SECONDS`, from the work queue that runs after replies,
   `CGROUP_READS_PER_PIECE` containers to a piece of work, so a poll never delays a
   request by more than those few reads;
-- pods are waited for in the order of the updates sent, which is the order
-  the runtime applies them: a poll stops at the first container not yet
+- pods are waited for in the order of their last updates, which is the
+  order the runtime gets to them: a poll stops at the first pod not yet
   lowered, so it usually reads one container's files;
 - with no container seen lowered for `STALL_SECONDS` (an update the runtime
   failed to apply, or one changed again since), the pods still waiting are
@@ -55,7 +57,7 @@ Write = Callable[[], None]
 @dataclass(slots=True)
 class _Waiting:
     name: str
-    checks: deque[Check]
+    lowered: Check
     write: Write
 
 
@@ -77,9 +79,9 @@ class LoweringWait:
         self._progress_at = 0.0
         self._cancelled = False
 
-    def add(self, name: str, checks: list[Check], write: Write) -> None:
-        """Write a pod (`name` for the log) once every check holds."""
-        self._waiting.append(_Waiting(name, deque(checks), write))
+    def add(self, name: str, lowered: Check, write: Write) -> None:
+        """Write a pod (`name` for the log) once `lowered` holds, after those added before."""
+        self._waiting.append(_Waiting(name, lowered, write))
 
     def start(self) -> None:
         """Begin once the reply is out (call from the handler that replies)."""
@@ -99,21 +101,15 @@ class LoweringWait:
         # Many containers seen lowered at once (a node's worth): a few reads
         # to a piece of work, so that a request waits for no more than those.
         reads = CGROUP_READS_PER_PIECE
-        while waiting:
-            head = waiting[0]
-            while head.checks and head.checks[0]():
-                head.checks.popleft()
-                self._progress_at = time.monotonic()
-                reads -= 1
-                if not reads:
-                    self._after_reply.defer(self._check)
-                    return
-            if head.checks:
-                break
-            waiting.popleft()
+        while waiting and waiting[0].lowered():
+            self._progress_at = time.monotonic()
             # Each write is a piece of work of its own: a request arriving
             # meanwhile waits for one pod, not for all of them.
-            self._after_reply.defer(head.write)
+            self._after_reply.defer(waiting.popleft().write)
+            reads -= 1
+            if not reads:
+                self._after_reply.defer(self._check)
+                return
         if not waiting:
             return
         if time.monotonic() - self._progress_at < self._stall:

@@ -40,7 +40,7 @@ from nri_midbatch.glue.cgroup_writer import CgroupWriter
 from nri_midbatch.glue.counters import Counters
 from nri_midbatch.glue.decision_log import DecisionLines
 from nri_midbatch.glue.known import Known
-from nri_midbatch.glue.lowering import Check, LoweringWait
+from nri_midbatch.glue.lowering import Check, LoweringWait, Write
 from nri_midbatch.glue.reconcile import Plan, plan, raises_quota, split_pods
 from nri_midbatch.glue.views import (
     DISTINCT_LIMITS,
@@ -305,8 +305,9 @@ class MidBatchPlugin:
         response = api.SynchronizeResponse()
         updates = response.update
         raising: set[str] = set()
-        #: pod id -> checks that its containers being lowered have been
-        lowered: dict[str, list[Check]] = {}
+        #: pod id -> whether the last of its containers being lowered, in the
+        #: reply's order, has been; in the order of those last containers
+        lowered: dict[str, Check] = {}
         watch_lowering = self.config.cgroups.pod_level and not self._dry_run
         #: containers the runtime reports at their values already, to check after the reply
         settled: list[tuple[PodView, ContainerView, CgroupValues]] = []
@@ -334,8 +335,12 @@ class MidBatchPlugin:
                 if raises_quota(current.cpu_quota, values.cpu_quota):
                     raising.add(pod_id)
                 if watch_lowering and lowers(current, values):
-                    check = functools.partial(self._container_lowered, pod, ctr_view, values)
-                    lowered.setdefault(pod_id, []).append(check)
+                    # The runtime applies the updates in the reply's order:
+                    # once a pod's last is applied, so are the others.
+                    lowered.pop(pod_id, None)
+                    lowered[pod_id] = functools.partial(
+                        self._container_lowered, pod, ctr_view, values
+                    )
             else:
                 lines.unchanged()
                 if not self._dry_run:
@@ -364,7 +369,7 @@ class MidBatchPlugin:
         self,
         pod_views: Mapping[str, PodView],
         raising: set[str],
-        lowered: Mapping[str, list[Check]],
+        lowered: Mapping[str, Check],
     ) -> None:
         """Decide every pod now; write its cgroup before the reply, after it, or later.
 
@@ -379,6 +384,8 @@ class MidBatchPlugin:
         if self._lowering is not None:
             self._lowering.cancel()
         wait = self._lowering = LoweringWait(self.after_reply, on_stall=self._count_unconfirmed)
+        #: pod id -> its write, for the pods that wait
+        waiting: dict[str, Write] = {}
         for pod_id, view in pod_views.items():
             target = self._decide_pod(view, "Synchronize", refuse=False)
             if target is None:
@@ -389,11 +396,16 @@ class MidBatchPlugin:
                 continue
             # Not raised (or refused: it tries once more when its turn comes).
             write = functools.partial(self._set_synchronized_pod, pod_id, view, target)
-            checks = lowered.get(pod_id)
-            if checks:
-                wait.add(f"{view.namespace}/{view.name}", checks, write)
+            if pod_id in lowered:
+                waiting[pod_id] = write
             else:
                 self.after_reply.defer(write)
+        # In the order the runtime will get to them.
+        for pod_id, check in lowered.items():
+            write = waiting.get(pod_id)
+            if write is not None:
+                view = pod_views[pod_id]
+                wait.add(f"{view.namespace}/{view.name}", check, write)
         wait.start()
 
     def _set_synchronized_pod(self, pod_id: str, view: PodView, target: PodTarget) -> None:

@@ -750,6 +750,43 @@ def test_synchronize_lowers_a_pod_only_once_the_runtime_lowered_its_containers(
     assert (plugin.counters.pod_writes_ok, plugin.counters.pods_lowered_unconfirmed) == (1, 0)
 
 
+def test_synchronize_waits_for_the_container_the_runtime_lowers_last(
+    tree: CgroupTree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runtime applies the reply in order: the pod's last update is its one witness."""
+    pod = batch_pod(annotation=spec({"app": BATCH_APP, "side": BATCH_APP}))
+    parent = pod.linux.cgroup_parent
+    tree.add_pod(parent, ("1024", "200000", str(GI)))
+    current = resources(shares=512, quota=100_000, memory=512 * MI)
+    containers = []
+    for name in ("app", "side"):
+        tree.add_pod(f"{parent}/c-{name}", ("512", "100000", str(512 * MI)))
+        ctr = make_container(f"c-{name}", pod, name, current=current)
+        ctr.annotations[NATIVE_LIMITS_ANNOTATION] = "{}"
+        containers.append(ctr)
+    plugin = MidBatchPlugin(make_config(tree, **HALVED_CONFIG))
+    monkeypatch.setattr(lowering_module, "POLL_SECONDS", 0.001)
+
+    async def scenario() -> tuple[list[str], tuple[str, str, str], tuple[str, str, str]]:
+        reads = count_container_reads(monkeypatch)
+        response = await plugin.synchronize([pod], containers)
+        assert [u.container_id for u in response.update] == ["c-app", "c-side"]
+        seen = [await asyncio.wait_for(reads.get(), STEP_TIMEOUT) for _ in range(2)]
+        before_runtime = tree.pod(parent)
+        # The runtime applies both updates, in order.
+        for name in ("app", "side"):
+            tree.add_pod(f"{parent}/c-{name}", ("512", "50000", str(512 * MI)))
+        await asyncio.wait_for(plugin.after_reply.settle(), STEP_TIMEOUT)
+        while not reads.empty():
+            seen.append(reads.get_nowait())
+        return seen, before_runtime, tree.pod(parent)
+
+    seen, before_runtime, after = run(scenario())
+    assert set(seen) == {"c-side"}
+    assert before_runtime == ("1024", "200000", str(GI))
+    assert after == ("1024", "100000", str(GI))
+
+
 def test_synchronize_writes_a_pod_whose_containers_are_never_lowered_after_a_while(
     tree: CgroupTree, monkeypatch: pytest.MonkeyPatch
 ) -> None:
