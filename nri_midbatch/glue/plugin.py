@@ -402,10 +402,9 @@ class MidBatchPlugin:
                 self.after_reply.defer(write)
         # In the order the runtime will get to them.
         for pod_id, check in lowered.items():
-            write = waiting.get(pod_id)
-            if write is not None:
+            if pod_id in waiting:
                 view = pod_views[pod_id]
-                wait.add(f"{view.namespace}/{view.name}", check, write)
+                wait.add(f"{view.namespace}/{view.name}", check, waiting[pod_id])
         wait.start()
 
     def _set_synchronized_pod(self, pod_id: str, view: PodView, target: PodTarget) -> None:
