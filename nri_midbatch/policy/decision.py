@@ -18,6 +18,7 @@ from .cpuset import bound_cpuset
 from .inputs import Inputs
 from .quantity import INT64_MAX
 from .spec import ExtendedSpec, SpecError, load_spec
+from .tiers import Tier
 from .trace import CpusetBound, SpecIgnored, Step
 from .views import ContainerView, PodView
 
@@ -65,39 +66,45 @@ def _decide(pod: PodView, container: ContainerView | None, policy: Policy) -> De
     priority = classifier.priority(
         pod.labels, qos.value, None if usable is None else usable.resource_names
     )
-    trace: list[TraceStep] = [qos, priority]
     match = policy.chain.select(priority.value, qos.value, pod.namespace)
-    trace += match.reasons
     tier = match.tier
-
-    def done(
-        values: CgroupValues | None = None, error: str | None = None, kind: ErrorKind | None = None
-    ) -> Decision:
-        name = None if tier is None else tier.name
-        return Decision(name, values, error, tuple(trace), priority, qos, kind)
-
     if tier is None:
+        trace: tuple[TraceStep, ...] = (qos, priority, *match.reasons)
         if isinstance(spec, SpecError):
-            trace.append(SpecIgnored(str(spec)))
-        return done()
+            trace += (SpecIgnored(str(spec)),)
+        return Decision(None, None, None, trace, priority, qos)
 
-    steps: list[Step] = []
+    steps: list[Step] = [*match.reasons]
     inputs = Inputs(pod, container, tier, policy.rules, spec, policy.spec_annotation)
     outcome = CALCULATORS[tier.calculator](inputs, steps)
-    trace += steps
     if isinstance(outcome, SpecError):
-        return done(error=str(outcome), kind=ErrorKind.SPEC)
+        return _done(tier, qos, priority, steps, None, str(outcome), ErrorKind.SPEC)
     if outcome is None:
-        return done()
+        return _done(tier, qos, priority, steps)
     values = outcome
     # koordlet's CPUSetAllocator runs after the batch hook and unsets the quota of a pod
     # bound to a cpuset, whatever the tier computed (never-loosen included): the cpuset is
     # the pod's bound.
-    cpuset = bound_cpuset(pod.annotations)
-    if cpuset is not None and values.cpu_quota != -1:
-        trace.append(CpusetBound(cpuset, values.cpu_quota))
-        values = replace(values, cpu_quota=-1)
+    if values.cpu_quota != -1:
+        cpuset = bound_cpuset(pod.annotations)
+        if cpuset is not None:
+            steps.append(CpusetBound(cpuset, values.cpu_quota))
+            values = replace(values, cpu_quota=-1)
 
     if values.cpu_quota > INT64_MAX or (values.memory_limit or 0) > INT64_MAX:
-        return done(error=f"computed {values} does not fit in int64", kind=ErrorKind.OVERFLOW)
-    return done(values)
+        error = f"computed {values} does not fit in int64"
+        return _done(tier, qos, priority, steps, None, error, ErrorKind.OVERFLOW)
+    return _done(tier, qos, priority, steps, values)
+
+
+def _done(
+    tier: Tier,
+    qos: Classified[QoSClass],
+    priority: Classified[PriorityClass],
+    steps: list[Step],
+    values: CgroupValues | None = None,
+    error: str | None = None,
+    kind: ErrorKind | None = None,
+) -> Decision:
+    """The decision of a pod a tier took: the classifications, then the chain's steps."""
+    return Decision(tier.name, values, error, (qos, priority, *steps), priority, qos, kind)

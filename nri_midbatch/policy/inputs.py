@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .calculate import Rules
 from .spec import ExtendedSpec, SpecError
@@ -10,8 +10,9 @@ from .tiers import Tier
 from .views import ContainerView, PodView
 
 
-@dataclass(frozen=True, slots=True)
-class Inputs:
+# A NamedTuple, not a frozen dataclass: one is built for every decision, and a frozen
+# dataclass's __init__ (object.__setattr__ per field) costs four times as much.
+class Inputs(NamedTuple):
     pod: PodView
     container: ContainerView | None  # None: the pod level
     tier: Tier

@@ -21,7 +21,7 @@ from enum import Enum, auto
 from functools import lru_cache
 
 from .bounded_cache import BoundedCache
-from .quantity import INT64_MAX, INT64_MIN, QuantityError, parse_quantity
+from .quantity import INT64_MAX, INT64_MIN, QuantityError, quantity_value
 
 __all__ = [
     "SPEC_CACHE_BYTES",
@@ -149,12 +149,14 @@ def _footprint(text: str, outcome: ExtendedSpec | SpecError | None) -> int:
         return size + sys.getsizeof(outcome) + sys.getsizeof(str(outcome))
     if outcome is None:
         return size
-    size += sys.getsizeof(outcome.containers) + sys.getsizeof(outcome.resource_names)
+    sizeof = sys.getsizeof
+    size += sizeof(outcome.containers) + sizeof(outcome.resource_names)
     for name, entry in outcome.containers.items():
-        size += sys.getsizeof(name) + sys.getsizeof(entry)
+        size += sizeof(name) + sizeof(entry)
         for resources in (entry.requests, entry.limits):
-            size += sys.getsizeof(resources)
-            size += sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in resources.items())
+            size += sizeof(resources)
+            for key, value in resources.items():
+                size += sizeof(key) + sizeof(value)
     return size
 
 
@@ -187,15 +189,11 @@ def parse_spec(text: str) -> ExtendedSpec | None:
 
 
 def _decode(text: str) -> object:
-    if "\\" not in text:  # no escapes: the fast C scanner
-        return json.loads(
-            text,
-            object_pairs_hook=_Object,
-            parse_int=_Number,
-            parse_float=_Number,
-            parse_constant=_reject_constant,
-        )
-    return _ESCAPE_AWARE.decode(text)
+    if "\\" in text:
+        return _ESCAPE_AWARE.decode(text)
+    if text.startswith("\ufeff"):
+        return json.loads(text)  # refuses it, with json.loads' own message for a BOM
+    return _PLAIN.decode(text)  # no escapes: the fast C scanner
 
 
 def _reject_constant(token: str) -> object:
@@ -207,18 +205,26 @@ def _scan_string(text: str, end: int, strict: bool = True) -> tuple[str, int]:
     return (_Escaped(value) if "\\" in text[end:after] else value), after
 
 
+def _decoder() -> json.JSONDecoder:
+    return json.JSONDecoder(
+        object_pairs_hook=_Object,
+        parse_int=_Number,
+        parse_float=_Number,
+        parse_constant=_reject_constant,
+    )
+
+
+#: Made once: json.loads with arguments builds a decoder (and its scanner) for every text.
+_PLAIN = _decoder()
+
+
 def _escape_aware_decoder() -> json.JSONDecoder:
     """A decoder whose string values remember whether they were written with escapes.
 
     Only the pure-Python scanner calls `parse_string`; it is used for the rare annotation
     holding a backslash.
     """
-    decoder = json.JSONDecoder(
-        object_pairs_hook=_Object,
-        parse_int=_Number,
-        parse_float=_Number,
-        parse_constant=_reject_constant,
-    )
+    decoder = _decoder()
     decoder.parse_string = _scan_string  # type: ignore[attr-defined]
     decoder.scan_once = json.scanner.py_make_scanner(decoder)  # type: ignore[attr-defined]
     return decoder
@@ -294,7 +300,7 @@ def _quantity_int(text: str) -> int | QuantityError:
 
 def _parse_quantity_int(text: str) -> int | QuantityError:
     try:
-        return parse_quantity(text).value()
+        return quantity_value(text)
     except QuantityError as error:
         return error
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+from collections.abc import Callable
 
 import pytest
 import structlog
@@ -31,7 +32,9 @@ from nri_midbatch.glue.views import (
     set_resources,
 )
 from nri_midbatch.obs.logging import configure_logging
-from nri_midbatch.policy import CgroupValues, ContainerView, NativeLimits, PodView
+from nri_midbatch.policy import CgroupValues, ContainerView, NativeLimits, PodView, calculate, spec
+from nri_midbatch.policy.quantity import QuantityError, parse_quantity, quantity_value
+from nri_midbatch.policy.trace import Field, ValueFrom
 from nri_midbatch.wire.connection import _response_with_payload
 from nri_midbatch.wire.mux import frame_message, frame_ttrpc
 from nri_midbatch.wire.ttrpc import MessageType, encode_message
@@ -268,3 +271,85 @@ def test_prebuilt_json_encoder_renders_as_json_dumps() -> None:
     parsed = json.loads(rendered)
     expected = dict(event, event="e", level="info", timestamp=parsed["timestamp"])
     assert rendered == json.dumps(expected, default=repr)
+
+
+# -- the policy core ------------------------------------------------------------
+
+_SUFFIXES = ["", "n", "u", "m", "k", "M", "G", "T", "P", "E", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"]
+
+
+def _reference_value(text: str) -> int | str:
+    try:
+        return parse_quantity(text).value()
+    except QuantityError as error:
+        return str(error)
+
+
+def _fast_value(text: str) -> int | str:
+    try:
+        return quantity_value(text)
+    except QuantityError as error:
+        return str(error)
+
+
+@settings(max_examples=500)
+@given(
+    st.text(alphabet="0123456789", min_size=1, max_size=30)
+    | st.integers(0, 2**70).map(str)
+    | st.sampled_from(["0", "007", "9" * 1000, "9" * 1001, "8", "16"]),
+    st.sampled_from(_SUFFIXES),
+)
+def test_plain_quantity_value_is_the_exact_parse(digits: str, suffix: str) -> None:
+    # The integer shortcut: every plain shape, binary caps and m/u/n rounding included.
+    text = digits + suffix
+    assert _fast_value(text) == _reference_value(text)
+
+
+@given(st.text(alphabet="0123456789.+-eEinumkKMGTP \n", max_size=12) | st.text(max_size=20))
+def test_other_quantity_texts_give_the_exact_parse(text: str) -> None:
+    assert _fast_value(text) == _reference_value(text)
+
+
+def _reference_decode(text: str) -> object:
+    return json.loads(
+        text,
+        object_pairs_hook=spec._Object,
+        parse_int=spec._Number,
+        parse_float=spec._Number,
+        parse_constant=spec._reject_constant,
+    )
+
+
+def _outcome(decode: Callable[[str], object], text: str) -> tuple[str, object]:
+    try:
+        value = decode(text)
+    except (ValueError, RecursionError) as error:
+        return "error", f"{type(error).__name__}: {error}"
+    return type(value).__name__, value
+
+
+_JSON_TEXT = st.text(alphabet='{}[]":,0123456789.eE-+ abcnulltrfsNaI\ufeff\t', max_size=40)
+
+
+@settings(max_examples=500)
+@given(_JSON_TEXT | st.sampled_from(['\ufeff{"containers":{}}', "{} x", "NaN", "[1e3, -0]"]))
+def test_spec_decoder_made_once_decodes_as_json_loads(text: str) -> None:
+    # Texts with a backslash take the escape-aware decoder, as before.
+    if "\\" not in text:
+        assert _outcome(spec._decode, text) == _outcome(_reference_decode, text)
+
+
+@given(
+    st.sampled_from(list(Field)),
+    st.integers(-(2**63), 2**63),
+    st.sampled_from(["request", "limit"]),
+    st.sampled_from(["kubernetes.io/batch-cpu", "kubernetes.io/mid-memory"]),
+    st.integers(0, 2**63),
+)
+def test_shared_value_steps_equal_new_ones(
+    field: Field, value: int, kind: str, resource: str, amount: int
+) -> None:
+    shared = calculate._value_from(field, value, kind, resource, amount)
+    assert shared == ValueFrom(field, value, kind, resource, amount)
+    assert str(shared) == str(ValueFrom(field, value, kind, resource, amount))
+    assert calculate._values(value, amount, None) == CgroupValues(value, amount, None)
