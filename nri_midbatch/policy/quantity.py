@@ -145,8 +145,13 @@ def parse_quantity(text: str) -> Quantity:
 
 
 # The shape of nearly every real quantity: digits, then no suffix or one of the tables'
-# (no sign, fraction or exponent). Its value is plain integer arithmetic.
+# (no sign, fraction or exponent). Its value is plain integer arithmetic: the number
+# times the first of its suffix's pair, divided by the second (m, u and n), rounded up.
 _PLAIN = re.compile(r"([0-9]+)([numkMGTPE]?|[KMGTPE]i)")
+_PLAIN_SCALE: dict[str, tuple[int, int]] = {
+    suffix: (10**exponent, 1) if exponent >= 0 else (1, 10**-exponent)
+    for suffix, exponent in _DECIMAL_SUFFIXES.items()
+}
 
 
 def quantity_value(text: str) -> int:
@@ -163,11 +168,9 @@ def quantity_value(text: str) -> int:
     power = _BINARY_SUFFIXES.get(suffix)
     if power is not None:
         return min(number << power, INT64_MAX)  # parse_quantity's cap of binary suffixes
-    exponent = _DECIMAL_SUFFIXES[suffix]
-    if exponent >= 0:
-        return number * 10**exponent
-    # m, u, n: exact at nano resolution; Value() rounds the fraction up (away from zero).
-    return -(-number // 10**-exponent)
+    multiplier, divisor = _PLAIN_SCALE[suffix]
+    # Exact at nano resolution; Value() rounds a fraction up (away from zero).
+    return -(-number * multiplier // divisor)
 
 
 def _interpret_suffix(text: str, suffix: str, has_number: bool) -> tuple[Format, int]:
