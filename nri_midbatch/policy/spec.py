@@ -265,16 +265,14 @@ def _resource_list(value: object, container: str, field: str) -> dict[str, int]:
 
 
 def _quantity_value(raw: object, container: str, field: str, resource: str) -> int:
-    if raw is None:
+    # By exact type, the common ones first: the decoders make only these str classes.
+    if type(raw) is str:
+        text = raw.strip(_GO_SPACE)
+    elif type(raw) is _Number:
+        text = raw
+    elif raw is None:
         return 0  # Quantity.UnmarshalJSON turns null into a zero quantity.
-    if not isinstance(raw, str):
-        raise SpecError(
-            f"quantity must be a string or number, not {_json_type(raw)}",
-            container,
-            field,
-            resource,
-        )
-    if isinstance(raw, _Escaped):
+    elif type(raw) is _Escaped:
         raise SpecError(
             f"quantity {raw!r} is written with a JSON escape; Kubernetes reads a quantity's "
             "raw text, unescaped, and rejects it",
@@ -282,7 +280,13 @@ def _quantity_value(raw: object, container: str, field: str, resource: str) -> i
             field,
             resource,
         )
-    text = raw if isinstance(raw, _Number) else raw.strip(_GO_SPACE)
+    else:
+        raise SpecError(
+            f"quantity must be a string or number, not {_json_type(raw)}",
+            container,
+            field,
+            resource,
+        )
     value = _quantity_int(text)
     if isinstance(value, QuantityError):
         raise SpecError(str(value), container, field, resource)
