@@ -100,6 +100,9 @@ class _Missing(Enum):
     MISSING = auto()
 
 
+_MISSING = _Missing.MISSING  # read once: a member read through its class is slow
+
+
 spec_cache: BoundedCache[str, ExtendedSpec | SpecError | None] = BoundedCache(
     SPEC_CACHE_ENTRIES, SPEC_CACHE_BYTES
 )
@@ -131,8 +134,8 @@ def _field(key: str) -> str:
 
 def load_spec(text: str) -> ExtendedSpec | SpecError | None:
     """parse_spec with the outcome (error included) cached per annotation string."""
-    cached = spec_cache.get(text, _Missing.MISSING)
-    if cached is not _Missing.MISSING:
+    cached = spec_cache.get(text, _MISSING)
+    if cached is not _MISSING:
         return cached
     try:
         outcome: ExtendedSpec | SpecError | None = parse_spec(text)
