@@ -116,9 +116,7 @@ def pod_values(
     total, unlimited_by = _pod_limit_sum(containers, memory_name)
     # Koordinator would write 0 for a spec listing no containers; that means unlimited here.
     memory = total or UNLIMITED
-    trace.append(
-        PodSum(_MEMORY, memory, memory_name, total, len(containers), unlimited_by)
-    )
+    trace.append(PodSum(_MEMORY, memory, memory_name, total, len(containers), unlimited_by))
     memory = _never_loosen_memory(memory, native, trace)
     return _values(shares, quota, memory)
 
