@@ -49,6 +49,7 @@ class Rules:
 # hold well under 1 MB.
 _DISTINCT = 1024
 _value_from = lru_cache(maxsize=_DISTINCT)(ValueFrom)
+_pod_sum = lru_cache(maxsize=_DISTINCT)(PodSum)
 _values = lru_cache(maxsize=_DISTINCT)(CgroupValues)
 # An enum member read through its class costs ten times a module global.
 _SHARES, _QUOTA, _MEMORY = Field.CPU_SHARES, Field.CPU_QUOTA, Field.MEMORY_LIMIT
@@ -103,12 +104,12 @@ def pod_values(
     cpu, memory_name = tier.cpu_resource, tier.memory_resource
     requests = sum(_positive(entry.requests, cpu) for entry in containers.values())
     shares = milli_cpu_to_shares(requests)
-    trace.append(PodSum(_SHARES, shares, cpu, requests, len(containers)))
+    trace.append(_pod_sum(_SHARES, shares, cpu, requests, len(containers)))
 
     if rules.cfs_quota:
         total, unlimited_by = _pod_limit_sum(containers, cpu)
         quota = milli_cpu_to_quota(total)
-        trace.append(PodSum(_QUOTA, quota, cpu, total, len(containers), unlimited_by))
+        trace.append(_pod_sum(_QUOTA, quota, cpu, total, len(containers), unlimited_by))
     else:
         quota = _quota_disabled(trace)
     quota = _never_loosen_quota(normalize(quota, rules, trace), native, trace)
@@ -116,7 +117,7 @@ def pod_values(
     total, unlimited_by = _pod_limit_sum(containers, memory_name)
     # Koordinator would write 0 for a spec listing no containers; that means unlimited here.
     memory = total or UNLIMITED
-    trace.append(PodSum(_MEMORY, memory, memory_name, total, len(containers), unlimited_by))
+    trace.append(_pod_sum(_MEMORY, memory, memory_name, total, len(containers), unlimited_by))
     memory = _never_loosen_memory(memory, native, trace)
     return _values(shares, quota, memory)
 

@@ -34,7 +34,7 @@ from nri_midbatch.glue.views import (
 from nri_midbatch.obs.logging import configure_logging
 from nri_midbatch.policy import CgroupValues, ContainerView, NativeLimits, PodView, calculate, spec
 from nri_midbatch.policy.quantity import QuantityError, parse_quantity, quantity_value
-from nri_midbatch.policy.trace import Field, ValueFrom
+from nri_midbatch.policy.trace import Field, PodSum, ValueFrom
 from nri_midbatch.wire.connection import _response_with_payload
 from nri_midbatch.wire.mux import frame_message, frame_ttrpc
 from nri_midbatch.wire.ttrpc import MessageType, encode_message
@@ -353,3 +353,5 @@ def test_shared_value_steps_equal_new_ones(
     assert shared == ValueFrom(field, value, kind, resource, amount)
     assert str(shared) == str(ValueFrom(field, value, kind, resource, amount))
     assert calculate._values(value, amount, None) == CgroupValues(value, amount, None)
+    pod_sum = PodSum(field, value, resource, amount, 3, kind)
+    assert calculate._pod_sum(field, value, resource, amount, 3, kind) == pod_sum
