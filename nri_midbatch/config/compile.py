@@ -1,4 +1,4 @@
-"""The configuration turned into the Policy the decisions run on, once per configuration.
+"""The configuration model turned into the Settings the plugin runs on (and their Policy).
 
 Outside `policy/` on purpose: the pure core knows nothing of the configuration model, so
 the one step that reads both lives here, above them (`config -> policy`, never back).
@@ -9,7 +9,9 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import TypeVar
 
-from nri_midbatch.config.model import Config
+from nri_midbatch.cgroups.paths import CgroupDriver
+from nri_midbatch.config.model import Config, effective_config_yaml
+from nri_midbatch.config.settings import CgroupSettings, Settings
 from nri_midbatch.policy import (
     ClassificationSettings,
     Policy,
@@ -19,7 +21,7 @@ from nri_midbatch.policy import (
     Tier,
 )
 
-__all__ = ["compile_policy"]
+__all__ = ["compile_policy", "settings_of"]
 
 
 _C = TypeVar("_C", PriorityClass, QoSClass)
@@ -31,10 +33,16 @@ def _class(name: str, kind: type[_C]) -> _C | None:
 
 
 def compile_policy(config: Config) -> Policy:
+    return settings_of(config).compile()
+
+
+def settings_of(config: Config) -> Settings:
     classification = config.classification
     ratio = config.rules.cpu_normalization_ratio
-    return Policy(
-        tiers=[
+    return Settings(
+        mode=config.mode,
+        failure_policy=config.failure_policy,
+        tiers=tuple(
             Tier(
                 name=tier.name,
                 priority_classes=tuple(_class(pc, PriorityClass) for pc in tier.priority_classes),
@@ -45,7 +53,7 @@ def compile_policy(config: Config) -> Policy:
                 calculator=tier.calculator,
             )
             for tier in config.tiers
-        ],
+        ),
         classification=ClassificationSettings(
             qos_label=classification.qos_label,
             priority_class_label=classification.priority_class_label,
@@ -57,4 +65,10 @@ def compile_policy(config: Config) -> Policy:
             cfs_quota=config.rules.cfs_quota,
             cpu_normalization_ratio=None if ratio is None else Fraction(repr(ratio)),
         ),
+        cgroups=CgroupSettings(
+            root=config.cgroups.root,
+            driver=CgroupDriver(config.cgroups.driver),
+            pod_level=config.cgroups.pod_level,
+        ),
+        effective=effective_config_yaml(config),
     )

@@ -11,7 +11,6 @@ import os
 import stat
 from collections import Counter
 from collections.abc import Hashable
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -31,32 +30,21 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import ErrorDetails
 
 from nri_midbatch.cgroups.paths import CgroupDriver
+from nri_midbatch.config.settings import ConfigError, FailurePolicy, Mode
 from nri_midbatch.policy.calculators import READS_RESOURCES
 
 __all__ = [
     "CgroupDriver",
     "Config",
     "ConfigError",
+    "FailurePolicy",
+    "Mode",
     "effective_config_yaml",
     "load_config_file",
     "load_config_text",
     "load_startup_config",
     "read_config_file",
 ]
-
-
-class ConfigError(ValueError):
-    """The configuration cannot be used; the message names the source and the field path."""
-
-
-class FailurePolicy(StrEnum):
-    IGNORE = "Ignore"
-    FAIL = "Fail"
-
-
-class Mode(StrEnum):
-    ENFORCE = "enforce"
-    OBSERVE = "observe"
 
 
 class _Model(BaseModel):

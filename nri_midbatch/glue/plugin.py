@@ -14,6 +14,7 @@ and read best beside them.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -33,8 +34,8 @@ from nri_midbatch.cgroups.values import (
     lowers,
     set_fields,
 )
-from nri_midbatch.config.compile import compile_policy
-from nri_midbatch.config.model import Config, ConfigError, load_config_text
+from nri_midbatch.config.settings import ConfigError, Settings
+from nri_midbatch.config.validator import load_settings_text
 from nri_midbatch.glue.after_reply import CGROUP_READS_PER_PIECE, AfterReply
 from nri_midbatch.glue.cgroup_writer import CgroupWriter
 from nri_midbatch.glue.counters import Counters
@@ -131,7 +132,7 @@ class MidBatchPlugin:
 
     def __init__(
         self,
-        config: Config,
+        config: Settings,
         *,
         dry_run: bool = False,
         on_decision: DecisionListener | None = None,
@@ -157,11 +158,11 @@ class MidBatchPlugin:
         )
         self._apply_config(config)
 
-    def _apply_config(self, config: Config) -> None:
+    def _apply_config(self, config: Settings) -> None:
         self.config = config
         #: Decide and report, set nothing (`mode: observe`).
         self.observing = config.mode == "observe"
-        self.policy: Policy = compile_policy(config)
+        self.policy: Policy = config.compile()
         self._fail = config.failure_policy == "Fail"
         self.cgroups = CgroupWriter(
             Path(config.cgroups.root),
@@ -170,7 +171,7 @@ class MidBatchPlugin:
             self.systemd,
         )
 
-    def reconfigure(self, config: Config) -> Plan:
+    def reconfigure(self, config: Settings) -> Plan:
         """Switch to `config`; returns what running workloads need to follow it.
 
         Nothing, into observe mode; everything with values, out of it, as nothing was set.
@@ -251,7 +252,9 @@ class MidBatchPlugin:
         # Pre-launched plugins get their drop-in file here. A bad one must not
         # cost the node its plugin: keep what we have and say why.
         try:
-            self._apply_config(load_config_text(config, source="NRI Configure"))
+            # In a thread: the configuration is validated in a child process (0.2 s).
+            settings = await asyncio.to_thread(load_settings_text, config, "NRI Configure")
+            self._apply_config(settings)
         except ConfigError as exc:
             self.counters.config_rejected += 1
             log.error("configuration from the runtime rejected", error=str(exc))

@@ -22,7 +22,8 @@ from prometheus_client.registry import Collector
 
 from nri_midbatch.cgroups.systemd import LEVELS
 from nri_midbatch.cgroups.values import VALUE_FIELDS
-from nri_midbatch.config.model import Config, ConfigError, load_config_file
+from nri_midbatch.config.settings import ConfigError, Settings
+from nri_midbatch.config.validator import load_settings_file
 from nri_midbatch.glue.plugin import MidBatchPlugin
 from nri_midbatch.glue.reconcile import Plan, split_pods
 from nri_midbatch.glue.views import container_update
@@ -67,7 +68,7 @@ PRELAUNCHED_SYNC_FROM: Version = (0, 7, 0)
 class App:
     def __init__(
         self,
-        config: Config,
+        config: Settings,
         *,
         name: str,
         idx: str,
@@ -392,8 +393,9 @@ class App:
 
     async def _reload(self, path: str, reason: str) -> None:
         try:
-            # In a thread: parsing up to MAX_CONFIG_BYTES of YAML must not hold up events.
-            config = await asyncio.to_thread(load_config_file, path)
+            # In a thread: the file is validated in a child process (0.2 s), which
+            # must not hold up events.
+            config = await asyncio.to_thread(load_settings_file, path)
         except ConfigError as exc:
             self._count_reload("invalid")
             log.error(

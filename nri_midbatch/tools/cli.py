@@ -15,9 +15,9 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, TextIO, TypeVar
 
 import structlog
 
@@ -28,6 +28,9 @@ from nri_midbatch.process.record import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, Reco
 
 if TYPE_CHECKING:  # loaded by the commands that need it: `--version` stays fast
     from nri_midbatch.config.model import Config
+    from nri_midbatch.config.settings import Settings
+
+_T = TypeVar("_T")
 
 DEFAULT_SOCKET = "/var/run/nri/nri.sock"
 DEFAULT_NAME = "midbatch"
@@ -276,7 +279,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         # matters more than where its logs go.
         sink = sys.stderr
     configure_logging(args.log_level, args.log_format, sink)
-    config = _startup_config(args.config)
+    config = _startup_settings(args.config)
     if config is None:
         return 2
     recorder = None
@@ -403,10 +406,23 @@ def _webhook(args: argparse.Namespace) -> int:
 
 def _startup_config(path: str | None) -> Config | None:
     """The configuration a command starts with; None, once the reason is printed, if unusable."""
-    from nri_midbatch.config.model import ConfigError, load_startup_config
+    from nri_midbatch.config.model import load_startup_config
+
+    return _loaded(load_startup_config, path)
+
+
+def _startup_settings(path: str | None) -> Settings | None:
+    """The same for `run`, validated in a child process: the plugin loads no pydantic."""
+    from nri_midbatch.config.validator import load_startup_settings
+
+    return _loaded(load_startup_settings, path)
+
+
+def _loaded(load: Callable[[str | None], _T], path: str | None) -> _T | None:
+    from nri_midbatch.config.settings import ConfigError
 
     try:
-        return load_startup_config(path)
+        return load(path)
     except ConfigError as exc:
         print(f"nri-midbatch: {exc}", file=sys.stderr)
         return None

@@ -46,6 +46,7 @@ from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
 
 from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import Config
 from nri_midbatch.glue.plugin import MidBatchPlugin
 from nri_midbatch.glue.views import current_values
@@ -325,7 +326,7 @@ async def replay_each(
     the recording.
     """
     collector = _Collector()
-    plugin = MidBatchPlugin(config, dry_run=True, on_decision=note_decision)
+    plugin = MidBatchPlugin(settings_of(config), dry_run=True, on_decision=note_decision)
     session = Session(plugin, "midbatch", "10", recorders=(collector,))
     drive = _through_socket if via_socket else _in_process
     async with drive(session) as call:

@@ -12,6 +12,7 @@ import urllib.request
 import pytest
 from structlog.testing import capture_logs
 
+from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import Config
 from nri_midbatch.process import app as app_module
 from nri_midbatch.process.app import App
@@ -31,7 +32,7 @@ def test_a_taken_metrics_address_is_logged_counted_and_bound_once_free(
     async def scenario() -> str:
         with capture_logs() as logs:
             app = App(
-                Config(),
+                settings_of(Config()),
                 name="midbatch",
                 idx="10",
                 config_path=None,
@@ -67,7 +68,7 @@ def test_an_address_that_cannot_be_bound_for_good_still_raises() -> None:
     """A typo is the operator's to fix at once: the caller reports it (exit 2)."""
     with pytest.raises(OSError):
         App(
-            Config(),
+            settings_of(Config()),
             name="midbatch",
             idx="10",
             config_path=None,

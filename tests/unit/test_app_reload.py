@@ -24,6 +24,7 @@ from structlog.testing import capture_logs
 
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.cgroups.fs import apply_pod_values
+from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import load_config_file
 from nri_midbatch.glue import cgroup_writer
 from nri_midbatch.glue import lowering as lowering_module
@@ -182,7 +183,7 @@ async def running_node(
     config_path = tmp_path / "config.yaml"
     write_config(config_path, base)
     app = App(
-        load_config_file(config_path),
+        settings_of(load_config_file(config_path)),
         name="midbatch",
         idx="10",
         config_path=str(config_path),

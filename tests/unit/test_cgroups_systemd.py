@@ -24,6 +24,7 @@ from nri_midbatch.cgroups.systemd import (
     unit_properties,
 )
 from nri_midbatch.cgroups.values import UNLIMITED
+from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import load_config_text
 from nri_midbatch.glue.plugin import MidBatchPlugin
 from nri_midbatch.glue.reconcile import ContainerChange, Plan, PodChange
@@ -112,7 +113,7 @@ async def running(units: SystemdUnits) -> AsyncIterator[None]:
 
 def systemd_plugin(root: Path) -> tuple[MidBatchPlugin, SystemdUnits]:
     plugin = MidBatchPlugin(
-        load_config_text(f"cgroups:\n  root: {root}\n  driver: systemd\n", "test")
+        settings_of(load_config_text(f"cgroups:\n  root: {root}\n  driver: systemd\n", "test"))
     )
     assert plugin.systemd is not None
     return plugin, plugin.systemd
@@ -317,8 +318,8 @@ def test_the_cgroupfs_path_never_loads_dbus_fast() -> None:
     code = (
         "import sys\n"
         "from nri_midbatch.process.app import App\n"
-        "from nri_midbatch.config.model import Config\n"
-        "App(Config(), name='midbatch', idx='10', config_path=None)\n"
+        "from nri_midbatch.config.validator import load_startup_settings\n"
+        "App(load_startup_settings(None), name='midbatch', idx='10', config_path=None)\n"
         "print(sorted(m for m in sys.modules if m.startswith('dbus_fast')))\n"
     )
     result = subprocess.run(

@@ -22,6 +22,7 @@ import yaml
 import nri_midbatch.process.app
 import nri_midbatch.tools.cli
 from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import Config, load_config_file, load_config_text
 from nri_midbatch.nri.testing import LoopbackRuntime
 from nri_midbatch.obs.logging import FALLBACK_LOG_FILE, JOURNAL_SOCKET
@@ -175,7 +176,7 @@ def test_empty_argv_with_nri_plugin_socket_means_run_prelaunched(
     assert exit_code([]) == 0
     (app,) = FakeApp.instances
     assert (app.name, app.idx, app.served) == ("midbatch", "10", ("pre-launched", 3))
-    assert app.config == Config()
+    assert app.config == settings_of(Config())
     # stdio is /dev/null for a pre-launched plugin: logging goes elsewhere.
     assert fake_app == [(None, True)]
 

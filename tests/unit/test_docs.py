@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import load_config_text
 from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
 from nri_midbatch.obs.metrics import WebhookMetrics
@@ -114,7 +115,7 @@ def exposed_families(tmp_path: Path) -> dict[str, tuple[str, frozenset[str]]]:
     async def session() -> App:
         # With a recorder, so the recording family is there too; nothing is ever written.
         app = App(
-            config,
+            settings_of(config),
             name="midbatch",
             idx="10",
             config_path=None,

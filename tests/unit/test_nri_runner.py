@@ -13,6 +13,7 @@ from structlog.testing import capture_logs
 
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.api import rpc_status_pb2, ttrpc_pb2
+from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import Config
 from nri_midbatch.nri.runner import Backoff, run_external, run_prelaunched
 from nri_midbatch.nri.session import Session
@@ -434,7 +435,7 @@ def test_prelaunched_app_says_why_and_exits_non_zero(behaviour: str) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         reader, writer = await asyncio.open_unix_connection(sock=theirs)
         peer = RawPeer(reader, writer)
-        app = App(Config(), name="midbatch", idx="10", config_path=None)
+        app = App(settings_of(Config()), name="midbatch", idx="10", config_path=None)
         task = asyncio.create_task(app.run_prelaunched(ours.detach()))
         message, _ = await peer.read_request(2)
         if behaviour in BAD_REPLIES:

@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from nri_midbatch import __version__
 from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import Config, load_config_text
 from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
 from nri_midbatch.process.app import App
@@ -169,7 +170,13 @@ def _stop_in_background(app: App) -> None:
 
 @asynccontextmanager
 async def running_app(config: Config) -> AsyncIterator[Running]:
-    app = App(config, name="midbatch", idx="10", config_path=None, metrics_address="127.0.0.1:0")
+    app = App(
+        settings_of(config),
+        name="midbatch",
+        idx="10",
+        config_path=None,
+        metrics_address="127.0.0.1:0",
+    )
     assert app.health is not None
     app.health.start()
     base = f"http://127.0.0.1:{app.health.port}"

@@ -14,6 +14,7 @@ import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,9 @@ from nri_midbatch.cgroups import fs as cgroups_fs
 from nri_midbatch.cgroups.files import CgroupVersion
 from nri_midbatch.cgroups.fs import apply_pod_values
 from nri_midbatch.cgroups.report import FileFailure, WriteReport
+from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import Config, load_config_text
+from nri_midbatch.config.settings import Settings
 from nri_midbatch.glue import cgroup_writer
 from nri_midbatch.glue import lowering as lowering_module
 from nri_midbatch.glue import plugin as plugin_module
@@ -115,14 +118,14 @@ def tree(tmp_path: Path) -> CgroupTree:
     return CgroupTree(tmp_path / "cgroup")
 
 
-def make_config(tree: CgroupTree, **overrides: Any) -> Config:
+def make_config(tree: CgroupTree, **overrides: Any) -> Settings:
     document: dict[str, Any] = {"cgroups": {"root": str(tree.root)}}
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(document.get(key), dict):
             document[key] = {**document[key], **value}
         else:
             document[key] = value
-    return load_config_text(json.dumps(document), "test")
+    return settings_of(load_config_text(json.dumps(document), "test"))
 
 
 # ---------------------------------------------------------------------------
@@ -258,7 +261,7 @@ class Connected:
 
 @asynccontextmanager
 async def connected(
-    config: Config,
+    config: Settings,
     *,
     runtime_name: str = "containerd",
     runtime_version: str = "v2.3.0",
@@ -1144,7 +1147,7 @@ def test_configure_with_a_drop_in_config_replaces_the_config(tree: CgroupTree) -
     async def scenario() -> None:
         async with connected(make_config(tree), config_text=drop_in) as c:
             assert c.configured.events == EXPECTED_EVENTS
-            assert c.plugin.config.rules.cpu_normalization_ratio == 1.2
+            assert c.plugin.config.rules.cpu_normalization_ratio == Fraction("1.2")
             assert c.plugin.counters.config_rejected == 0
             reply = await c.create(pod, ctr)
             # ceil(50000 / 1.2); shares 2 (no request), memory unlimited (no limit).
@@ -1390,7 +1393,7 @@ NORMALIZATION_TIER = {
 }
 
 
-def normalizing_config(tree: CgroupTree) -> Config:
+def normalizing_config(tree: CgroupTree) -> Settings:
     tiers = [*Config().model_dump(mode="json", by_alias=True)["tiers"], NORMALIZATION_TIER]
     return make_config(tree, tiers=tiers, rules={"cpuNormalizationRatio": 1.25})
 

@@ -12,6 +12,7 @@ import pytest
 import structlog
 
 from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import Config
 from nri_midbatch.glue.plugin import MidBatchPlugin
 from nri_midbatch.obs.logging import configure_logging, set_level
@@ -35,7 +36,7 @@ def records(sink: io.StringIO) -> list[dict[str, Any]]:
 
 
 def test_untouched_workloads_are_logged_at_debug_only(lines: io.StringIO) -> None:
-    plugin = MidBatchPlugin(Config(), dry_run=True)
+    plugin = MidBatchPlugin(settings_of(Config()), dry_run=True)
     asyncio.run(plugin.create_container(PROD, APP))
     assert [r for r in records(lines) if r["event"] == "untouched"] == []
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import load_config_text
 from nri_midbatch.glue.plugin import MidBatchPlugin
 from nri_midbatch.glue.reconcile import ContainerChange, Plan
@@ -20,7 +21,9 @@ def test_write_plan_uses_the_runtimes_cgroups_path(tmp_path: Path) -> None:
     scope.mkdir(parents=True)
     for name, text in (("cpu.weight", "100"), ("cpu.max", "max 100000"), ("memory.max", "max")):
         (scope / name).write_text(text)
-    plugin = MidBatchPlugin(load_config_text(f"cgroups:\n  root: {tmp_path}\n", "test"))
+    plugin = MidBatchPlugin(
+        settings_of(load_config_text(f"cgroups:\n  root: {tmp_path}\n", "test"))
+    )
     pod = PodView("u", "ns", "p", {}, {}, SLICE)
     change = ContainerChange(
         pod, ContainerView("abc", "app"), CgroupValues(512, 50_000, 1 << 30), f"{SLICE}:crio:abc"

@@ -23,6 +23,7 @@ from google.protobuf.json_format import ParseDict
 from structlog.testing import capture_logs
 
 from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import Config, load_config_text
 from nri_midbatch.glue.plugin import MidBatchPlugin
 from nri_midbatch.nri.session import Session
@@ -77,7 +78,9 @@ async def recorded_plugin(
     recorder: Recorder, config: Config | None = None
 ) -> AsyncIterator[LoopbackRuntime]:
     """A MidBatchPlugin session recording to `recorder`, driven by a LoopbackRuntime."""
-    plugin = MidBatchPlugin(config or Config(), dry_run=True, on_decision=note_decision)
+    plugin = MidBatchPlugin(
+        settings_of(config or Config()), dry_run=True, on_decision=note_decision
+    )
     session = Session(plugin, "midbatch", "10", recorders=(recorder,))
     (plugin_reader, plugin_writer), (runtime_reader, runtime_writer) = await socketpair_streams()
     serving = asyncio.create_task(session.run(plugin_reader, plugin_writer))
