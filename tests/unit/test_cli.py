@@ -24,6 +24,7 @@ import nri_midbatch.tools.cli
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import Config, load_config_file, load_config_text
+from nri_midbatch.config.settings import Settings
 from nri_midbatch.nri.testing import LoopbackRuntime
 from nri_midbatch.obs.logging import FALLBACK_LOG_FILE, JOURNAL_SOCKET
 from nri_midbatch.tools.cli import main
@@ -58,7 +59,7 @@ class FakeApp:
     instances: ClassVar[list[FakeApp]] = []
 
     def __init__(
-        self, config: Config, *, name: str, idx: str, config_path: str | None, **_: Any
+        self, config: Settings, *, name: str, idx: str, config_path: str | None, **_: Any
     ) -> None:
         self.config = config
         self.name = name
