@@ -6,7 +6,7 @@ memory for good (some 10 MB; dropping the modules after gives back nothing, and 
 would load them again: docs/performance.md). So a short-lived child does what
 `check-config` does, `model.load_config_*`, and hands back `Settings` (pickled: the child
 runs this package's own code, from the same directory as the parent) or the
-`ConfigError` with its message as the model wrote it. About 0.2 s per configuration.
+`ConfigError` with its message as the model wrote it. About 0.3 s of CPU per configuration.
 
     python -m nri_midbatch.config.validator file PATH     # a file
     python -m nri_midbatch.config.validator text SOURCE   # YAML on stdin; SOURCE names it
@@ -22,10 +22,10 @@ from pathlib import Path
 
 from nri_midbatch.config.settings import ConfigError, Settings
 
-__all__ = ["load_settings_file", "load_settings_text", "load_startup_settings"]
+__all__ = ["Validation", "load_settings_file", "load_settings_text", "load_startup_settings"]
 
-#: The child's run, from start to answer: far above its 0.2 s, and what a stuck child may
-#: cost a reload (which runs in a thread) or a start-up.
+#: How long the child's answer is awaited: far above its 0.3 s, and what a stuck child
+#: may cost a reload (which runs in a thread) or a start-up.
 TIMEOUT_SECONDS = 30.0
 #: The package's directory, first on the child's path: the child runs the parent's code.
 _ROOT = str(Path(__file__).resolve().parents[2])
@@ -33,47 +33,78 @@ _ROOT = str(Path(__file__).resolve().parents[2])
 
 def load_startup_settings(path: str | Path | None) -> Settings:
     """The configuration the plugin starts with: the file's, or the defaults without one."""
-    return load_settings_file(path) if path else load_settings_text("", "defaults")
+    return Validation.startup(path).result()
 
 
 def load_settings_file(path: str | Path) -> Settings:
     """`model.load_config_file`, validated in a child; raises its ConfigError."""
-    return _validate(["file", str(path)], b"", str(path))
+    return Validation(["file", str(path)], b"", str(path)).result()
 
 
 def load_settings_text(text: str, source: str) -> Settings:
     """`model.load_config_text`, validated in a child; raises its ConfigError."""
-    return _validate(["text", source], text.encode("utf-8", "surrogatepass"), source)
+    return Validation(["text", source], text.encode("utf-8", "surrogatepass"), source).result()
 
 
-def _validate(args: list[str], data: bytes, source: str) -> Settings:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, (_ROOT, env.get("PYTHONPATH"))))
-    try:
-        # -P: nothing of the working directory on the child's path, only the package's own.
-        done = subprocess.run(
-            [sys.executable, "-P", "-m", __name__, *args],
-            input=data,
-            capture_output=True,
-            env=env,
-            timeout=TIMEOUT_SECONDS,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError) as error:
-        raise ConfigError(f"{source}: cannot be validated: {error}") from None
-    if done.returncode != 0:
-        lines = done.stderr.decode("utf-8", "replace").strip().splitlines()
-        why = lines[-1] if lines else f"exit status {done.returncode}"
-        raise ConfigError(f"{source}: cannot be validated: the validator failed: {why}")
-    try:
-        result = pickle.loads(done.stdout)
-    except Exception as error:  # e.g. cut short
-        raise ConfigError(f"{source}: cannot be validated: unreadable answer: {error}") from None
-    if isinstance(result, ConfigError):
-        raise result
-    if not isinstance(result, Settings):
-        raise ConfigError(f"{source}: cannot be validated: answered {type(result).__name__}")
-    return result
+class Validation:
+    """One child at work: started at once, its answer awaited by `result()`.
+
+    So that `run` can import the rest of the plugin while the child imports pydantic:
+    on two cores, the start-up then takes hardly longer than with pydantic in-process.
+    """
+
+    @classmethod
+    def startup(cls, path: str | Path | None) -> Validation:
+        """The file's configuration, or the defaults without one."""
+        if path:
+            return cls(["file", str(path)], b"", str(path))
+        return cls(["text", "defaults"], b"", "defaults")
+
+    def __init__(self, args: list[str], data: bytes, source: str) -> None:
+        self._data, self._source = data, source
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (_ROOT, env.get("PYTHONPATH"))))
+        self._error: str | None = None
+        try:
+            # -P: nothing of the working directory on the child's path, only the package's.
+            self._child: subprocess.Popen[bytes] | None = subprocess.Popen(
+                [sys.executable, "-P", "-m", __name__, *args],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+            )
+        except OSError as error:
+            self._child, self._error = None, str(error)
+
+    def result(self) -> Settings:
+        """The Settings, or the ConfigError the model raised (or why the child could not say)."""
+        source = self._source
+        if self._child is None:
+            raise ConfigError(f"{source}: cannot be validated: {self._error}")
+        try:
+            out, err = self._child.communicate(self._data, timeout=TIMEOUT_SECONDS)
+        except subprocess.TimeoutExpired:
+            self._child.kill()
+            self._child.communicate()
+            raise ConfigError(
+                f"{source}: cannot be validated: no answer within {TIMEOUT_SECONDS:g} s"
+            ) from None
+        if self._child.returncode != 0:
+            lines = err.decode("utf-8", "replace").strip().splitlines()
+            why = lines[-1] if lines else f"exit status {self._child.returncode}"
+            raise ConfigError(f"{source}: cannot be validated: the validator failed: {why}")
+        try:
+            result = pickle.loads(out)
+        except Exception as error:  # e.g. cut short
+            raise ConfigError(
+                f"{source}: cannot be validated: unreadable answer: {error}"
+            ) from None
+        if isinstance(result, ConfigError):
+            raise result
+        if not isinstance(result, Settings):
+            raise ConfigError(f"{source}: cannot be validated: answered {type(result).__name__}")
+        return result
 
 
 def main(argv: list[str]) -> int:

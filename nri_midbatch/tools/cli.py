@@ -28,7 +28,6 @@ from nri_midbatch.process.record import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, Reco
 
 if TYPE_CHECKING:  # loaded by the commands that need it: `--version` stays fast
     from nri_midbatch.config.model import Config
-    from nri_midbatch.config.settings import Settings
 
 _T = TypeVar("_T")
 
@@ -258,8 +257,6 @@ def _identity(
 
 
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from nri_midbatch.process.app import App
-
     socket_env = os.environ.get("NRI_PLUGIN_SOCKET")
     prelaunched_fd = None
     if socket_env is not None:
@@ -279,7 +276,13 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         # matters more than where its logs go.
         sink = sys.stderr
     configure_logging(args.log_level, args.log_format, sink)
-    config = _startup_settings(args.config)
+    from nri_midbatch.config.validator import Validation
+
+    # The configuration is validated in a child, which works while the plugin loads.
+    validation = Validation.startup(args.config)
+    from nri_midbatch.process.app import App
+
+    config = _loaded(validation.result)
     if config is None:
         return 2
     recorder = None
@@ -408,21 +411,15 @@ def _startup_config(path: str | None) -> Config | None:
     """The configuration a command starts with; None, once the reason is printed, if unusable."""
     from nri_midbatch.config.model import load_startup_config
 
-    return _loaded(load_startup_config, path)
+    return _loaded(lambda: load_startup_config(path))
 
 
-def _startup_settings(path: str | None) -> Settings | None:
-    """The same for `run`, validated in a child process: the plugin loads no pydantic."""
-    from nri_midbatch.config.validator import load_startup_settings
-
-    return _loaded(load_startup_settings, path)
-
-
-def _loaded(load: Callable[[str | None], _T], path: str | None) -> _T | None:
+def _loaded(load: Callable[[], _T]) -> _T | None:
+    """What `load` gives; None, once the reason is printed, if the configuration is unusable."""
     from nri_midbatch.config.settings import ConfigError
 
     try:
-        return load(path)
+        return load()
     except ConfigError as exc:
         print(f"nri-midbatch: {exc}", file=sys.stderr)
         return None
