@@ -190,7 +190,7 @@ def test_known_forgets_exactly_a_pods_containers(ops: list[tuple[str, str, str]]
         assert known.containers == model
 
 
-def test_remembered_pods_hold_plain_dicts_with_shared_keys() -> None:
+def test_remembered_pods_hold_plain_dicts_with_shared_keys_and_values() -> None:
     def pod(uid: str) -> api.PodSandbox:
         return api.PodSandbox(
             id=f"s-{uid}",
@@ -198,7 +198,8 @@ def test_remembered_pods_hold_plain_dicts_with_shared_keys() -> None:
             name="n",
             namespace="ns",
             labels={"app.kubernetes.io/name": uid, "b": "2"},
-            annotations={"x": "y"},
+            # The spec of a job's pods, the same text on each: kept once (1-2 KB a pod).
+            annotations={"x": '{"containers": {"main": {}}}'},
             linux=api.LinuxPodSandbox(cgroup_parent=f"/kubepods/besteffort/pod{uid}"),
         )
 
@@ -218,6 +219,8 @@ def test_remembered_pods_hold_plain_dicts_with_shared_keys() -> None:
     (key,) = [k for k in kept.labels if k.startswith("app.")]
     (same,) = [k for k in other.labels if k.startswith("app.")]
     assert key is same
+    assert kept.annotations["x"] is other.annotations["x"]
+    assert kept.labels["b"] is other.labels["b"]
 
 
 # -- the decision log line ----------------------------------------------------
