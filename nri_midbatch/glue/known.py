@@ -14,7 +14,7 @@ from sys import intern
 from nri_midbatch.policy import ContainerView, PodView
 
 
-def _path_head(cgroups_path: str, container_id: str) -> str:
+def path_head(cgroups_path: str, container_id: str) -> str:
     """The path less the container id at its end, one string for all of a pod's containers.
 
     Runtimes name a container's cgroup after its id, last:
@@ -38,7 +38,7 @@ class Known:
     #: container id -> (pod sandbox id, container); read-only outside this class
     containers: dict[str, tuple[str, ContainerView]] = field(default_factory=dict)
     #: container id -> the runtime's cgroups path for it, less the id it ends
-    #: with (see _path_head); paths that do not end with the id: _paths
+    #: with (see path_head); paths that do not end with the id: _paths
     _path_heads: dict[str, str] = field(default_factory=dict, repr=False)
     _paths: dict[str, str] = field(default_factory=dict, repr=False)
     #: pod sandbox id -> its containers' ids; a list, as a pod has a handful
@@ -75,7 +75,7 @@ class Known:
             self.forget_container(container_id)
         self.containers[container_id] = (pod_id, container)
         if container_id and cgroups_path.endswith(container_id):
-            self._path_heads[container_id] = _path_head(cgroups_path, container_id)
+            self._path_heads[container_id] = path_head(cgroups_path, container_id)
         elif cgroups_path:
             self._paths[container_id] = cgroups_path
         self._by_pod.setdefault(pod_id, []).append(container_id)

@@ -19,6 +19,7 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from sys import intern
 from typing import Any
 
 import structlog
@@ -40,7 +41,7 @@ from nri_midbatch.glue.after_reply import CGROUP_READS_PER_PIECE, AfterReply
 from nri_midbatch.glue.cgroup_writer import CgroupWriter
 from nri_midbatch.glue.counters import Counters
 from nri_midbatch.glue.decision_log import DecisionLines
-from nri_midbatch.glue.known import Known
+from nri_midbatch.glue.known import Known, path_head
 from nri_midbatch.glue.lowering import Check, LoweringWait, Write
 from nri_midbatch.glue.reconcile import Plan, plan, raises_quota, split_pods
 from nri_midbatch.glue.views import (
@@ -105,10 +106,15 @@ class _SyncPart:
     """What a Synchronize's chunks brought so far, without their protobuf.
 
     Containers are held flat, `FIELDS` list slots each (pod id, view, cgroups
-    path, current values), as the decision lines are (decision_log.py).
+    path, whether that is the path's head, current values), as the decision
+    lines are (decision_log.py). Strings shared by a pod's containers where
+    they can be (its id, the head of its containers' paths, as Known keeps
+    them): 10,000 strings held through a large Synchronize would be
+    allocated among the objects the plugin keeps, and leave the heap
+    fragmented for good once freed (2.8 MB of resident memory).
     """
 
-    FIELDS = 4
+    FIELDS = 5
     __slots__ = ("containers", "known", "listed")
 
     def __init__(self) -> None:
@@ -287,10 +293,13 @@ class MidBatchPlugin:
                 continue
             linux = container.linux
             resources = linux.resources
+            path = linux.cgroups_path
+            is_head = bool(container.id) and path.endswith(container.id)
             waiting += (
-                container.pod_sandbox_id,
+                intern(container.pod_sandbox_id),
                 synchronized_view(container, resources),
-                linux.cgroups_path,
+                path_head(path, container.id) if is_head else path,
+                is_head,
                 current_values(resources),
             )
 
@@ -324,11 +333,12 @@ class MidBatchPlugin:
                 continue
             pod = pod_views[pod_id]
             ctr_view: ContainerView = waiting[i + 1]
-            known.set_container(ctr_view.id, pod_id, ctr_view, waiting[i + 2])
+            path = waiting[i + 2] + ctr_view.id if waiting[i + 3] else waiting[i + 2]
+            known.set_container(ctr_view.id, pod_id, ctr_view, path)
             values = self._decide_container(pod, ctr_view, lines, refuse=False)
             if values is None:
                 continue
-            current: CgroupValues = waiting[i + 3]
+            current: CgroupValues = waiting[i + 4]
             if self.observing:
                 self._observed("Synchronize", pod, ctr_view, values, current)
             elif differs(values, current):

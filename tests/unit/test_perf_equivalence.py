@@ -223,6 +223,46 @@ def test_remembered_pods_hold_plain_dicts_with_shared_keys_and_values() -> None:
     assert kept.labels["b"] is other.labels["b"]
 
 
+def test_a_split_synchronize_keeps_each_path_and_shares_a_pods_strings() -> None:
+    """Containers waiting for their pod's chunk hold its id and path head once, not each."""
+    from nri_midbatch.config.compile import settings_of
+    from nri_midbatch.config.model import Config
+    from nri_midbatch.glue.plugin import MidBatchPlugin
+
+    parent = "kubepods-besteffort-podu1.slice"
+    paths = {
+        "c-1": f"{parent}:cri-containerd:c-1",
+        "c-2": f"{parent}:cri-containerd:c-2",
+        "c-3": "/elsewhere/not-named-after-the-id",
+        "c-4": "",
+    }
+    containers = [
+        api.Container(
+            id=cid,
+            pod_sandbox_id="s-u1",
+            name=cid,
+            state=api.CONTAINER_RUNNING,
+            linux=api.LinuxContainer(cgroups_path=path),
+        )
+        for cid, path in paths.items()
+    ]
+    pod = api.PodSandbox(
+        id="s-u1",
+        uid="u1",
+        name="p",
+        namespace="ns",
+        linux=api.LinuxPodSandbox(cgroup_parent=parent),
+    )
+    plugin = MidBatchPlugin(settings_of(Config()), dry_run=True)
+    plugin.synchronize_part([], containers, first=True)
+    part = plugin._sync_part
+    assert part is not None
+    waiting = part.containers
+    assert waiting[0] is waiting[5] and waiting[2] is waiting[7]
+    asyncio.run(plugin.synchronize([pod], []))
+    assert {cid: plugin.known.cgroups_path(cid) for cid in paths} == paths
+
+
 # -- the decision log line ----------------------------------------------------
 
 
