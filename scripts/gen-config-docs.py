@@ -294,6 +294,16 @@ A file that disappears, or is replaced by a directory, is a change too: once it 
 still for one more look it is refused as `invalid` (`cannot read`), and the previous
 configuration stays until a valid file is back. Without `--config` (a pre-launched plugin,
 or the built-in defaults) there is nothing to reload: `SIGHUP` only logs a warning.
+
+**In a child process.** `run` validates every configuration (at start-up, on a reload, a
+drop-in at `Configure`) in a short-lived child, `python -P -m nri_midbatch.config.validator`,
+with the same interpreter and package as the plugin: it does what `check-config` does and
+hands back the result, or the error with the same message. The plugin itself never loads
+pydantic, the validating library, which would otherwise stay in its memory for good
+(10 MB; [performance](performance.md#memory-round-4)). A child takes about 0.3 s of CPU; at
+start-up it runs while the plugin loads, a reload waits for it in a thread. A child that
+fails or gives no answer within 30 s makes the configuration `invalid`, with
+`cannot be validated` and the reason.
 """
 
 BOUNDS = f"""\
