@@ -69,7 +69,7 @@ def plan(
     recreated (documented in the configuration guide).
     """
     containers = []
-    for container_id, (pod_id, container, _) in known.containers.items():
+    for container_id, (pod_id, container) in known.containers.items():
         pod = known.pods.get(pod_id)
         if pod is None:
             continue

@@ -304,4 +304,4 @@ def test_a_pods_containers_share_one_kept_path() -> None:
         node.set_container(
             container_id, "s", ContainerView(container_id, "app"), f"pod.slice:crio:{container_id}"
         )
-    assert node.containers["c-1"][2] is node.containers["c-2"][2]
+    assert node._path_heads["c-1"] is node._path_heads["c-2"]
