@@ -258,7 +258,7 @@ class MidBatchPlugin:
         # Pre-launched plugins get their drop-in file here. A bad one must not
         # cost the node its plugin: keep what we have and say why.
         try:
-            # In a thread: the configuration is validated in a child process (0.2 s).
+            # In a thread: the configuration is validated in a child process (0.3 s).
             settings = await asyncio.to_thread(load_settings_text, config, "NRI Configure")
             self._apply_config(settings)
         except ConfigError as exc:

@@ -393,7 +393,7 @@ class App:
 
     async def _reload(self, path: str, reason: str) -> None:
         try:
-            # In a thread: the file is validated in a child process (0.2 s), which
+            # In a thread: the file is validated in a child process (0.3 s), which
             # must not hold up events.
             config = await asyncio.to_thread(load_settings_file, path)
         except ConfigError as exc:
