@@ -34,9 +34,9 @@ log = structlog.get_logger(__name__)
 #: Long enough to amortize a trip through the loop, short next to an event.
 DEFAULT_SLICE_SECONDS = 0.002
 #: Containers whose cgroup files one piece of work reads: finding and reading a
-#: container's three files takes 0.1 ms on a quiet node and up to 0.4 ms on a
-#: loaded 2-core VM, so that a piece stays under a millisecond.
-CGROUP_READS_PER_PIECE = 2
+#: container's three files takes 0.1 ms on a quiet node and 0.5 ms on this
+#: project's 2-core VM.
+CGROUP_READS_PER_PIECE = 1
 #: How long deferred work waits while a request is in progress before it asks
 #: again: a request takes a fraction of a millisecond, and nothing deferred is urgent.
 BUSY_RECHECK_SECONDS = 0.001

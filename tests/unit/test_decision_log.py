@@ -105,6 +105,36 @@ def test_untouched_containers_are_written_at_debug_only(sink: io.StringIO) -> No
     assert (line["pod"], line["container"]) == ("spark-1", "app")
 
 
+class CountedReason(NoTier):
+    """A reason that counts how often it is made text."""
+
+    rendered = 0
+
+    def __str__(self) -> str:
+        CountedReason.rendered += 1
+        return super().__str__()
+
+
+def test_a_debug_line_is_not_built_while_debug_is_off(sink: io.StringIO) -> None:
+    """A Synchronize's reasons made text for nothing held up requests behind them."""
+    lines = DecisionLines("Synchronize")
+    for n in range(3):
+        lines.add(None, POD, ContainerView(f"c{n}", "app"), CountedReason())
+
+    async def write() -> None:
+        after_reply = AfterReply()
+        lines.write_after(after_reply)
+        await after_reply.settle()
+
+    CountedReason.rendered = 0
+    asyncio.run(write())
+    assert (CountedReason.rendered, lines_of(sink)) == (0, [])
+    set_level("debug")
+    asyncio.run(write())
+    assert CountedReason.rendered == 3
+    assert [line["why"] for line in lines_of(sink)] == ["no tier matched: pod left alone"] * 3
+
+
 def test_a_level_change_reaches_lines_not_yet_written(sink: io.StringIO) -> None:
     lines = DecisionLines("CreateContainer")
     lines.add("batch", POD, ContainerView("c1", "app"), VALUES)
