@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from bench.run import GO_OVER_FLOOR
+
 pytestmark = pytest.mark.bench
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,6 +30,8 @@ FIGURES = (
     "Synchronize: chunks sent",
     "Synchronize floor: a plugin with no policy",
     "Synchronize: the plugin's time over the floor's",
+    "Synchronize: a Go plugin's, estimated",
+    "Synchronize: the plugin's time over the Go plugin's estimate",
     "CreateContainer serial p50",
     "CreateContainer serial p99",
     "CreateContainer serial max",
@@ -103,6 +107,8 @@ def test_the_floor_answered_the_same_synchronize_once_per_launch(report: dict[st
     floor = _figure(report, "Synchronize floor")["value"]
     ratio = _figure(report, "Synchronize: the plugin's time over the floor's")["value"]
     assert ratio == pytest.approx(statistics.median(sync["runs_s"]) / floor)
+    go = _figure(report, "Synchronize: a Go plugin's, estimated")["value"]
+    assert go == pytest.approx(floor * GO_OVER_FLOOR)
 
 
 def test_memory_stays_within_reason(report: dict[str, Any]) -> None:
