@@ -104,7 +104,8 @@ class DecisionLines:
         # 3 us a line and still follows a level change.
         logger = log.bind()
         # Lines at debug are not even built unless it is on: a reason made
-        # text costs more than the line (the most of a Synchronize's nodes).
+        # text costs more than its line, and a Synchronize has one for every
+        # container in no tier.
         debug = logger.is_enabled_for(logging.DEBUG)
         method, fields = self.method, self._fields
         for i in range(start, min(end, len(fields)), _FIELDS_PER_LINE):
