@@ -4,10 +4,11 @@
 the benchmark's runtime: a blocking socket, the mux and ttrpc framing read
 straight off it, each request decoded whole (upb decodes a message whole, as
 Go's protobuf unmarshals it into structs), and every Synchronize chunk
-answered with an empty reply. It shares no code with the plugin (only the
-generated messages), so that changes to the plugin's transport do not move
-it: the benchmark times the same Synchronize against it, in the same run,
-as the reference that a Go plugin's time is estimated from
+answered with an empty reply. It shares no code with the plugin's transport
+(only the generated messages, and the framing constants of the benchmark's
+runtime), so that changes to the plugin's transport do not move it: the
+benchmark times the same Synchronize against it, in the same run, as the
+reference that a Go plugin's time is estimated from
 (docs/performance.md, "Synchronize floor").
 """
 
@@ -16,22 +17,19 @@ from __future__ import annotations
 import argparse
 import signal
 import socket
-import struct
 import sys
 
+from bench.runtime import (
+    MUX,
+    REQUEST,
+    RESPONSE,
+    RUNTIME_SERVICE,
+    SUBSCRIBED_EVENTS,
+    TTRPC,
+)
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.api import ttrpc_pb2
-
-# NRI's mux and ttrpc framing: conn 1 carries the runtime's
-# requests to the plugin, conn 2 the plugin's to the runtime.
-MUX = struct.Struct(">II")
-TTRPC = struct.Struct(">IIBB")
-PLUGIN_CONN, RUNTIME_CONN = 1, 2
-REQUEST, RESPONSE = 1, 2
-RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
-#: The events the real plugin subscribes to, so that the runtime treats both alike:
-#: RunPodSandbox, RemovePodSandbox, CreateContainer, UpdateContainer, RemoveContainer.
-EVENTS = (1 << 0) | (1 << 2) | (1 << 3) | (1 << 7) | (1 << 10)
+from nri_midbatch.wire.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN
 
 
 def _frame(conn: int, stream_id: int, msg_type: int, body: bytes) -> bytes:
@@ -48,7 +46,7 @@ def _answer(method: str, payload: bytes) -> bytes:
     reply: api.ConfigureResponse | api.SynchronizeResponse | None = None
     if method == "Configure":
         api.ConfigureRequest.FromString(payload)
-        reply = api.ConfigureResponse(events=EVENTS)
+        reply = api.ConfigureResponse(events=SUBSCRIBED_EVENTS)
     elif method == "Synchronize":
         chunk = api.SynchronizeRequest.FromString(payload)
         reply = api.SynchronizeResponse(more=chunk.more)
@@ -63,9 +61,12 @@ def serve(path: str) -> None:
     request = ttrpc_pb2.Request(
         service=RUNTIME_SERVICE, method="RegisterPlugin", payload=register.SerializeToString()
     )
-    sock.sendall(_frame(RUNTIME_CONN, 1, REQUEST, request.SerializeToString()))
+    sock.sendall(_frame(RUNTIME_SERVICE_CONN, 1, REQUEST, request.SerializeToString()))
     data = bytearray()
-    streams: dict[int, bytearray] = {PLUGIN_CONN: bytearray(), RUNTIME_CONN: bytearray()}
+    streams: dict[int, bytearray] = {
+        PLUGIN_SERVICE_CONN: bytearray(),
+        RUNTIME_SERVICE_CONN: bytearray(),
+    }
     while chunk := sock.recv(1 << 20):
         data += chunk
         offset = 0
@@ -78,7 +79,7 @@ def serve(path: str) -> None:
             )
             offset += MUX.size + length
         del data[:offset]
-        buffered = streams[PLUGIN_CONN]
+        buffered = streams[PLUGIN_SERVICE_CONN]
         while len(buffered) >= TTRPC.size:
             length, stream_id = TTRPC.unpack_from(buffered)[:2]
             if len(buffered) < TTRPC.size + length:
@@ -86,8 +87,10 @@ def serve(path: str) -> None:
             call = ttrpc_pb2.Request.FromString(bytes(buffered[TTRPC.size : TTRPC.size + length]))
             del buffered[: TTRPC.size + length]
             reply = ttrpc_pb2.Response(payload=_answer(call.method, call.payload))
-            sock.sendall(_frame(PLUGIN_CONN, stream_id, RESPONSE, reply.SerializeToString()))
-        streams[RUNTIME_CONN].clear()  # the RegisterPlugin reply: nothing to do with it
+            sock.sendall(
+                _frame(PLUGIN_SERVICE_CONN, stream_id, RESPONSE, reply.SerializeToString())
+            )
+        streams[RUNTIME_SERVICE_CONN].clear()  # the RegisterPlugin reply: nothing to do with it
 
 
 def main() -> None:

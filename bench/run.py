@@ -35,10 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from bench import workload
-from bench.runtime import BenchError, Kind, Runtime, Template
+from bench.runtime import SUBSCRIBED_EVENTS, BenchError, Kind, Runtime, Template
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.api import ttrpc_pb2
-from nri_midbatch.nri.events import Event
 
 MAX_MESSAGE = 4 << 20  # ttrpc's messageLengthMax
 #: How long CreateContainer probes go on after the Synchronize reply, and their first pod.
@@ -367,15 +366,10 @@ class Bench:
         reply, _seconds = runtime.call(self.configure)
         startup = time.perf_counter() - started
         configured = api.ConfigureResponse.FromString(_payload(reply, "Configure"))
-        wanted = (
-            Event.RUN_POD_SANDBOX.bit
-            | Event.CREATE_CONTAINER.bit
-            | Event.UPDATE_CONTAINER.bit
-            | Event.REMOVE_CONTAINER.bit
-            | Event.REMOVE_POD_SANDBOX.bit
-        )
-        if configured.events != wanted:
-            raise BenchError(f"Configure: events {configured.events:#x}, expected {wanted:#x}")
+        if configured.events != SUBSCRIBED_EVENTS:
+            raise BenchError(
+                f"Configure: events {configured.events:#x}, expected {SUBSCRIBED_EVENTS:#x}"
+            )
         self.results.details.setdefault(
             "plugin", f"{registration.plugin_idx}-{registration.plugin_name}"
         )

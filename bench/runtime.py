@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from nri_midbatch.api import ttrpc_pb2
+from nri_midbatch.nri.events import Event
 from nri_midbatch.wire.mux import FIRST_FRAME_MAX, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN
 
 MUX = struct.Struct(">II")
@@ -30,6 +31,15 @@ TTRPC = struct.Struct(">IIBB")
 REQUEST, RESPONSE = 1, 2
 
 PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
+RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
+#: What the plugin subscribes to at Configure (and so does bench.floor).
+SUBSCRIBED_EVENTS = (
+    Event.RUN_POD_SANDBOX.bit
+    | Event.CREATE_CONTAINER.bit
+    | Event.UPDATE_CONTAINER.bit
+    | Event.REMOVE_CONTAINER.bit
+    | Event.REMOVE_POD_SANDBOX.bit
+)
 #: containerd's default request timeout, carried in every request as timeout_nano.
 REQUEST_TIMEOUT_NANO = 2_000_000_000
 READ_SIZE = 1 << 20
