@@ -606,7 +606,12 @@ def test_restart_under_a_stricter_config_lowers_pods_after_their_containers(
         )
     gaps = order_gaps(poller, files, "50000")
     print(f"\nrestart, lowering: pod after its container by {[round(g, 4) for g in gaps]} s")
-    assert all(gap > 0 for gap in gaps), gaps
+    # The plugin writes a pod as soon as it reads its container lowered, well
+    # under a poll apart, so one poll may see both (gap 0). A poll reads the pod
+    # before the container, so a pod written first shows as a negative gap.
+    # On cgroup v1 the kernel is the sharper witness: a pod quota below its
+    # container's is EINVAL, which would be "pod cgroup not set" below.
+    assert all(gap >= 0 for gap in gaps), gaps
     assert not list(iter_events(strict.records(), "pod cgroup not set"))
     assert not list(iter_events(strict.records(), "runtime did not lower containers in time"))
 
