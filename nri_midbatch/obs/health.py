@@ -15,15 +15,13 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from prometheus_client import generate_latest
-
+from nri_midbatch.obs.exposition import CONTENT_TYPE
 from nri_midbatch.obs.httpd import BoundedHTTPServer, Request, Response, parse_address
 from nri_midbatch.obs.metrics import Metrics
 
 __all__ = [
     "DEFAULT_STALL_AFTER",
     "MAX_CONNECTIONS",
-    "METRICS_CONTENT_TYPE",
     "REQUEST_DEADLINE",
     "HealthServer",
     "Readiness",
@@ -34,9 +32,6 @@ HEARTBEAT_INTERVAL = 1.0
 #: A loop that has not run for this long is wedged: the runtime would already
 #: have dropped us after its 2 s request timeout.
 DEFAULT_STALL_AFTER = 10.0
-#: What `generate_latest` writes. Not prometheus_client's CONTENT_TYPE_LATEST,
-#: which names text format 1.0.0 since 0.22 while the body stays 0.0.4.
-METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: Prometheus and kubelet's two probes need a handful; the rest is room for a second scraper.
 MAX_CONNECTIONS = 16
 #: For a whole request, and for an idle keep-alive connection to send its next one.
@@ -101,7 +96,7 @@ class HealthServer:
         if request.method != "GET":
             return Response.text(405, "only GET is served")
         if request.path == "/metrics":
-            return Response(200, generate_latest(self._metrics.registry), METRICS_CONTENT_TYPE)
+            return Response(200, self._metrics.registry.render(), CONTENT_TYPE)
         if request.path == "/healthz":
             return Response.text(*self._health())
         if request.path == "/readyz":

@@ -1,8 +1,8 @@
 """Prometheus metrics of one plugin process, on a registry of its own.
 
-Hot-path code does not touch prometheus objects: the plugin keeps plain
+Hot-path code does not touch metric objects: the plugin keeps plain
 counters, and a `CountersCollector` (registered by the App) turns them into
-metric families when scraped.
+metric families when scraped. The families and their text are `obs.exposition`.
 Per-call latency and results come from a session call observer, which costs
 one clock read and one histogram observation per call.
 """
@@ -12,13 +12,21 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import NamedTuple
 
 from google.protobuf.message import Message
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily
-from prometheus_client.registry import Collector
 
 from nri_midbatch import __version__
+from nri_midbatch.obs.exposition import (
+    Collector,
+    Counter,
+    CounterChild,
+    Family,
+    Gauge,
+    Histogram,
+    HistogramChild,
+    Registry,
+)
 
 #: Fine steps where handlers normally finish, then steps up to the runtime's
 #: default 2 s request timeout, so a scrape shows how close calls come to it.
@@ -33,10 +41,8 @@ EVENT_BUCKETS = (
 EVENT_METHODS = ("RunPodSandbox", "CreateContainer", "UpdateContainer", "StateChange")
 
 
-def build_info(registry: CollectorRegistry) -> None:
-    build = Gauge(
-        "nri_midbatch_build_info", "Build information", ["version", "python"], registry=registry
-    )
+def build_info(registry: Registry) -> None:
+    build = Gauge("nri_midbatch_build_info", "Build information", ["version", "python"], registry)
     build.labels(__version__, platform.python_version()).set(1)
 
 
@@ -44,13 +50,13 @@ def build_info(registry: CollectorRegistry) -> None:
 DROP_REASONS = ("evicted", "refused", "deadline", "bad_request")
 
 
-def connections_dropped(name: str, registry: CollectorRegistry) -> Counter:
+def connections_dropped(name: str, registry: Registry) -> Counter:
     counter = Counter(
         name,
         "Connections ended by the server's bounds: evicted at the cap for a newer one, refused "
         "at the cap, past the request deadline, or a bad request",
         ["reason"],
-        registry=registry,
+        registry,
     )
     for reason in DROP_REASONS:
         counter.labels(reason)
@@ -58,18 +64,18 @@ def connections_dropped(name: str, registry: CollectorRegistry) -> Counter:
 
 
 class Metrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
+    def __init__(self) -> None:
+        self.registry = Registry()
         r = self.registry
         self.events = Counter(
-            "nri_midbatch_events", "NRI requests handled", ["method", "result"], registry=r
+            "nri_midbatch_events", "NRI requests handled", ["method", "result"], r
         )
         self.event_duration = Histogram(
             "nri_midbatch_event_duration_seconds",
             "Time to answer an NRI request (the runtime drops plugins at its request timeout)",
             ["method"],
+            r,
             buckets=EVENT_BUCKETS,
-            registry=r,
         )
         # Present at 0 from the start, so that rate() and increase() see the first calls
         # (a series born at its first call hides that call from them).
@@ -78,25 +84,26 @@ class Metrics:
             for result in ("ok", "error"):
                 self.events.labels(method, result)
         self.registered = Gauge(
-            "nri_midbatch_registered", "1 while registered and configured by a runtime", registry=r
+            "nri_midbatch_registered", "1 while registered and configured by a runtime", (), r
         )
         self.synchronized = Gauge(
-            "nri_midbatch_synchronized", "1 once Synchronize has completed", registry=r
+            "nri_midbatch_synchronized", "1 once Synchronize has completed", (), r
         )
         self.reconnects = Counter(
-            "nri_midbatch_reconnects", "Connection attempts after the first", registry=r
+            "nri_midbatch_reconnects", "Connection attempts after the first", (), r
         )
         self.sync_objects = Gauge(
             "nri_midbatch_synchronize_objects",
             "Pods and containers in the last Synchronize",
             ["kind"],
-            registry=r,
+            r,
         )
         self.sync_duration = Histogram(
             "nri_midbatch_synchronize_duration_seconds",
             "Time from a Synchronize's first chunk to the reply to its last",
+            (),
+            r,
             buckets=EVENT_BUCKETS,
-            registry=r,
         )
         self.http_dropped = connections_dropped("nri_midbatch_http_connections_dropped", r)
         # Configuration reloads are counted by the App's CountersCollector.
@@ -119,26 +126,26 @@ class WebhookMetrics:
     """The admission webhook's families, on a registry of its own (it is another process)."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+        self.registry = Registry()
         r = self.registry
         self.reviews = Counter(
             "nri_midbatch_webhook_requests",
             "AdmissionReviews answered, by endpoint and result",
             ["endpoint", "result"],
-            registry=r,
+            r,
         )
         self.review_duration = Histogram(
             "nri_midbatch_webhook_request_duration_seconds",
             "Time to decide an AdmissionReview, from its body read to its answer ready",
             ["endpoint"],
+            r,
             buckets=WEBHOOK_BUCKETS,
-            registry=r,
         )
         self.certificate_reloads = Counter(
             "nri_midbatch_webhook_certificate_reloads",
             "Changed TLS certificate and key files: loaded (ok) or kept the previous (failed)",
             ["result"],
-            registry=r,
+            r,
         )
         for endpoint in ("mutate", "validate"):
             self.review_duration.labels(endpoint)
@@ -151,23 +158,25 @@ class WebhookMetrics:
 
 
 class _ObservedCall:
-    __slots__ = ("_method", "_metrics", "_start")
+    __slots__ = ("_series", "_start")
 
-    def __init__(self, metrics: Metrics, method: str) -> None:
-        self._metrics = metrics
-        self._method = method
+    def __init__(self, series: _MethodSeries) -> None:
+        self._series = series
         self._start = time.perf_counter()
 
     def replied(self, response: Message) -> None:
-        self._done("ok")
+        self._series.ok.inc()
+        self._series.duration.observe(time.perf_counter() - self._start)
 
     def failed(self, error: BaseException) -> None:
-        self._done("error")
+        self._series.error.inc()
+        self._series.duration.observe(time.perf_counter() - self._start)
 
-    def _done(self, result: str) -> None:
-        elapsed = time.perf_counter() - self._start
-        self._metrics.events.labels(self._method, result).inc()
-        self._metrics.event_duration.labels(self._method).observe(elapsed)
+
+class _MethodSeries(NamedTuple):
+    ok: CounterChild
+    error: CounterChild
+    duration: HistogramChild
 
 
 class CallObserver:
@@ -175,9 +184,19 @@ class CallObserver:
 
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
+        #: method -> its series, looked up once per method rather than twice per call
+        self._series: dict[str, _MethodSeries] = {}
 
     def begin(self, method: str, request: Message) -> _ObservedCall:
-        return _ObservedCall(self._metrics, method)
+        series = self._series.get(method)
+        if series is None:
+            m = self._metrics
+            series = self._series[method] = _MethodSeries(
+                m.events.labels(method, "ok"),
+                m.events.labels(method, "error"),
+                m.event_duration.labels(method),
+            )
+        return _ObservedCall(series)
 
 
 #: (name, help, label names, {label values: count})
@@ -190,9 +209,6 @@ class CountersCollector(Collector):
     def __init__(self, families: Callable[[], Iterable[CounterFamily]]) -> None:
         self._families = families
 
-    def collect(self) -> Iterator[CounterMetricFamily]:
+    def collect(self) -> Iterator[Family]:
         for name, documentation, labels, values in self._families():
-            family = CounterMetricFamily(name, documentation, labels=list(labels))
-            for key, value in values.items():
-                family.add_metric(list(key), value)
-            yield family
+            yield Family(name, documentation, "counter", labels, values)

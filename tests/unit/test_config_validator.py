@@ -100,7 +100,8 @@ def test_a_validator_that_cannot_start_is_a_config_error(monkeypatch: pytest.Mon
 
 
 def test_the_running_plugin_never_loads_pydantic(tmp_path: Path) -> None:
-    """Start-up and a reload, as `run` does them: the configuration is Settings, not a model."""
+    """Start-up, a reload and a scrape, as `run` does them: the configuration is Settings, not a
+    model, and the metrics page is obs.exposition's (prometheus_client costs 2.6 MB)."""
     config = tmp_path / "config.yaml"
     config.write_text(f"cgroups: {{root: {tmp_path}}}\n")
     code = f"""
@@ -108,21 +109,29 @@ import asyncio, json, sys
 from nri_midbatch.config.settings import Settings
 from nri_midbatch.config.validator import load_startup_settings
 from nri_midbatch.process.app import App
-PYDANTIC_AND_YAML = ("pydantic", "pydantic_core", "yaml")
+NOT_LOADED = ("pydantic", "pydantic_core", "yaml", "prometheus_client")
 app = App(load_startup_settings({str(config)!r}), name="midbatch", idx="10",
           config_path={str(config)!r})
 open({str(config)!r}, "w").write("mode: observe\\ncgroups: {{root: {tmp_path}}}\\n")
 asyncio.run(app.reload("test"))
+page = app.metrics.registry.render()
 print(json.dumps({{
-    "loaded": sorted(m for m in sys.modules if m.split(".")[0] in PYDANTIC_AND_YAML
+    "loaded": sorted(m for m in sys.modules if m.split(".")[0] in NOT_LOADED
                      or m == "nri_midbatch.config.model"),
     "settings": type(app.plugin.config) is Settings,
     "mode": app.plugin.config.mode,
     "reloads": app.reloads,
+    "mode_on_page": 'nri_midbatch_mode{{mode="observe"}} 1.0' in page.decode(),
 }}))
 """
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result == {"loaded": [], "settings": True, "mode": "observe", "reloads": {"applied": 1}}
+    assert result == {
+        "loaded": [],
+        "settings": True,
+        "mode": "observe",
+        "reloads": {"applied": 1},
+        "mode_on_page": True,
+    }

@@ -24,11 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from prometheus_client import generate_latest
 
 from nri_midbatch.config.compile import compile_policy
 from nri_midbatch.config.model import Config, ConfigError, load_config_file
-from nri_midbatch.obs.health import METRICS_CONTENT_TYPE
+from nri_midbatch.obs.exposition import CONTENT_TYPE
 from nri_midbatch.obs.httpd import BoundedHTTPServer, Request, Response
 from nri_midbatch.obs.metrics import WebhookMetrics
 from nri_midbatch.policy import Policy
@@ -209,7 +208,7 @@ class WebhookServer:
         if request.path == "/readyz":
             return Response.text(503, "draining") if self.draining else Response.text(200, "ok")
         if request.path == "/metrics":
-            return Response(200, generate_latest(self.metrics.registry), METRICS_CONTENT_TYPE)
+            return Response(200, self.metrics.registry.render(), CONTENT_TYPE)
         return Response.text(404, "not found")
 
 
