@@ -76,6 +76,46 @@ def test_work_runs_in_order_in_slices_that_let_requests_in() -> None:
     assert order == ["work 0", "request", "work 1", "work 2"]
 
 
+def test_work_that_defers_more_work_runs_one_slice_per_turn_of_the_loop() -> None:
+    """One chain of slices, however much the pieces defer: a second chain would
+    run a slice of its own in every turn of the loop, and each piece that
+    defers would start one more, so that requests and timers waited behind an
+    ever longer run of slices."""
+    after_reply = AfterReply(slice_seconds=0)  # one piece to a slice
+    #: the loop's turn in which each piece ran
+    turns: list[int] = []
+    turn = 0
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        running = True
+
+        def count_turns() -> None:
+            nonlocal turn
+            turn += 1
+            if running:
+                loop.call_soon(count_turns)
+
+        def note_turn() -> None:
+            turns.append(turn)
+
+        def piece(left: int) -> None:
+            note_turn()
+            if left:
+                after_reply.defer(piece, left - 1)
+                after_reply.defer(note_turn)
+
+        count_turns()
+        after_reply.defer(piece, 20)
+        await after_reply.settle()
+        running = False
+
+    run(scenario())
+    assert len(turns) == 41
+    most_in_one_turn = max(turns.count(t) for t in set(turns))
+    assert most_in_one_turn == 1, turns
+
+
 def test_settle_waits_for_delayed_work_and_what_it_queues() -> None:
     after_reply = AfterReply()
     done: list[str] = []
