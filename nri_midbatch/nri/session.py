@@ -359,14 +359,20 @@ class Session:
         return self._service()
 
     def _service(self) -> Service:
+        def event_with_context(
+            request_type: type[Message],
+            handler: Callable[[Any, CallContext], Awaitable[Message]],
+        ) -> Method:
+            async def run(request: Any, ctx: CallContext) -> Message:
+                _in_event_handler.set(True)
+                return await handler(request, ctx)
+
+            return Method(request_type, run)
+
         def event(
             request_type: type[Message], handler: Callable[[Any], Awaitable[Message]]
         ) -> Method:
-            async def run(request: Any, _ctx: CallContext) -> Message:
-                _in_event_handler.set(True)
-                return await handler(request)
-
-            return Method(request_type, run)
+            return event_with_context(request_type, lambda request, _ctx: handler(request))
 
         def pod_event(
             request_type: type[Message], response_type: type[Message], kind: Event
@@ -388,7 +394,7 @@ class Session:
 
         methods = {
             "Configure": event(api.ConfigureRequest, self._configure),
-            "Synchronize": event(api.SynchronizeRequest, self._synchronize),
+            "Synchronize": event_with_context(api.SynchronizeRequest, self._synchronize),
             "Shutdown": event(api.Empty, self._shutdown),
             "CreateContainer": event(api.CreateContainerRequest, self._create_container),
             "UpdateContainer": event(api.UpdateContainerRequest, self._update_container),
@@ -482,7 +488,9 @@ class Session:
         )
         return api.ConfigureResponse(events=events)
 
-    async def _synchronize(self, request: api.SynchronizeRequest) -> api.SynchronizeResponse:
+    async def _synchronize(
+        self, request: api.SynchronizeRequest, ctx: CallContext
+    ) -> api.SynchronizeResponse:
         if request.more:
             self._advance(Step.SYNC_CHUNK)
         else:
@@ -490,7 +498,7 @@ class Session:
         first = self._sync_started is None
         if self._sync_started is None:
             self._sync_started = time.perf_counter()
-        self._sync_bytes += request.ByteSize()
+        self._sync_bytes += ctx.request_bytes
         self._sync_pods += len(request.pods)
         self._sync_containers += len(request.containers)
         self.state.sync_chunks += 1

@@ -219,7 +219,9 @@ class MuxConnection:
         metadata: dict[str, tuple[str, ...]] = {}
         for kv in request.metadata:
             metadata[kv.key] = (*metadata.get(kv.key, ()), kv.value)
-        context = CallContext(request.service, request.method, event.stream_id, timeout, metadata)
+        context = CallContext(
+            request.service, request.method, event.stream_id, timeout, event.payload_size, metadata
+        )
         try:
             async with asyncio.timeout(timeout):
                 reply = await method.handler(event.message, context)

@@ -18,6 +18,8 @@ class CallContext:
     stream_id: int
     #: Seconds the caller gives us (from `timeout_nano`), or None for no deadline.
     timeout: float | None
+    #: The request's size as it came, in bytes.
+    request_bytes: int
     metadata: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 

@@ -360,7 +360,7 @@ async def _in_process(session: Session) -> AsyncIterator[Caller]:
 
     async def call(method: str, request: Message) -> Reply:
         handler = service.methods[method].handler
-        context = CallContext(PLUGIN_SERVICE, method, 0, None)
+        context = CallContext(PLUGIN_SERVICE, method, 0, None, request.ByteSize())
         try:
             # A task per call, as the connection runs them: each call gets its own context.
             return await asyncio.ensure_future(handler(request, context)), None

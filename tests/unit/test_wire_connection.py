@@ -68,6 +68,8 @@ def test_good_request_is_passed_on_decoded_and_its_reply_framed() -> None:
     (event,) = events(conn)
     assert isinstance(event, wire.Request)
     assert (event.stream_id, event.message) == (1, KV(key="k"))
+    # Its size as received, for the session's Synchronize bound.
+    assert event.payload_size == len(KV(key="k").SerializeToString()) == 3
     assert conn.requests_in_flight == 1
     ((stream_id, response),) = responses(conn.reply(1, KV(key="r")))
     assert stream_id == 1 and not response.HasField("status")
