@@ -51,6 +51,7 @@ from nri_midbatch.glue.views import (
     container_view,
     current_values,
     encode_native_limits,
+    limits_and_values,
     pod_view,
     set_resources,
     synchronized_view,
@@ -292,15 +293,15 @@ class MidBatchPlugin:
             if container.state not in _RUNNING_STATES:
                 continue
             linux = container.linux
-            resources = linux.resources
+            shown, current = limits_and_values(linux.resources)
             path = linux.cgroups_path
             is_head = bool(container.id) and path.endswith(container.id)
             waiting += (
                 intern(container.pod_sandbox_id),
-                synchronized_view(container, resources),
+                synchronized_view(container, shown),
                 path_head(path, container.id) if is_head else path,
                 is_head,
-                current_values(resources),
+                current,
             )
 
     async def synchronize(

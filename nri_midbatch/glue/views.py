@@ -21,13 +21,48 @@ from nri_midbatch.policy import CgroupValues, ContainerView, NativeLimits, PodVi
 
 def native_limits(resources: api.LinuxResources) -> NativeLimits:
     """Finite limits the runtime or kubelet already set; None where unlimited."""
-    cpu = resources.cpu
-    return _native_limits(cpu.quota.value, cpu.period.value, resources.memory.limit.value)
+    return limits_and_values(resources)[0]
+
+
+def current_values(resources: api.LinuxResources) -> CgroupValues:
+    """A container's values as the runtime reports them, unlimited as -1 (see native_limits)."""
+    return limits_and_values(resources)[1]
 
 
 # Nodes have few distinct kubelet limits (often just the 100000us period):
 # the caches below hold each once, bounded in case a node has many.
 DISTINCT_LIMITS = 1024
+#: Resources longer than this (a large `unified` map, many devices) are read
+#: field by field rather than remembered by their bytes, so that the cache
+#: below holds at most DISTINCT_LIMITS times this many bytes of keys.
+MAX_REMEMBERED_RESOURCES_BYTES = 256
+
+
+def limits_and_values(resources: api.LinuxResources) -> tuple[NativeLimits, CgroupValues]:
+    """native_limits and current_values of the same resources.
+
+    Remembered by the resources' bytes: serializing the few bytes a container's
+    resources take costs a third of reading the five nested fields through
+    protobuf's wrappers, and a node's containers share a handful of values.
+    """
+    key = resources.SerializeToString()
+    if len(key) > MAX_REMEMBERED_RESOURCES_BYTES:
+        return _read_limits_and_values(resources)
+    return _remembered_limits_and_values(key)
+
+
+@functools.lru_cache(maxsize=DISTINCT_LIMITS)
+def _remembered_limits_and_values(key: bytes) -> tuple[NativeLimits, CgroupValues]:
+    return _read_limits_and_values(api.LinuxResources.FromString(key))
+
+
+def _read_limits_and_values(resources: api.LinuxResources) -> tuple[NativeLimits, CgroupValues]:
+    cpu = resources.cpu
+    quota, limit = cpu.quota.value, resources.memory.limit.value
+    return (
+        _native_limits(quota, cpu.period.value, limit),
+        _current_values(cpu.shares.value, quota, limit),
+    )
 
 
 @functools.lru_cache(maxsize=DISTINCT_LIMITS)
@@ -104,19 +139,19 @@ def decode_native_limits(text: str) -> NativeLimits | None:
     return _native_limits(*values)
 
 
-def synchronized_view(
-    container: api.Container, resources: api.LinuxResources | None = None
-) -> ContainerView:
+def synchronized_view(container: api.Container, shown: NativeLimits) -> ContainerView:
     """A running container as kubelet set it up, as far as we can tell.
 
-    `resources`: the container's current ones, if the caller has them at hand.
+    `shown`: the native limits of its current resources.
     """
     text = container.annotations.get(NATIVE_LIMITS_ANNOTATION)
     native = None if text is None else decode_native_limits(text)
     if native is None:
         # Never adjusted by us (created while no plugin ran): what it has is kubelet's, as
         # far as never-loosen goes; not sure enough to scale (cpu-normalization).
-        return container_view(container, resources, native_known=False)
+        return ContainerView(
+            id=container.id, name=intern(container.name), native=shown, native_known=False
+        )
     return ContainerView(id=container.id, name=intern(container.name), native=native)
 
 
@@ -150,12 +185,6 @@ def container_update(container_id: str, values: CgroupValues) -> api.ContainerUp
     update = api.ContainerUpdate(container_id=container_id)
     set_resources(update.linux.resources, values)
     return update
-
-
-def current_values(resources: api.LinuxResources) -> CgroupValues:
-    """A container's values as the runtime reports them, unlimited as -1 (see native_limits)."""
-    cpu = resources.cpu
-    return _current_values(cpu.shares.value, cpu.quota.value, resources.memory.limit.value)
 
 
 @functools.lru_cache(maxsize=DISTINCT_LIMITS)

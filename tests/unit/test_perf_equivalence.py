@@ -23,10 +23,12 @@ from nri_midbatch.glue.after_reply import AfterReply
 from nri_midbatch.glue.decision_log import DecisionLines
 from nri_midbatch.glue.known import Known
 from nri_midbatch.glue.views import (
+    MAX_REMEMBERED_RESOURCES_BYTES,
     container_update,
     current_values,
     decode_native_limits,
     encode_native_limits,
+    limits_and_values,
     native_limits,
     pod_view,
     set_resources,
@@ -140,13 +142,26 @@ def _reference_current(resources: api.LinuxResources) -> CgroupValues:
     return CgroupValues(cpu_shares=shares, cpu_quota=quota, memory_limit=limit)
 
 
-@given(st.none() | UINT64, st.none() | INT64, st.none() | UINT64, st.none() | INT64)
+@given(
+    st.none() | UINT64,
+    st.none() | INT64,
+    st.none() | UINT64,
+    st.none() | INT64,
+    st.sampled_from([0, 1, 40]),
+)
 def test_values_read_without_presence_checks_are_the_same(
-    shares: int | None, quota: int | None, period: int | None, memory: int | None
+    shares: int | None, quota: int | None, period: int | None, memory: int | None, unified: int
 ) -> None:
+    """The same, remembered by the resources' bytes or (past the bound) read each time."""
     given = resources(shares=shares, quota=quota, period=period, memory=memory)
-    assert native_limits(given) == _reference_native(given)
-    assert current_values(given) == _reference_current(given)
+    for n in range(unified):
+        given.unified[f"memory.k{n}"] = "v" * 8
+    remembered = len(given.SerializeToString()) <= MAX_REMEMBERED_RESOURCES_BYTES
+    assert remembered == (unified < 40)
+    for _ in range(2):  # the second from the cache, where it is remembered
+        assert native_limits(given) == _reference_native(given)
+        assert current_values(given) == _reference_current(given)
+        assert limits_and_values(given) == (_reference_native(given), _reference_current(given))
 
 
 @pytest.mark.parametrize("text", ['{"cpuQuota":null}', '{"cpuQuota":0}', '{"cpuPeriod":false}'])
