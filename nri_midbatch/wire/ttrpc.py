@@ -100,7 +100,11 @@ class MessageDecoder:
         if end > size:
             return None
         self._offset = end
-        return Message(stream_id, msg_type, flags, bytes(buf[start:end]))
+        # Through a view: slicing the bytearray itself would copy the message
+        # twice (a bytearray, then bytes), 4 MiB each for a Synchronize chunk.
+        with memoryview(buf) as view:
+            data = view[start:end].tobytes()
+        return Message(stream_id, msg_type, flags, data)
 
     def feed(self, data: bytes) -> list[Event]:
         """`receive(data)`, then every message now complete."""
