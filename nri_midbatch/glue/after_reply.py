@@ -17,15 +17,11 @@ is always in flight) and asks again. A request arriving in the middle of a
 long backlog so waits for at most the piece of work under way (a pod's
 cgroup files, one container's read, 8 log lines: 0.1-0.6 ms), or half a
 millisecond under steady load, not for a slice or the whole backlog.
-Between two slices the plugin yields the CPU (`sched_yield`), so that the
-runtime's thread that is to send the next request is not kept off a shared
-core until the scheduler's next tick.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -138,10 +134,6 @@ class AfterReply:
             loop = asyncio.get_running_loop()
             self._next_slice = loop.call_later(BUSY_RECHECK_SECONDS, self._run_slice, True)
         else:
-            # The CPU to any thread woken meanwhile: a runtime thread that woke
-            # on this core to send a request would otherwise wait for the
-            # scheduler's next tick (4 ms at HZ=250) while the work goes on.
-            os.sched_yield()
             # Behind whatever became ready meanwhile.
             self._next_slice = asyncio.get_running_loop().call_soon(self._run_slice)
 

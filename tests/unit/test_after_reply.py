@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import select
 import socket
 from typing import Any
@@ -115,24 +114,6 @@ def test_work_that_defers_more_work_runs_one_slice_per_turn_of_the_loop() -> Non
     assert len(turns) == 41
     most_in_one_turn = max(turns.count(t) for t in set(turns))
     assert most_in_one_turn == 1, turns
-
-
-def test_the_cpu_is_yielded_between_slices_while_work_is_left(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A runtime thread woken on the plugin's core runs between two slices, not a tick later."""
-    after_reply = AfterReply(slice_seconds=0)  # one piece to a slice
-    events: list[str] = []
-    monkeypatch.setattr(os, "sched_yield", lambda: events.append("yield"))
-
-    async def scenario() -> None:
-        for n in range(4):
-            after_reply.defer(events.append, f"work {n}")
-        await after_reply.settle()
-
-    run(scenario())
-    # Not after the last: with nothing left, the loop sleeps anyway.
-    assert events == ["work 0", "yield", "work 1", "yield", "work 2", "yield", "work 3"]
 
 
 def test_settle_waits_for_delayed_work_and_what_it_queues() -> None:
