@@ -45,7 +45,6 @@ from nri_midbatch.glue.known import Known, path_head
 from nri_midbatch.glue.lowering import Check, LoweringWait, Write
 from nri_midbatch.glue.reconcile import Plan, plan, raises_quota, split_pods
 from nri_midbatch.glue.views import (
-    DISTINCT_LIMITS,
     NATIVE_LIMITS_ANNOTATION,
     container_update,
     container_view,
@@ -82,16 +81,6 @@ _RUNNING_STATES = frozenset({api.CONTAINER_CREATED, api.CONTAINER_RUNNING, api.C
 
 #: Told of every decision (container None: pod level), e.g. to record it with the call.
 DecisionListener = Callable[[PodView, ContainerView | None, Decision], None]
-
-
-@functools.lru_cache(maxsize=DISTINCT_LIMITS)
-def _shared_values(values: CgroupValues) -> CgroupValues:
-    """One instance per distinct value, for values held until after a reply.
-
-    A fresh object each, allocated among the objects the plugin keeps, would
-    leave the heap fragmented once freed.
-    """
-    return values
 
 
 @dataclass(frozen=True, slots=True)
@@ -590,7 +579,7 @@ class MidBatchPlugin:
             # (SIGUSR1), with the trace that says why.
             lines.add(None, pod, container, decision.trace[-1])
             return None
-        values = _shared_values(decision.values)
+        values = decision.values  # a shared instance (policy/calculate.py)
         lines.add(decision.tier, pod, container, values)
         return values
 
@@ -647,7 +636,7 @@ class MidBatchPlugin:
             return None
         if decision.values is None:
             return None
-        return PodTarget(pod, decision.tier, _shared_values(decision.values))
+        return PodTarget(pod, decision.tier, decision.values)
 
     def _set_pod_cgroup(
         self, target: PodTarget, method: str, *, refuse: bool, final: bool = True

@@ -46,11 +46,13 @@ class Rules:
 # A node's specs repeat a few dozen quantities, so decision after decision computes the
 # same values and steps: each distinct one is built once, as building a frozen dataclass
 # (object.__setattr__ per field) costs more than the rest of the formula. 1,024 of each
-# hold well under 1 MB.
+# hold well under 1 MB. Every CgroupValues a decision returns is one of these shared
+# instances (`shared_values`): the plugin holds them until after its replies, and a
+# fresh object each would leave the heap fragmented once freed.
 _DISTINCT = 1024
 _value_from = lru_cache(maxsize=_DISTINCT)(ValueFrom)
 _pod_sum = lru_cache(maxsize=_DISTINCT)(PodSum)
-_values = lru_cache(maxsize=_DISTINCT)(CgroupValues)
+shared_values = lru_cache(maxsize=_DISTINCT)(CgroupValues)
 # An enum member read through its class costs ten times a module global.
 _SHARES, _QUOTA, _MEMORY = Field.CPU_SHARES, Field.CPU_QUOTA, Field.MEMORY_LIMIT
 
@@ -90,7 +92,7 @@ def container_values(
     memory = _positive(entry.limits, tier.memory_resource) or UNLIMITED
     trace.append(_value_from(_MEMORY, memory, "limit", tier.memory_resource, memory))
     memory = _never_loosen_memory(memory, native, trace)
-    return _values(shares, quota, memory)
+    return shared_values(shares, quota, memory)
 
 
 def pod_values(
@@ -119,7 +121,7 @@ def pod_values(
     memory = total or UNLIMITED
     trace.append(_pod_sum(_MEMORY, memory, memory_name, total, len(containers), unlimited_by))
     memory = _never_loosen_memory(memory, native, trace)
-    return _values(shares, quota, memory)
+    return shared_values(shares, quota, memory)
 
 
 def _positive(resources: Mapping[str, int], name: str) -> int:

@@ -6,11 +6,10 @@ the plugin glue applies the failure policy.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from enum import StrEnum
 from typing import NamedTuple
 
-from .calculate import CgroupValues
+from .calculate import CgroupValues, shared_values
 from .calculators import CALCULATORS
 from .classes import PriorityClass, QoSClass
 from .classify import Classified
@@ -92,7 +91,7 @@ def _decide(pod: PodView, container: ContainerView | None, policy: Policy) -> De
         cpuset = bound_cpuset(pod.annotations)
         if cpuset is not None:
             steps.append(CpusetBound(cpuset, values.cpu_quota))
-            values = replace(values, cpu_quota=-1)
+            values = shared_values(values.cpu_shares, -1, values.memory_limit)
 
     if values.cpu_quota > INT64_MAX or (values.memory_limit or 0) > INT64_MAX:
         error = f"computed {values} does not fit in int64"

@@ -10,7 +10,7 @@ with the same ratio, is scaled once.
 
 from __future__ import annotations
 
-from .calculate import CgroupValues, normalize
+from .calculate import CgroupValues, normalize, shared_values
 from .cpuset import bound_cpuset
 from .inputs import Inputs
 from .trace import Step, Untouched, UntouchedReason
@@ -39,4 +39,4 @@ def normalized_values(inputs: Inputs, trace: list[Step]) -> CgroupValues | None:
     if ratio is None or ratio <= 1:
         trace.append(Untouched(UntouchedReason.NO_RATIO))
         return None
-    return CgroupValues(None, normalize(quota, inputs.rules, trace), None)
+    return shared_values(None, normalize(quota, inputs.rules, trace), None)

@@ -410,6 +410,6 @@ def test_shared_value_steps_equal_new_ones(
     shared = calculate._value_from(field, value, kind, resource, amount)
     assert shared == ValueFrom(field, value, kind, resource, amount)
     assert str(shared) == str(ValueFrom(field, value, kind, resource, amount))
-    assert calculate._values(value, amount, None) == CgroupValues(value, amount, None)
+    assert calculate.shared_values(value, amount, None) == CgroupValues(value, amount, None)
     pod_sum = PodSum(field, value, resource, amount, 3, kind)
     assert calculate._pod_sum(field, value, resource, amount, 3, kind) == pod_sum

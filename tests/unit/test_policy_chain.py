@@ -503,3 +503,22 @@ def test_a_normalization_tier_takes_no_resources_and_an_extended_one_needs_them(
         policy("tiers: [{name: p, priorityClasses: [koord-prod], qosClasses: [LS]}]")
     with pytest.raises(ConfigError, match="'extended-resources' or 'cpu-normalization'"):
         policy("tiers: [{name: p, priorityClasses: [koord-prod], qosClasses: [LS], calculator: x}]")
+
+
+def test_every_decisions_values_are_one_shared_instance_per_distinct_value() -> None:
+    """The plugin holds decisions' values until after its replies: a fresh object per
+    decision would be allocated among what it keeps. Computed, normalized and
+    cpuset-bound values alike."""
+    computed = pod("LS", "koord-mid", mid_spec(main=("2k", "4k", "1Gi")))
+    bound = replace(
+        computed, annotations={**computed.annotations, RESOURCE_STATUS: '{"CPUSet": "0-3"}'}
+    )
+    kubelet = ContainerView(id="c0", name="main", native=KUBELET_QUOTA)
+    for p, c, used in (
+        (computed, MAIN, DEFAULT),
+        (bound, MAIN, DEFAULT),
+        (pod("LS", None), kubelet, NORMALIZING),
+    ):
+        first, second = decide(p, c, used), decide(replace(p, name="other"), c, used)
+        assert first.values is not None
+        assert first.values is second.values, (first.values, first.trace)
