@@ -552,7 +552,7 @@ class Bench:
         seconds = statistics.median(run.seconds for run in syncs)
         label = f"Synchronize {len(node.pods):,} pods / {len(node.containers):,} containers"
         r.add(
-            f"{label}: first chunk to last reply (median)", seconds, "s", "< 0.5 s", seconds < 0.5
+            f"{label}: first chunk to last reply (median)", seconds, "s", "< 0.35 s", seconds < 0.35
         )
         aftermaths = [run.aftermath for run in syncs if run.aftermath is not None]
         if aftermaths:
@@ -640,9 +640,9 @@ class Bench:
         rss_end = plugin.rss_mb()
         samples.append((opts.memory_events, rss_end))
         half = [rss for index, rss in samples if index >= opts.memory_events // 2]
-        r.add("RSS after Synchronize", rss_sync, "MB", "< 60 MB", rss_sync < 60)
+        r.add("RSS after Synchronize", rss_sync, "MB", "< 45 MB", rss_sync < 45)
         total = opts.events * 2 + opts.memory_events
-        r.add(f"RSS after {total:,} more CreateContainer", rss_end, "MB", "< 60 MB", rss_end < 60)
+        r.add(f"RSS after {total:,} more CreateContainer", rss_end, "MB", "< 45 MB", rss_end < 45)
         # The first events after the Synchronize's trimmed heap fill pools and
         # bounded caches (warm-up): within the noise of the heap, a couple of
         # MB. After that, across the memory phase (which starts after the
