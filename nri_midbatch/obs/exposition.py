@@ -141,6 +141,9 @@ class _Metric(Generic[ChildT]):
         self.documentation = documentation
         self.label_names: Labels = tuple(label_names)
         self._children: dict[Labels, ChildT] = {}
+        if not self.label_names:
+            # Made now, not at its first use: the server's thread may render it first.
+            self.labels()
         registry._add(self)
 
     def _new_child(self) -> ChildT:
@@ -156,8 +159,6 @@ class _Metric(Generic[ChildT]):
 
     def _current(self) -> list[tuple[Labels, ChildT]]:
         """The children, copied: the loop may add one while the server's thread renders."""
-        if not self.label_names:
-            return [((), self.labels())]
         return list(self._children.items())
 
     def write(self, lines: list[str]) -> None:
