@@ -15,6 +15,7 @@ then, in this process with the plugin stopped, the policy core alone.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
@@ -876,12 +877,16 @@ class ReplyApplier:
     def wait(self, timeout: float) -> None:
         if not self._pipe.poll(timeout):
             raise BenchError(f"applying the Synchronize reply took more than {timeout:.0f} s")
-        error = self._pipe.recv()
+        try:
+            error = self._pipe.recv()
+        except EOFError:
+            error = f"the applier ended (exit code {self._process.exitcode})"
         if error:
             raise BenchError(f"applying the Synchronize reply failed: {error}")
 
     def close(self) -> None:
-        self._pipe.send_bytes(b"")
+        with contextlib.suppress(OSError):  # already gone: wait() said why
+            self._pipe.send_bytes(b"")
         self._process.join(10)
 
 
