@@ -6,9 +6,9 @@ servers, `email`, `urllib.request` and three compressors whatever is used, about
 the plugin needs is a few labelled families and one text rendering.
 
 The families are changed on the plugin's loop and rendered on the metrics
-server's thread, without a lock: each change is one bytecode-level update of an
-int or a float under the GIL, and a rendering copies a histogram's counts before
-it sums them, so its `+Inf` bucket and `_count` always agree. A scrape may see
+server's thread, without a lock: only the loop's thread writes them, a read under
+the GIL sees a whole int or float, and a rendering copies a histogram's counts
+before it sums them, so its `+Inf` bucket and `_count` always agree. A scrape may see
 one observation's count and not yet its sum; Prometheus's rate() of either does
 not mind.
 """

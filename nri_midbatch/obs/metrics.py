@@ -165,11 +165,13 @@ class _ObservedCall:
         self._start = time.perf_counter()
 
     def replied(self, response: Message) -> None:
-        self._series.ok.inc()
-        self._series.duration.observe(time.perf_counter() - self._start)
+        self._done(self._series.ok)
 
     def failed(self, error: BaseException) -> None:
-        self._series.error.inc()
+        self._done(self._series.error)
+
+    def _done(self, result: CounterChild) -> None:
+        result.inc()
         self._series.duration.observe(time.perf_counter() - self._start)
 
 
