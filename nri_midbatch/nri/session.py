@@ -215,6 +215,10 @@ class Session:
         """A request from the runtime is in progress (see MuxConnection.busy)."""
         return self._conn is not None and self._conn.busy()
 
+    def writes(self) -> int:
+        """Writes to the runtime on the current connection (see MuxConnection.writes)."""
+        return 0 if self._conn is None else self._conn.writes
+
     async def run(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str:
         """Register and serve until the connection ends; returns why it ended."""
         conn = MuxConnection(

@@ -95,8 +95,9 @@ class App:
             on_state=self._on_state,
             registration_timeout=registration_timeout,
         )
-        # Pod cgroups and log lines left for after a reply wait while a request is in progress.
-        self.plugin.after_reply.yield_to(self.session.busy)
+        # Pod cgroups and log lines left for after a reply wait while a request
+        # is in progress, and give the runtime its turn after each of our writes.
+        self.plugin.after_reply.yield_to(self.session.busy, self.session.writes)
         self.metrics.add_collector(CountersCollector(self._counter_families))
         self.metrics.add_collector(ModeCollector(lambda: str(self.plugin.config.mode)))
         self.health: HealthServer | None = None

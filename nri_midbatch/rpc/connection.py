@@ -71,6 +71,9 @@ class MuxConnection:
         self.close_reason: str | None = None
         #: Times the reader gave the event loop a turn in the middle of a read.
         self.yields = 0
+        #: Writes to the peer so far: each may have woken a runtime thread onto
+        #: this process's core, which deferred work then gives way to (after_reply.py).
+        self.writes = 0
         #: Requests the wire layer answered itself, and messages it ignored; only
         #: the first of each is logged, the totals when the connection closes.
         self.refused = 0
@@ -289,3 +292,4 @@ class MuxConnection:
     def _write(self, data: bytes) -> None:
         if data and not self._closed.is_set():
             self._writer.write(data)
+            self.writes += 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import select
 import socket
+import time
 from typing import Any
 
 import pytest
@@ -197,6 +198,46 @@ def test_work_waits_while_the_probe_says_busy() -> None:
     assert order == ["work 0", "request answered", "work 1", "work 2"]
 
 
+def test_work_gives_the_core_away_once_after_each_write_to_the_runtime(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A reply may have woken the runtime onto this core: the next slice sleeps first.
+
+    A slice with no write before it does not sleep, so the work pays per reply only.
+    """
+    # One piece per run after a wait, so that each request starts a slice of its own.
+    monkeypatch.setattr(after_reply_module, "BUSY_RUN_SECONDS", 0.0)
+    after_reply = AfterReply(slice_seconds=60)
+    busy, writes = [False], [0]
+    order: list[str] = []
+    monkeypatch.setattr(time, "sleep", lambda s: order.append(f"sleep {s}"))
+
+    def work(n: int) -> None:
+        order.append(f"work {n}")
+        if n in (0, 2):  # a request arrives; the first is answered, the second is not
+            busy[0] = True
+            asyncio.get_running_loop().call_soon(reply if n == 0 else no_reply)
+
+    def reply() -> None:
+        order.append("reply")
+        writes[0] += 1
+        busy[0] = False
+
+    def no_reply() -> None:
+        order.append("no reply")
+        busy[0] = False
+
+    async def scenario() -> None:
+        after_reply.yield_to(lambda: busy[0], lambda: writes[0])
+        for n in range(4):
+            after_reply.defer(work, n)
+        await after_reply.settle()
+
+    run(scenario())
+    give_way = f"sleep {after_reply_module.GIVE_WAY_SECONDS}"
+    assert order == ["work 0", "reply", give_way, "work 1", "work 2", "no reply", "work 3"]
+
+
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 def test_a_request_arriving_during_a_backlog_is_served_before_the_rest_of_it(
     loop: str, monkeypatch: pytest.MonkeyPatch
@@ -213,6 +254,7 @@ def test_a_request_arriving_during_a_backlog_is_served_before_the_rest_of_it(
     after_reply = AfterReply(slice_seconds=60)
     left, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     order: list[str] = []
+    monkeypatch.setattr(time, "sleep", lambda _s: order.append("gave way"))
 
     def request(stream_id: int, method: str) -> bytes:
         body = ttrpc_pb2.Request(service="s", method=method).SerializeToString()
@@ -238,7 +280,7 @@ def test_a_request_arriving_during_a_backlog_is_served_before_the_rest_of_it(
             "s", {"first": Method(api.Empty, first), "next": Method(api.Empty, following)}
         )
         conn = MuxConnection(reader, writer, {"s": service}, name="test")
-        after_reply.yield_to(conn.busy)
+        after_reply.yield_to(conn.busy, lambda: conn.writes)
         serving = asyncio.create_task(conn.run())
         peer.send(request(1, "first"))
         async with asyncio.timeout(STEP_TIMEOUT):
@@ -256,8 +298,10 @@ def test_a_request_arriving_during_a_backlog_is_served_before_the_rest_of_it(
     with asyncio.Runner(loop_factory=factory) as runner:
         runner.run(asyncio.wait_for(scenario(), 5))
     peer.close()
-    assert order[:2] == ["work 0", "next request"]
-    assert order[2:] == [f"work {n}" for n in range(1, 20)]
+    # Each reply (the first request's, then the next one's) is followed by the
+    # core given away once, before the work goes on.
+    assert order[:4] == ["gave way", "work 0", "next request", "gave way"]
+    assert order[4:] == [f"work {n}" for n in range(1, 20)]
 
 
 def test_busy_while_a_request_waits_in_the_readers_buffer() -> None:
