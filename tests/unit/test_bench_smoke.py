@@ -28,6 +28,10 @@ FIGURES = (
     "Synchronize ",  # ... pods / ... containers: first chunk to last reply
     "Synchronize: updates returned",
     "Synchronize: chunks sent",
+    "CreateContainer during the deferred work: max of",
+    "the same: probes over 2 ms",
+    "the same, the plugin idle: max of",
+    "the same, the plugin idle: probes over 2 ms",
     "Synchronize floor: a plugin with no policy",
     "Synchronize: the plugin's time over the floor's",
     "Synchronize: a Go plugin's, estimated",
@@ -84,6 +88,8 @@ def test_times_rates_and_memory_are_positive(report: dict[str, Any]) -> None:
     for name, figure in report["figures"].items():
         if name.startswith("RSS growth"):
             continue  # may be negative: the heap shrinks as well as grows
+        if name.endswith("probes over 2 ms"):
+            continue  # a count, 0 on a quiet machine
         assert figure["value"] > 0, name
 
 
@@ -109,6 +115,19 @@ def test_the_floor_answered_the_same_synchronize_once_per_launch(report: dict[st
     assert ratio == pytest.approx(statistics.median(sync["runs_s"]) / floor)
     go = _figure(report, "Synchronize: a Go plugin's, estimated")["value"]
     assert go == pytest.approx(floor * GO_OVER_FLOOR)
+
+
+def test_the_probes_were_sent_twice_and_counted_from_their_times(report: dict[str, Any]) -> None:
+    """During the deferred work, then with the plugin idle: the tail to compare with."""
+    sync = report["details"]["sync"]
+    labels = {"the same:": "probes_ms", "the same, the plugin idle:": "idle_probes_ms"}
+    for label, key in labels.items():
+        probes = sync[key]
+        assert probes, key
+        over = _figure(report, f"{label} probes over 2 ms")["value"]
+        assert over == sum(ms > 2 for ms in probes)
+    idle_max = _figure(report, "the same, the plugin idle: max of")["value"]
+    assert idle_max == pytest.approx(max(sync["idle_probes_ms"]))
 
 
 def test_memory_stays_within_reason(report: dict[str, Any]) -> None:
