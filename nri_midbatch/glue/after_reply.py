@@ -22,13 +22,20 @@ The other way round, the runtime must not wait for the work either. A reply
 wakes the runtime's thread, and Linux often wakes it on the core of the
 process that wrote (the waker is expected to sleep next). The work keeps
 that core busy, so the thread would wait for the scheduler's next tick (4 ms
-at HZ=250). After any write to the runtime (`writes` counts them), the next
-slice first sleeps `GIVE_WAY_SECONDS`, which hands the core over at once.
+at HZ=250). Two things prevent that:
+
+- after any write to the runtime (`writes` counts them), the next slice
+  first sleeps `GIVE_WAY_SECONDS`, which hands the core over at once;
+- while work is pending, the loop's thread runs under `SCHED_BATCH`
+  (`BatchPolicy`). When it wakes (from that sleep, or a wait for a busy
+  connection) it then does not preempt the thread on its core: at the normal
+  policy it did, and the runtime's thread it displaced waited for the tick.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -56,6 +63,43 @@ BUSY_RUN_SECONDS = 0.0005
 GIVE_WAY_SECONDS = 0.00005
 
 
+class BatchPolicy:
+    """Runs the calling thread under SCHED_BATCH between `enter` and `leave`.
+
+    SCHED_BATCH keeps the thread's share of the CPU; it only gives up
+    preempting on wake-up. The thread is moved only if it runs under
+    SCHED_OTHER when first entered, so that a policy the operator chose
+    stands; if the kernel refuses (a seccomp profile, say), the work runs
+    under the thread's policy as it is, and that is logged once.
+    """
+
+    def __init__(self) -> None:
+        self._usable: bool | None = None  # known at the first enter, in the loop's thread
+        self._entered = False
+
+    def enter(self) -> None:
+        if self._entered:
+            return
+        if self._usable is None:
+            self._usable = os.sched_getscheduler(0) == os.SCHED_OTHER
+        if self._usable and self._set(os.SCHED_BATCH):
+            self._entered = True
+
+    def leave(self) -> None:
+        if self._entered:
+            self._entered = False
+            self._set(os.SCHED_OTHER)
+
+    def _set(self, policy: int) -> bool:
+        try:
+            os.sched_setscheduler(0, policy, os.sched_param(0))
+        except OSError as exc:
+            self._usable = False
+            log.info("deferred work runs under the thread's own scheduling policy", error=str(exc))
+            return False
+        return True
+
+
 def _never_busy() -> bool:
     return False
 
@@ -72,6 +116,7 @@ class AfterReply:
         self._next_slice: asyncio.Handle | None = None
         self._timers: set[asyncio.TimerHandle] = set()
         self._waiters: list[asyncio.Future[None]] = []
+        self._policy = BatchPolicy()
         #: Whether a request is in progress, and the writes to the runtime; see `yield_to`.
         self._busy_probe: Callable[[], bool] = _never_busy
         self._writes_probe: Callable[[], int] = _no_writes
@@ -90,6 +135,7 @@ class AfterReply:
     def defer(self, work: Callable[..., Any], *args: Any) -> None:
         """Run work(*args) once the current handler's reply is out."""
         self._queue.append((work, args))
+        self._policy.enter()
         if self._next_slice is None:
             self._next_slice = asyncio.get_running_loop().call_soon(self._run_slice)
 
@@ -102,6 +148,7 @@ class AfterReply:
 
         timer = asyncio.get_running_loop().call_later(delay, due)
         self._timers.add(timer)
+        self._policy.enter()
 
     async def settle(self) -> None:
         """Wait until everything queued, and everything it queues in turn, has run."""
@@ -171,6 +218,7 @@ class AfterReply:
     def _wake_if_idle(self) -> None:
         if self._busy():
             return
+        self._policy.leave()
         for waiter in self._waiters:
             if not waiter.done():
                 waiter.set_result(None)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import select
 import socket
+import threading
 import time
 from typing import Any
 
@@ -359,3 +361,74 @@ def test_under_steady_load_the_work_keeps_up_with_a_piece_per_request() -> None:
     # Each wait for the busy connection costs two questions; 200 trivial
     # pieces fit in a handful of the runs that follow a wait.
     assert asked[0] < 50
+
+
+def _policy() -> int:
+    return os.sched_getscheduler(0)
+
+
+def test_the_loop_thread_runs_under_sched_batch_while_work_is_pending() -> None:
+    """Pending, whether queued or waiting for its delay; the normal policy once all is done."""
+    after_reply = AfterReply()
+    seen: dict[str, int] = {}
+
+    async def scenario() -> None:
+        seen["before"] = _policy()
+        after_reply.defer_later(0.01, lambda: seen.setdefault("delayed work", _policy()))
+        seen["while a delayed piece waits"] = _policy()
+        after_reply.defer(lambda: seen.setdefault("queued work", _policy()))
+        await after_reply.settle()
+        seen["after"] = _policy()
+
+    run(scenario())
+    assert seen == {
+        "before": os.SCHED_OTHER,
+        "while a delayed piece waits": os.SCHED_BATCH,
+        "queued work": os.SCHED_BATCH,
+        "delayed work": os.SCHED_BATCH,
+        "after": os.SCHED_OTHER,
+    }
+
+
+def test_a_policy_other_than_the_normal_one_is_left_as_it_is() -> None:
+    """An operator who runs the plugin under SCHED_IDLE keeps it, work or no work."""
+    seen: list[int] = []
+
+    def in_an_idle_thread() -> None:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        after_reply = AfterReply()
+
+        async def scenario() -> None:
+            after_reply.defer(lambda: seen.append(_policy()))
+            await after_reply.settle()
+            seen.append(_policy())
+
+        run(scenario())
+
+    thread = threading.Thread(target=in_an_idle_thread)
+    thread.start()
+    thread.join(STEP_TIMEOUT)
+    assert seen == [os.SCHED_IDLE, os.SCHED_IDLE]
+
+
+def test_a_refused_policy_change_is_logged_once_and_the_work_still_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def refuse(_pid: int, _policy: int, _param: os.sched_param) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "sched_setscheduler", refuse)
+    after_reply = AfterReply()
+    done: list[int] = []
+
+    async def scenario() -> None:
+        for n in range(3):
+            after_reply.defer(done.append, n)
+            await after_reply.settle()
+
+    with structlog.testing.capture_logs() as logs:
+        run(scenario())
+    assert done == [0, 1, 2]
+    refused = [e for e in logs if "scheduling policy" in e["event"]]
+    assert len(refused) == 1
+    assert "not permitted" in refused[0]["error"]
