@@ -200,12 +200,13 @@ def test_work_waits_while_the_probe_says_busy() -> None:
     assert order == ["work 0", "request answered", "work 1", "work 2"]
 
 
-def test_work_gives_the_core_away_once_after_each_write_to_the_runtime(
+def test_work_gives_the_core_away_once_after_each_write_in_a_backlog(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A reply may have woken the runtime onto this core: the next slice sleeps first.
 
-    A slice with no write before it does not sleep, so the work pays per reply only.
+    A slice with no write before it does not sleep, so the work pays per reply
+    only; nor does the first slice of new work, which came with its reply.
     """
     # One piece per run after a wait, so that each request starts a slice of its own.
     monkeypatch.setattr(after_reply_module, "BUSY_RUN_SECONDS", 0.0)
@@ -231,6 +232,7 @@ def test_work_gives_the_core_away_once_after_each_write_to_the_runtime(
 
     async def scenario() -> None:
         after_reply.yield_to(lambda: busy[0], lambda: writes[0])
+        writes[0] += 1  # the reply of the handler that leaves the work
         for n in range(4):
             after_reply.defer(work, n)
         await after_reply.settle()
@@ -238,6 +240,28 @@ def test_work_gives_the_core_away_once_after_each_write_to_the_runtime(
     run(scenario())
     give_way = f"sleep {after_reply_module.GIVE_WAY_SECONDS}"
     assert order == ["work 0", "reply", give_way, "work 1", "work 2", "no reply", "work 3"]
+
+
+def test_no_sleep_while_another_request_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under steady load a request is always waiting: it is served, not slept on."""
+    monkeypatch.setattr(after_reply_module, "BUSY_RUN_SECONDS", 0.0)  # a piece per slice
+    after_reply = AfterReply()
+    writes = [0]
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+
+    def reply() -> None:
+        writes[0] += 1
+
+    async def scenario() -> None:
+        after_reply.yield_to(lambda: True, lambda: writes[0])
+        for _ in range(20):
+            after_reply.defer(asyncio.get_running_loop().call_soon, reply)
+        await after_reply.settle()
+
+    run(scenario())
+    assert writes[0] == 20
+    assert slept == []
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
@@ -300,10 +324,10 @@ def test_a_request_arriving_during_a_backlog_is_served_before_the_rest_of_it(
     with asyncio.Runner(loop_factory=factory) as runner:
         runner.run(asyncio.wait_for(scenario(), 5))
     peer.close()
-    # Each reply (the first request's, then the next one's) is followed by the
-    # core given away once, before the work goes on.
-    assert order[:4] == ["gave way", "work 0", "next request", "gave way"]
-    assert order[4:] == [f"work {n}" for n in range(1, 20)]
+    # The reply that came with the work is not followed by a sleep; the one
+    # answered in the middle of the backlog is, once, before the work goes on.
+    assert order[:3] == ["work 0", "next request", "gave way"]
+    assert order[3:] == [f"work {n}" for n in range(1, 20)]
 
 
 def test_busy_while_a_request_waits_in_the_readers_buffer() -> None:
