@@ -392,12 +392,16 @@ def _policy() -> int:
 
 
 def test_the_loop_thread_runs_under_sched_batch_while_work_is_pending() -> None:
-    """Pending, whether queued or waiting for its delay; the normal policy once all is done."""
+    """Once work outlasts its first slice or waits for its delay; the normal policy after."""
     after_reply = AfterReply()
     seen: dict[str, int] = {}
 
     async def scenario() -> None:
         seen["before"] = _policy()
+        # A request's own piece, done in the slice that follows its reply: no
+        # backlog, and no system calls to move the thread for it.
+        after_reply.defer(lambda: seen.setdefault("a lone piece", _policy()))
+        await after_reply.settle()
         after_reply.defer_later(0.01, lambda: seen.setdefault("delayed work", _policy()))
         seen["while a delayed piece waits"] = _policy()
         after_reply.defer(lambda: seen.setdefault("queued work", _policy()))
@@ -407,11 +411,26 @@ def test_the_loop_thread_runs_under_sched_batch_while_work_is_pending() -> None:
     run(scenario())
     assert seen == {
         "before": os.SCHED_OTHER,
+        "a lone piece": os.SCHED_OTHER,
         "while a delayed piece waits": os.SCHED_BATCH,
         "queued work": os.SCHED_BATCH,
         "delayed work": os.SCHED_BATCH,
         "after": os.SCHED_OTHER,
     }
+
+
+def test_a_backlog_beyond_its_first_slice_runs_under_sched_batch() -> None:
+    after_reply = AfterReply(slice_seconds=0.0)  # one piece a slice
+    seen: list[int] = []
+
+    async def scenario() -> None:
+        for _ in range(3):
+            after_reply.defer(lambda: seen.append(_policy()))
+        await after_reply.settle()
+        seen.append(_policy())
+
+    run(scenario())
+    assert seen == [os.SCHED_OTHER, os.SCHED_BATCH, os.SCHED_BATCH, os.SCHED_OTHER]
 
 
 def test_a_policy_other_than_the_normal_one_is_left_as_it_is() -> None:
@@ -423,7 +442,7 @@ def test_a_policy_other_than_the_normal_one_is_left_as_it_is() -> None:
         after_reply = AfterReply()
 
         async def scenario() -> None:
-            after_reply.defer(lambda: seen.append(_policy()))
+            after_reply.defer_later(0, lambda: seen.append(_policy()))
             await after_reply.settle()
             seen.append(_policy())
 
@@ -447,7 +466,7 @@ def test_a_refused_policy_change_is_logged_once_and_the_work_still_runs(
 
     async def scenario() -> None:
         for n in range(3):
-            after_reply.defer(done.append, n)
+            after_reply.defer_later(0, done.append, n)
             await after_reply.settle()
 
     with structlog.testing.capture_logs() as logs:
