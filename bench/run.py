@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from bench import workload
 from bench.runtime import SUBSCRIBED_EVENTS, BenchError, Kind, Runtime, Template
@@ -254,6 +254,11 @@ class Plugin:
             if line.startswith(key):
                 return int(line.split()[1]) / 1024
         raise BenchError(f"no {key} for the plugin")
+
+    @property
+    def schedstat(self) -> Path:
+        """The plugin's main thread, the one its event loop runs on."""
+        return Path(f"/proc/{self.process.pid}/schedstat")
 
     def cpu_seconds(self) -> float:
         # utime and stime: the 14th and 15th fields, counted after the command's ")".
@@ -516,24 +521,28 @@ class Bench:
                     raise BenchError(f"no {marker!r} in the plugin's log within {timeout:.0f} s")
                 time.sleep(0.02)
 
-    def probe(self, plugin: Plugin) -> list[float]:
+    def probe(self, plugin: Plugin) -> list[Probe]:
         """CreateContainer round trips, one at a time, 1 ms apart, for `PROBE_SECONDS`.
 
         Sent from the Synchronize's reply on, they time requests while the
         plugin works through what it deferred (longer than that work takes);
         sent once it is idle, the same requests show this machine's own tail.
         Each is for a pod of its own, removed afterwards so that the plugin
-        remembers only the node.
+        remembers only the node. Around each, the kernel's count of the time
+        the benchmark's thread and the plugin's spent runnable but waiting for
+        a core (schedstat) says which of them a slow one waited on.
         """
         kinds = self.kinds()
         create = kinds["CreateContainer"]
         runtime = plugin.runtime
         tokens: list[bytes] = []
-        latencies: list[float] = []
+        probes: list[Probe] = []
+        mine, theirs = Path("/proc/thread-self/schedstat"), plugin.schedstat
         ends = time.perf_counter() + (PROBE_SECONDS / 5 if self.opts.quick else PROBE_SECONDS)
         while time.perf_counter() < ends:
             token = workload.counter_token(PROBE_FIRST_POD + len(tokens))
             tokens.append(token)
+            waits = _run_queue_ns(mine), _run_queue_ns(theirs)
             sent = time.perf_counter()
             stream_id = runtime.send(create.template, token)
             replies: list[Any] = []
@@ -542,7 +551,13 @@ class Bench:
             (sid, data, start, stop), *_ = replies
             if sid != stream_id:
                 raise BenchError(f"probe: reply on stream {sid}, expected {stream_id}")
-            latencies.append(now - sent)
+            probes.append(
+                Probe(
+                    now - sent,
+                    (_run_queue_ns(mine) - waits[0]) / 1e9,
+                    (_run_queue_ns(theirs) - waits[1]) / 1e9,
+                )
+            )
             create.check(data[start:stop])
             time.sleep(0.001)
         removals = [
@@ -551,10 +566,10 @@ class Bench:
             for kind in (kinds["RemoveContainer"], kinds["RemovePodSandbox"])
         ]
         runtime.stream(removals, 1)
-        return latencies
+        return probes
 
     def report_launches(
-        self, startups: list[float], syncs: list[SyncRun], node: SyncNode, idle: list[float]
+        self, startups: list[float], syncs: list[SyncRun], node: SyncNode, idle: list[Probe]
     ) -> None:
         """idle: the probes again once the plugin is idle, to compare the tails with."""
         r = self.results
@@ -576,7 +591,8 @@ class Bench:
                 "s",
                 "",
             )
-        probes = [p for run in syncs for p in run.probes]
+        probes = [p.seconds for run in syncs for p in run.probes]
+        slow = [p for run in syncs for p in run.probes if p.seconds > 0.002]
         if probes:
             first, worst = probes[0] * 1000, max(probes) * 1000
             r.add(
@@ -589,9 +605,22 @@ class Bench:
                 "< 2 ms",
                 worst < 2,
             )
-            r.add("the same: probes over 2 ms", sum(p > 0.002 for p in probes), "")
-            r.add(f"the same, the plugin idle: max of {len(idle)}", max(idle) * 1000, "ms", "")
-            r.add("the same, the plugin idle: probes over 2 ms", sum(p > 0.002 for p in idle), "")
+            r.add("the same: probes over 2 ms", len(slow), "")
+            # Which side was kept off a core for a millisecond or more, if either.
+            r.add(
+                "the same: of those, the benchmark waiting for a core",
+                sum(p.benchmark_waited >= 0.001 for p in slow),
+                "",
+            )
+            r.add(
+                "the same: of those, the plugin waiting for a core",
+                sum(p.plugin_waited >= 0.001 for p in slow),
+                "",
+            )
+            idle_worst = max(p.seconds for p in idle) * 1000
+            r.add(f"the same, the plugin idle: max of {len(idle)}", idle_worst, "ms", "")
+            idle_slow = sum(p.seconds > 0.002 for p in idle)
+            r.add("the same, the plugin idle: probes over 2 ms", idle_slow, "")
         last = syncs[-1]
         peak = max(run.peak_rss_mb for run in syncs)
         r.add("peak RSS: start-up and Synchronize (VmHWM, max)", peak, "MB", "< 128 MB", peak < 128)
@@ -608,7 +637,8 @@ class Bench:
             "runs_s": [run.seconds for run in syncs],
             "after_reply_runs_s": aftermaths,
             "probes_ms": [p * 1000 for p in probes],
-            "idle_probes_ms": [p * 1000 for p in idle],
+            "idle_probes_ms": [p.seconds * 1000 for p in idle],
+            "slow_probes": [p.as_json() for p in slow],
             "peak_rss_mb": [run.peak_rss_mb for run in syncs],
         }
 
@@ -915,6 +945,25 @@ def _apply_replies(pipe: Connection, directories: dict[str, Path]) -> None:
             pipe.send("")
 
 
+class Probe(NamedTuple):
+    seconds: float
+    #: Runnable but not on a core meanwhile: the benchmark's thread, the plugin's.
+    benchmark_waited: float
+    plugin_waited: float
+
+    def as_json(self) -> dict[str, float]:
+        return {
+            "ms": self.seconds * 1000,
+            "benchmark_waited_ms": self.benchmark_waited * 1000,
+            "plugin_waited_ms": self.plugin_waited * 1000,
+        }
+
+
+def _run_queue_ns(schedstat: Path) -> int:
+    """The thread's time runnable but waiting for a core so far (the 2nd field), in ns."""
+    return int(schedstat.read_text().split()[1])
+
+
 @dataclass(frozen=True)
 class SyncRun:
     seconds: float
@@ -922,7 +971,7 @@ class SyncRun:
     updates: int
     pods_written: int
     reply_bytes: int
-    probes: list[float]
+    probes: list[Probe]
     peak_rss_mb: float
 
 

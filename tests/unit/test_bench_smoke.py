@@ -30,6 +30,8 @@ FIGURES = (
     "Synchronize: chunks sent",
     "CreateContainer during the deferred work: max of",
     "the same: probes over 2 ms",
+    "the same: of those, the benchmark waiting for a core",
+    "the same: of those, the plugin waiting for a core",
     "the same, the plugin idle: max of",
     "the same, the plugin idle: probes over 2 ms",
     "Synchronize floor: a plugin with no policy",
@@ -88,7 +90,7 @@ def test_times_rates_and_memory_are_positive(report: dict[str, Any]) -> None:
     for name, figure in report["figures"].items():
         if name.startswith("RSS growth"):
             continue  # may be negative: the heap shrinks as well as grows
-        if name.endswith("probes over 2 ms"):
+        if name.endswith("probes over 2 ms") or "waiting for a core" in name:
             continue  # a count, 0 on a quiet machine
         assert figure["value"] > 0, name
 
@@ -128,6 +130,15 @@ def test_the_probes_were_sent_twice_and_counted_from_their_times(report: dict[st
         assert over == sum(ms > 2 for ms in probes)
     idle_max = _figure(report, "the same, the plugin idle: max of")["value"]
     assert idle_max == pytest.approx(max(sync["idle_probes_ms"]))
+    # The slow ones, with how long each side waited for a core: about the round
+    # trip at most (the counters are read just outside it).
+    slow = sync["slow_probes"]
+    assert [p["ms"] for p in slow] == [ms for ms in sync["probes_ms"] if ms > 2]
+    for p in slow:
+        for side in ("benchmark_waited_ms", "plugin_waited_ms"):
+            assert 0 <= p[side] <= p["ms"] + 0.5, p
+    benchmark = _figure(report, "the same: of those, the benchmark waiting for a core")["value"]
+    assert benchmark == sum(p["benchmark_waited_ms"] >= 1 for p in slow)
 
 
 def test_memory_stays_within_reason(report: dict[str, Any]) -> None:
