@@ -189,14 +189,15 @@ class AfterReply:
         # of the loop, and each deferring piece would add one more: timers and
         # requests waited 5, 15, 40, then 100 ms behind them.
         busy = self._busy_probe
+        if not self._first_slice:
+            # Before the sleep below: waking from it must not preempt the runtime.
+            self._policy.enter()
         writes = self._writes_probe()
         if writes != self._writes_seen:
             # Only between slices can a reply go out: the loop runs one thing at a time.
             self._writes_seen = writes
             if not self._first_slice and not busy():
                 time.sleep(GIVE_WAY_SECONDS)
-        if not self._first_slice:
-            self._policy.enter()
         self._first_slice = False
         deadline = time.perf_counter() + self._slice
         if waited:

@@ -96,7 +96,7 @@ class App:
             registration_timeout=registration_timeout,
         )
         # Pod cgroups and log lines left for after a reply wait while a request
-        # is in progress, and give the runtime its turn after each of our writes.
+        # is in progress, and give the runtime its turn after our writes.
         self.plugin.after_reply.yield_to(self.session.busy, self.session.writes)
         self.metrics.add_collector(CountersCollector(self._counter_families))
         self.metrics.add_collector(ModeCollector(lambda: str(self.plugin.config.mode)))
