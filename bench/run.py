@@ -44,6 +44,8 @@ MAX_MESSAGE = 4 << 20  # ttrpc's messageLengthMax
 #: How long CreateContainer probes go on after the Synchronize reply, and their first pod.
 PROBE_SECONDS = 1.0
 PROBE_FIRST_POD = 90_000_000
+#: A probe slower than this misses issue 14's target, and is listed with who waited.
+SLOW_PROBE_SECONDS = 0.002
 #: The plugin's last line for a Synchronize, once its deferred work is done.
 SYNC_SUMMARY = b'"event": "synchronized"'
 MB = 1 << 20
@@ -592,7 +594,7 @@ class Bench:
                 "",
             )
         probes = [p.seconds for run in syncs for p in run.probes]
-        slow = [p for run in syncs for p in run.probes if p.seconds > 0.002]
+        slow = [p for run in syncs for p in run.probes if p.seconds > SLOW_PROBE_SECONDS]
         if probes:
             first, worst = probes[0] * 1000, max(probes) * 1000
             r.add(
@@ -619,7 +621,7 @@ class Bench:
             )
             idle_worst = max(p.seconds for p in idle) * 1000
             r.add(f"the same, the plugin idle: max of {len(idle)}", idle_worst, "ms", "")
-            idle_slow = sum(p.seconds > 0.002 for p in idle)
+            idle_slow = sum(p.seconds > SLOW_PROBE_SECONDS for p in idle)
             r.add("the same, the plugin idle: probes over 2 ms", idle_slow, "")
         last = syncs[-1]
         peak = max(run.peak_rss_mb for run in syncs)
