@@ -263,9 +263,16 @@ class Plugin:
         return Path(f"/proc/{self.process.pid}/schedstat")
 
     def cpu_seconds(self) -> float:
-        # utime and stime: the 14th and 15th fields, counted after the command's ")".
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = self._stat()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def minor_faults(self) -> int:
+        """Pages the plugin has touched for the first time (or again, after returning them)."""
+        return int(self._stat()[7])
+
+    def _stat(self) -> list[str]:
+        # After the command's ")": minflt is the 10th field, utime and stime the 14th and 15th.
+        return Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
 
     def wait_idle(self, quiet: float = 0.1, timeout: float = 30.0) -> float:
         """Seconds until the plugin last used CPU before `quiet` seconds without any.
@@ -400,7 +407,7 @@ class Bench:
         r = self.results
         startups: list[float] = []
         syncs: list[SyncRun] = []
-        floors: list[float] = []
+        floors: list[FloorRun] = []
         for _ in range(self.opts.launches - 1):
             extra = self.launch()
             startups.append(extra.startup)
@@ -440,6 +447,7 @@ class Bench:
             payload=api.SynchronizeResponse(more=True).SerializeToString()
         ).SerializeToString()
         runtime = plugin.runtime
+        faults = plugin.minor_faults()
         started = time.perf_counter()
         for chunk in node.chunks[:-1]:
             reply, _ = runtime.call(chunk)
@@ -448,6 +456,7 @@ class Bench:
         reply, _ = runtime.call(node.chunks[-1], timeout=30)
         replied = time.perf_counter()
         seconds = replied - started
+        faults = plugin.minor_faults() - faults
         applier.start(reply)
         probes = self.probe(plugin) if probe else []
         applier.wait(60)
@@ -473,31 +482,36 @@ class Bench:
             len(reply),
             probes,
             peak,
+            faults,
         )
 
-    def synchronize_floor(self, node: SyncNode) -> float:
-        """The same Synchronize answered by `bench.floor`, the plugin with no policy: seconds."""
+    def synchronize_floor(self, node: SyncNode) -> FloorRun:
+        """The same Synchronize answered by `bench.floor`, the plugin with no policy."""
         floor = self.launch(floor=True)
         try:
             runtime = floor.runtime
+            faults = floor.minor_faults()
             started = time.perf_counter()
             for chunk in node.chunks:
                 reply, _ = runtime.call(chunk, timeout=30)
             seconds = time.perf_counter() - started
+            faults = floor.minor_faults() - faults
         finally:
             floor.stop()
         response = api.SynchronizeResponse.FromString(_payload(reply, "Synchronize"))
         if response.more or response.update:
             raise BenchError(f"the floor answered the Synchronize with {response}")
-        return seconds
+        return FloorRun(seconds, faults)
 
-    def report_floor(self, floors: list[float], syncs: list[SyncRun]) -> None:
+    def report_floor(self, floors: list[FloorRun], syncs: list[SyncRun]) -> None:
         """The floor under the plugin's Synchronize, and the Go plugin's time estimated from it."""
-        floor = statistics.median(floors)
+        floor = statistics.median(run.seconds for run in floors)
         plugin = statistics.median(run.seconds for run in syncs)
         go = floor * GO_OVER_FLOOR
         r = self.results
         r.add("Synchronize floor: a plugin with no policy (median)", floor, "s", "")
+        faults = statistics.median(run.page_faults for run in floors)
+        r.add("Synchronize floor: its page faults (median)", faults, "")
         r.add("Synchronize: the plugin's time over the floor's", plugin / floor, "x", "")
         r.add(f"Synchronize: a Go plugin's, estimated (floor x {GO_OVER_FLOOR})", go, "s", "")
         r.add(
@@ -507,7 +521,8 @@ class Bench:
             "<= 1",
             plugin <= go,
         )
-        r.details["sync"]["floor_runs_s"] = floors
+        r.details["sync"]["floor_runs_s"] = [run.seconds for run in floors]
+        r.details["sync"]["floor_page_faults"] = [run.page_faults for run in floors]
 
     def wait_for_log_line(self, offset: int, marker: bytes, timeout: float = 60.0) -> None:
         """Wait until the plugin's log, from `offset` on, holds `marker`."""
@@ -593,6 +608,8 @@ class Bench:
                 "s",
                 "",
             )
+        faults = statistics.median(run.page_faults for run in syncs)
+        r.add("Synchronize: the plugin's page faults, first chunk to reply (median)", faults, "")
         probes = [p.seconds for run in syncs for p in run.probes]
         slow = [p for run in syncs for p in run.probes if p.seconds > SLOW_PROBE_SECONDS]
         if probes:
@@ -642,6 +659,7 @@ class Bench:
             "idle_probes_ms": [p.seconds * 1000 for p in idle],
             "slow_probes": [p.as_json() for p in slow],
             "peak_rss_mb": [run.peak_rss_mb for run in syncs],
+            "page_faults": [run.page_faults for run in syncs],
         }
 
     def events(self, plugin: Plugin, rss_sync: float) -> None:
@@ -975,6 +993,13 @@ class SyncRun:
     reply_bytes: int
     probes: list[Probe]
     peak_rss_mb: float
+    #: The plugin's minor page faults from the first chunk to the reply.
+    page_faults: int
+
+
+class FloorRun(NamedTuple):
+    seconds: float
+    page_faults: int
 
 
 def check_sync_pod_files(

@@ -257,6 +257,9 @@ def _identity(
 
 
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from nri_midbatch.process.heap import reuse_large_buffers
+
+    reuse_large_buffers()  # before the first large buffer
     socket_env = os.environ.get("NRI_PLUGIN_SOCKET")
     prelaunched_fd = None
     if socket_env is not None:

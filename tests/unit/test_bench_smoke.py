@@ -28,6 +28,8 @@ FIGURES = (
     "Synchronize ",  # ... pods / ... containers: first chunk to last reply
     "Synchronize: updates returned",
     "Synchronize: chunks sent",
+    "Synchronize: the plugin's page faults, first chunk to reply",
+    "Synchronize floor: its page faults",
     "CreateContainer during the deferred work: max of",
     "the same: probes over 2 ms",
     "the same: of those, the benchmark waiting for a core",
@@ -117,6 +119,17 @@ def test_the_floor_answered_the_same_synchronize_once_per_launch(report: dict[st
     assert ratio == pytest.approx(statistics.median(sync["runs_s"]) / floor)
     go = _figure(report, "Synchronize: a Go plugin's, estimated")["value"]
     assert go == pytest.approx(floor * GO_OVER_FLOOR)
+
+
+def test_page_faults_are_counted_for_each_synchronize(report: dict[str, Any]) -> None:
+    sync = report["details"]["sync"]
+    # Decoding even a small node's chunks touches some new pages, in either process.
+    assert len(sync["page_faults"]) == len(sync["runs_s"])
+    assert len(sync["floor_page_faults"]) == len(sync["floor_runs_s"])
+    assert min(sync["page_faults"]) > 0
+    assert min(sync["floor_page_faults"]) > 0
+    plugin = _figure(report, "Synchronize: the plugin's page faults")["value"]
+    assert plugin == statistics.median(sync["page_faults"])
 
 
 def test_the_probes_were_sent_twice_and_counted_from_their_times(report: dict[str, Any]) -> None:

@@ -20,6 +20,7 @@ import structlog
 import yaml
 
 import nri_midbatch.process.app
+import nri_midbatch.process.heap
 import nri_midbatch.tools.cli
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.config.compile import settings_of
@@ -151,6 +152,22 @@ def test_external_mode_keeps_an_nn_prefixed_name(
     (app,) = FakeApp.instances
     assert (app.name, app.idx) == ("10-midbatch", "10")
     assert app.served == ("external", "/nonexistent/nri.sock")
+
+
+def test_run_has_glibc_reuse_large_buffers_before_anything_else(
+    monkeypatch: pytest.MonkeyPatch, fake_app: list[tuple[str | None, bool]]
+) -> None:
+    # Before the log sink is opened and the app made: the first Synchronize is the one that counts.
+    seen: list[tuple[int, int]] = []
+
+    def reuse_large_buffers() -> bool:
+        seen.append((len(fake_app), len(FakeApp.instances)))
+        return True
+
+    monkeypatch.setattr(nri_midbatch.process.heap, "reuse_large_buffers", reuse_large_buffers)
+    assert exit_code(["run", "--socket-path", "/nonexistent/nri.sock"]) == 0
+    assert seen == [(0, 0)]
+    assert FakeApp.instances[0].served == ("external", "/nonexistent/nri.sock")
 
 
 @pytest.mark.parametrize("prelaunched", [True, False], ids=["pre-launched", "external"])
