@@ -41,7 +41,7 @@ from nri_midbatch.glue.after_reply import CGROUP_READS_PER_PIECE, AfterReply
 from nri_midbatch.glue.cgroup_writer import CgroupWriter
 from nri_midbatch.glue.counters import Counters
 from nri_midbatch.glue.decision_log import DecisionLines
-from nri_midbatch.glue.known import Known, path_head
+from nri_midbatch.glue.known import Known, split_path
 from nri_midbatch.glue.lowering import Check, LoweringWait, Write
 from nri_midbatch.glue.reconcile import Plan, plan, raises_quota, split_pods
 from nri_midbatch.glue.views import (
@@ -62,9 +62,11 @@ from nri_midbatch.policy import (
     ContainerView,
     Decision,
     NativeLimits,
+    PodClass,
     PodView,
     Policy,
     QoSClass,
+    classify_pod,
     decide_container,
     decide_pod,
 )
@@ -283,13 +285,10 @@ class MidBatchPlugin:
                 continue
             linux = container.linux
             shown, current = limits_and_values(linux.resources)
-            path = linux.cgroups_path
-            is_head = bool(container.id) and path.endswith(container.id)
             waiting += (
                 intern(container.pod_sandbox_id),
                 synchronized_view(container, shown),
-                path_head(path, container.id) if is_head else path,
-                is_head,
+                *split_path(linux.cgroups_path, container.id),
                 current,
             )
 
@@ -316,6 +315,8 @@ class MidBatchPlugin:
         lines = DecisionLines("Synchronize")
         #: fields set -> containers updated with them, counted once at the end
         adjusted: dict[tuple[str, ...], int] = {}
+        #: pod id -> what the decisions of its containers share (a third of each)
+        classes: dict[str, PodClass | None] = {}
         waiting = part.containers
         for i in range(0, len(waiting), _SyncPart.FIELDS):
             pod_id = pod_ids.get(waiting[i])
@@ -323,9 +324,12 @@ class MidBatchPlugin:
                 continue
             pod = pod_views[pod_id]
             ctr_view: ContainerView = waiting[i + 1]
-            path = waiting[i + 2] + ctr_view.id if waiting[i + 3] else waiting[i + 2]
-            known.set_container(ctr_view.id, pod_id, ctr_view, path)
-            values = self._decide_container(pod, ctr_view, lines, refuse=False)
+            known.set_split(ctr_view.id, pod_id, ctr_view, waiting[i + 2], waiting[i + 3])
+            if pod_id in classes:
+                pod_class = classes[pod_id]
+            else:
+                pod_class = classes[pod_id] = self._classify(pod)
+            values = self._decide_container(pod, ctr_view, lines, refuse=False, pod_class=pod_class)
             if values is None:
                 continue
             current: CgroupValues = waiting[i + 4]
@@ -552,17 +556,19 @@ class MidBatchPlugin:
         lines: DecisionLines,
         *,
         refuse: bool,
+        pod_class: PodClass | None = None,
     ) -> CgroupValues | None:
         """Decide, count, and add the decision's line; the values to set, if any.
 
-        `refuse` makes bad input an error reply.
+        `refuse` makes bad input an error reply. `pod_class`: the pod's
+        classification, made once for its containers (`_classify`).
 
         Only an operation the runtime can refuse on its own (creating or
         updating one container, running one pod) may be refused: an error from
         Synchronize would cost every pod on the node its plugin.
         """
         try:
-            decision = decide_container(pod, container, self.policy)
+            decision = decide_container(pod, container, self.policy, pod_class)
         except Exception as exc:
             where = {"namespace": pod.namespace, "pod": pod.name, "container": container.name}
             self._decision_failed(exc, lines.method, where, refuse)
@@ -582,6 +588,17 @@ class MidBatchPlugin:
         values = decision.values  # a shared instance (policy/calculate.py)
         lines.add(decision.tier, pod, container, values)
         return values
+
+    def _classify(self, pod: PodView) -> PodClass | None:
+        """The pod's part of its containers' decisions; None if it raised (a bug).
+
+        Then each container is classified with its own decision, whose failure
+        is reported with the container it came from.
+        """
+        try:
+            return classify_pod(pod, self.policy)
+        except Exception:
+            return None
 
     def _decision_failed(
         self, exc: Exception, method: str, where: Mapping[str, str], refuse: bool

@@ -4,7 +4,15 @@ from .calculate import CgroupValues, Rules
 from .classes import PriorityClass, QoSClass
 from .classify import ClassificationSettings, Classified, Source
 from .compiled import Policy
-from .decision import Decision, ErrorKind, TraceStep, decide_container, decide_pod
+from .decision import (
+    Decision,
+    ErrorKind,
+    PodClass,
+    TraceStep,
+    classify_pod,
+    decide_container,
+    decide_pod,
+)
 from .tiers import Tier
 from .trace import render
 from .views import ContainerView, NativeLimits, PodView
@@ -17,6 +25,7 @@ __all__ = [
     "Decision",
     "ErrorKind",
     "NativeLimits",
+    "PodClass",
     "PodView",
     "Policy",
     "PriorityClass",
@@ -25,6 +34,7 @@ __all__ = [
     "Source",
     "Tier",
     "TraceStep",
+    "classify_pod",
     "decide_container",
     "decide_pod",
     "render",

@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 from .calculate import CgroupValues, shared_values
 from .calculators import CALCULATORS
+from .chain import TierMatch
 from .classes import PriorityClass, QoSClass
 from .classify import Classified
 from .compiled import Policy
@@ -25,7 +26,15 @@ from .views import ContainerView, PodView
 #: A step of a Decision's trace: the two classifications first, then the chain's steps.
 TraceStep = Classified[QoSClass] | Classified[PriorityClass] | Step
 
-__all__ = ["CgroupValues", "Decision", "ErrorKind", "decide_container", "decide_pod"]
+__all__ = [
+    "CgroupValues",
+    "Decision",
+    "ErrorKind",
+    "PodClass",
+    "classify_pod",
+    "decide_container",
+    "decide_pod",
+]
 
 
 class ErrorKind(StrEnum):
@@ -49,17 +58,17 @@ class Decision(NamedTuple):
     error_kind: ErrorKind | None = None
 
 
-def decide_pod(pod: PodView, policy: Policy) -> Decision:
-    """Pod-level values, for the pod cgroup written at RunPodSandbox."""
-    return _decide(pod, None, policy)
+class PodClass(NamedTuple):
+    """What the decisions of a pod's containers share: its classes, spec and tier."""
+
+    qos: Classified[QoSClass]
+    priority: Classified[PriorityClass]
+    spec: ExtendedSpec | SpecError | None
+    match: TierMatch
 
 
-def decide_container(pod: PodView, container: ContainerView, policy: Policy) -> Decision:
-    """Container-level values, for CreateContainer and UpdateContainer."""
-    return _decide(pod, container, policy)
-
-
-def _decide(pod: PodView, container: ContainerView | None, policy: Policy) -> Decision:
+def classify_pod(pod: PodView, policy: Policy) -> PodClass:
+    """The pod's part of every decision about it: a third of a container's decision."""
     classifier = policy.classifier
     qos = classifier.qos(pod.labels, pod.cgroup_parent)
     annotation = pod.annotations.get(policy.spec_annotation)
@@ -68,7 +77,33 @@ def _decide(pod: PodView, container: ContainerView | None, policy: Policy) -> De
     priority = classifier.priority(
         pod.labels, qos.value, None if usable is None else usable.resource_names
     )
-    match = policy.chain.select(priority.value, qos.value, pod.namespace)
+    return PodClass(
+        qos, priority, spec, policy.chain.select(priority.value, qos.value, pod.namespace)
+    )
+
+
+def decide_pod(pod: PodView, policy: Policy) -> Decision:
+    """Pod-level values, for the pod cgroup written at RunPodSandbox."""
+    return _decide(pod, None, policy, classify_pod(pod, policy))
+
+
+def decide_container(
+    pod: PodView, container: ContainerView, policy: Policy, pod_class: PodClass | None = None
+) -> Decision:
+    """Container-level values, for CreateContainer and UpdateContainer.
+
+    `pod_class`: `classify_pod(pod, policy)`, made once for all of a pod's
+    containers where they are decided together (a Synchronize).
+    """
+    return _decide(
+        pod, container, policy, classify_pod(pod, policy) if pod_class is None else pod_class
+    )
+
+
+def _decide(
+    pod: PodView, container: ContainerView | None, policy: Policy, pod_class: PodClass
+) -> Decision:
+    qos, priority, spec, match = pod_class
     tier = match.tier
     if tier is None:
         trace: tuple[TraceStep, ...] = (qos, priority, *match.reasons)

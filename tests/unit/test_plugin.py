@@ -39,6 +39,8 @@ from nri_midbatch.glue.views import NATIVE_LIMITS_ANNOTATION
 from nri_midbatch.nri.events import Event
 from nri_midbatch.nri.session import Session
 from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
+from nri_midbatch.policy import ContainerView, Decision, PodView, decide_container
+from nri_midbatch.policy.cpuset import RESOURCE_STATUS_ANNOTATION
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.wire.status import Code
 
@@ -597,6 +599,44 @@ def test_a_garbled_native_annotation_falls_back_to_current_resources(
             assert values_of(update.linux.resources) == (512, 50_000, 512 * MI)
 
     run(scenario())
+
+
+def test_synchronize_decides_each_container_as_it_would_be_decided_alone(
+    tree: CgroupTree,
+) -> None:
+    """A Synchronize classifies each pod once for all its containers; no decision differs."""
+    pods = [
+        batch_pod("batch", annotation=spec({"app": BATCH_APP, "sidecar": SIDECAR})),
+        make_pod("mid", qos="LS", priority="koord-mid", annotation=spec({"worker": MID_WORKER})),
+        batch_pod("garbled", annotation="{not json"),
+        make_pod("prod", qos="LS", priority="koord-prod", annotation=None),
+        batch_pod("pinned"),
+    ]
+    pods[-1].annotations[RESOURCE_STATUS_ANNOTATION] = '{"cpuset": "0-3"}'
+    names = {"batch": ["app", "sidecar", "unlisted"], "mid": ["worker", "worker-2"]}
+    containers = [
+        make_container(f"{pod.id}-{name}", pod, name, current=resources(shares=2))
+        for pod in pods
+        for name in names.get(pod.id, ["app", "app-2"])
+    ]
+    decided: list[tuple[PodView, ContainerView, Decision]] = []
+
+    def note(pod: PodView, container: ContainerView | None, decision: Decision) -> None:
+        if container is not None:
+            decided.append((pod, container, decision))
+
+    plugin = MidBatchPlugin(make_config(tree), dry_run=True, on_decision=note)
+    run(plugin.synchronize(pods[::-1], containers[::-1]))  # pods' containers apart
+    assert len(decided) == len(containers)
+    alone = [decide_container(pod, container, plugin.policy) for pod, container, _ in decided]
+    assert alone == [decision for _, _, decision in decided]
+    # Every kind of outcome was among them: values, none, an error, the cpuset's quota.
+    by_id = {container.id: decision for _, container, decision in decided}
+    assert by_id["batch-app"].values is not None and by_id["mid-worker"].values is not None
+    assert by_id["batch-unlisted"].values is None and by_id["prod-app"].tier is None
+    assert by_id["garbled-app"].error is not None
+    pinned = by_id["pinned-app"].values
+    assert pinned is not None and pinned.cpu_quota == -1
 
 
 def test_split_synchronize_gives_the_same_updates_as_one_chunk(tmp_path: Path) -> None:
