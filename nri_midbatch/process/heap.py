@@ -18,10 +18,11 @@ _M_MMAP_THRESHOLD = -3
 #: from the heap.
 MMAP_THRESHOLD = 8 << 20
 #: Free memory at the top of the heap that glibc keeps rather than returning:
-#: room for the buffers of one Synchronize chunk (received, framed, decoded:
-#: four of up to 4 MiB), which the next chunk then reuses. The most this adds
-#: to the resident memory.
-TRIM_THRESHOLD = 16 << 20
+#: room for what one Synchronize chunk allocates and frees (its 4 MiB received,
+#: framed and copied, and the objects it is decoded into), which the next chunk
+#: then reuses. At 16 MiB, about half the Synchronizes still gave back 21 MB or
+#: more and faulted it in again. The most this adds to the resident memory.
+TRIM_THRESHOLD = 32 << 20
 
 
 def reuse_large_buffers() -> bool:
@@ -32,9 +33,10 @@ def reuse_large_buffers() -> bool:
     returns the heap's free top once it passes twice the bound. A chunk of a
     large Synchronize is 4 MiB received, copied into its message and decoded,
     so in a new process, whose first Synchronize is the one that counts,
-    chunk after chunk landed on fresh pages: 20,000 page faults on the
-    benchmark's node, each 1-2 us on its VM, about a sixth of the
-    Synchronize (docs/performance.md, round 7).
+    chunk after chunk landed on fresh pages: 35,000 page faults for the
+    benchmark's node, against 10,500 (the pages the heap grows by) with these
+    settings, each 1-2 us on its VM: about a sixth of the Synchronize
+    (docs/performance.md, round 7).
 
     Fixed bounds (which also turn glibc's adjustment off) keep them in the
     heap. True if glibc took them; on another C library nothing changes.
