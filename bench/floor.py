@@ -10,6 +10,11 @@ runtime), so that changes to the plugin's transport do not move it: the
 benchmark times the same Synchronize against it, in the same run, as the
 reference that a Go plugin's time is estimated from
 (docs/performance.md, "Synchronize floor").
+
+`--reuse-large-buffers` gives it the plugin's heap settings
+(nri_midbatch/process/heap.py): the benchmark runs it that way too, to show
+how much of the plugin's lead over the floor those settings are
+(docs/performance.md, round 7). The estimate is made from the floor without them.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from bench.runtime import (
 )
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.api import ttrpc_pb2
+from nri_midbatch.process.heap import reuse_large_buffers
 from nri_midbatch.wire.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN
 
 
@@ -96,7 +102,14 @@ def serve(path: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.floor", description=__doc__)
     parser.add_argument("--socket-path", required=True)
+    parser.add_argument(
+        "--reuse-large-buffers",
+        action="store_true",
+        help="glibc's heap set as the plugin sets it (nri_midbatch/process/heap.py)",
+    )
     args = parser.parse_args()
+    if args.reuse_large_buffers:
+        reuse_large_buffers()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     serve(args.socket_path)
 

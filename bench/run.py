@@ -331,8 +331,11 @@ class Bench:
             ).SerializeToString(),
         )
 
-    def launch(self, *, floor: bool = False) -> Plugin:
-        """Start the plugin (or with `floor`, the plugin with no policy) and register it."""
+    def launch(self, *, floor: bool = False, floor_heap: bool = False) -> Plugin:
+        """Start the plugin (or with `floor`, the plugin with no policy) and register it.
+
+        floor_heap: the floor with the plugin's heap settings (process/heap.py).
+        """
         env = dict(os.environ)
         if self.opts.loop is not None:
             env["NRI_MIDBATCH_EVENT_LOOP"] = self.opts.loop
@@ -341,6 +344,8 @@ class Bench:
         code = Path(self.opts.plugin_path or REPO)
         if floor:
             command = [sys.executable, "-m", "bench.floor", "--socket-path", self.socket_path]
+            if floor_heap:
+                command.append("--reuse-large-buffers")
             # The floor is this checkout's code, whichever plugin code is measured.
             code = REPO
         else:
@@ -408,13 +413,16 @@ class Bench:
         startups: list[float] = []
         syncs: list[SyncRun] = []
         floors: list[FloorRun] = []
+        heap_floors: list[FloorRun] = []
         for _ in range(self.opts.launches - 1):
             extra = self.launch()
             startups.append(extra.startup)
             syncs.append(self.synchronize(extra, node, applier, probe=False))
             extra.stop()
             floors.append(self.synchronize_floor(node))
+            heap_floors.append(self.synchronize_floor(node, heap=True))
         floors.append(self.synchronize_floor(node))
+        heap_floors.append(self.synchronize_floor(node, heap=True))
         plugin = self.launch()
         startups.append(plugin.startup)
         r.details["rss_after_startup_mb"] = plugin.rss_mb()
@@ -424,7 +432,7 @@ class Bench:
             syncs.append(self.synchronize(plugin, node, applier, probe=True))
             rss_sync = plugin.rss_mb()
             self.report_launches(startups, syncs, node, self.probe(plugin))
-            self.report_floor(floors, syncs)
+            self.report_floor(floors, heap_floors, syncs)
             self.events(plugin, rss_sync)
             if profiler is not None:
                 profiler.send_signal(signal.SIGINT)
@@ -485,9 +493,12 @@ class Bench:
             faults,
         )
 
-    def synchronize_floor(self, node: SyncNode) -> FloorRun:
-        """The same Synchronize answered by `bench.floor`, the plugin with no policy."""
-        floor = self.launch(floor=True)
+    def synchronize_floor(self, node: SyncNode, *, heap: bool = False) -> FloorRun:
+        """The same Synchronize answered by `bench.floor`, the plugin with no policy.
+
+        heap: the floor with the plugin's heap settings.
+        """
+        floor = self.launch(floor=True, floor_heap=heap)
         try:
             runtime = floor.runtime
             faults = floor.minor_faults()
@@ -503,8 +514,15 @@ class Bench:
             raise BenchError(f"the floor answered the Synchronize with {response}")
         return FloorRun(seconds, faults)
 
-    def report_floor(self, floors: list[FloorRun], syncs: list[SyncRun]) -> None:
-        """The floor under the plugin's Synchronize, and the Go plugin's time estimated from it."""
+    def report_floor(
+        self, floors: list[FloorRun], heap_floors: list[FloorRun], syncs: list[SyncRun]
+    ) -> None:
+        """The floor under the plugin's Synchronize, and the Go plugin's time estimated from it.
+
+        heap_floors: the floor with the plugin's heap settings, which the
+        estimate is not made from (its constant was measured with the floor as
+        it is) but which shows what of the plugin's lead those settings are.
+        """
         floor = statistics.median(run.seconds for run in floors)
         plugin = statistics.median(run.seconds for run in syncs)
         go = floor * GO_OVER_FLOOR
@@ -513,6 +531,9 @@ class Bench:
         faults = statistics.median(run.page_faults for run in floors)
         r.add("Synchronize floor: its page faults (median)", faults, "")
         r.add("Synchronize: the plugin's time over the floor's", plugin / floor, "x", "")
+        heap_floor = statistics.median(run.seconds for run in heap_floors)
+        r.add("Synchronize floor, with the plugin's heap settings (median)", heap_floor, "s", "")
+        r.add("Synchronize: the plugin's time over that floor's", plugin / heap_floor, "x", "")
         r.add(f"Synchronize: a Go plugin's, estimated (floor x {GO_OVER_FLOOR})", go, "s", "")
         r.add(
             "Synchronize: the plugin's time over the Go plugin's estimate",
@@ -523,6 +544,7 @@ class Bench:
         )
         r.details["sync"]["floor_runs_s"] = [run.seconds for run in floors]
         r.details["sync"]["floor_page_faults"] = [run.page_faults for run in floors]
+        r.details["sync"]["heap_floor_runs_s"] = [run.seconds for run in heap_floors]
 
     def wait_for_log_line(self, offset: int, marker: bytes, timeout: float = 60.0) -> None:
         """Wait until the plugin's log, from `offset` on, holds `marker`."""

@@ -30,6 +30,8 @@ FIGURES = (
     "Synchronize: chunks sent",
     "Synchronize: the plugin's page faults, first chunk to reply",
     "Synchronize floor: its page faults",
+    "Synchronize floor, with the plugin's heap settings",
+    "Synchronize: the plugin's time over that floor's",
     "CreateContainer during the deferred work: max of",
     "the same: probes over 2 ms",
     "the same: of those, the benchmark waiting for a core",
@@ -119,6 +121,12 @@ def test_the_floor_answered_the_same_synchronize_once_per_launch(report: dict[st
     assert ratio == pytest.approx(statistics.median(sync["runs_s"]) / floor)
     go = _figure(report, "Synchronize: a Go plugin's, estimated")["value"]
     assert go == pytest.approx(floor * GO_OVER_FLOOR)
+    # The floor once more per launch with the plugin's heap settings, beside, not instead.
+    assert len(sync["heap_floor_runs_s"]) == len(sync["runs_s"])
+    heap_floor = _figure(report, "Synchronize floor, with the plugin's heap settings")["value"]
+    assert heap_floor == pytest.approx(statistics.median(sync["heap_floor_runs_s"]))
+    over = _figure(report, "Synchronize: the plugin's time over that floor's")["value"]
+    assert over == pytest.approx(statistics.median(sync["runs_s"]) / heap_floor)
 
 
 def test_page_faults_are_counted_for_each_synchronize(report: dict[str, Any]) -> None:
