@@ -10,13 +10,21 @@ is written in the same step of the event loop as its handler returns, so
 nothing queued here can run before it. Work runs in the order it was queued,
 in slices of at most `slice_seconds`, and only while the connection is idle:
 before each piece of work the `busy` probe (the session's connection: a
-request being served, being read, or bytes waiting on the socket) is asked,
-and while it says yes the work waits `BUSY_RECHECK_SECONDS`, runs for
-`BUSY_RUN_SECONDS` (so that it keeps up under steady load, when a request
-is always in flight) and asks again. A request arriving in the middle of a
-long backlog so waits for at most the piece of work under way (a pod's
-cgroup files, one container's read, 8 log lines: 0.1-0.6 ms), or half a
-millisecond under steady load, not for a slice or the whole backlog.
+request being served, being read, or bytes waiting on the socket) is asked.
+While it says yes the work waits until the connection has answered what it
+was serving (`resume`, called by the connection), or `BUSY_RECHECK_SECONDS`
+if nothing is answered (bytes that are not a request yet). A request
+arriving in the middle of a long backlog so waits for at most the piece of
+work under way (a pod's cgroup files, one container's read, 8 log lines:
+0.1-0.6 ms), not for a slice or the whole backlog.
+
+Only under steady load, when the work has not run for `BUSY_STARVED_SECONDS`
+because a request was always in flight, does it run regardless, for
+`BUSY_RUN_SECONDS`: it must keep up, or what it holds (log lines, a piece
+per request) would grow without end. It used to do so after any wait of
+`BUSY_RECHECK_SECONDS`, and requests that came about a millisecond apart
+(the benchmark's probes, a runtime starting containers one by one) met that
+forced run, in step with it, in one case in ten.
 
 The other way round, the runtime must not wait for the work either. A reply
 wakes the runtime's thread, and Linux often wakes it on the core of the
@@ -57,11 +65,16 @@ DEFAULT_SLICE_SECONDS = 0.002
 #: container's three files takes 0.1 ms on a quiet node and 0.5 ms on this
 #: project's 2-core VM.
 CGROUP_READS_PER_PIECE = 1
-#: How long deferred work waits while a request is in progress before it asks
-#: again: a request takes a fraction of a millisecond, and nothing deferred is urgent.
+#: How long deferred work waits for a busy connection that answers nothing before
+#: it asks again: a request takes a fraction of a millisecond, and nothing
+#: deferred is urgent.
 BUSY_RECHECK_SECONDS = 0.001
-#: How long it then runs even if the connection is still busy: a third of the
-#: time under steady load, many times what the work of the requests needs.
+#: How long the work must have been kept from running by a busy connection before
+#: it runs regardless: only steady load (a request always in flight) keeps it
+#: from running that long; the connection is idle between requests that are not.
+BUSY_STARVED_SECONDS = 0.002
+#: How long it then runs: a fifth of the time under steady load, many times
+#: what the work of the requests needs.
 BUSY_RUN_SECONDS = 0.0005
 #: How long a slice sleeps after a write to the runtime before it begins: enough
 #: for the scheduler to switch to the thread the write woke, short next to the
@@ -120,6 +133,10 @@ class AfterReply:
         self._queue: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
         #: The next slice, when one is due: a loop callback, cheaper than a task per reply.
         self._next_slice: asyncio.Handle | None = None
+        #: The next slice waits for a busy connection (`resume` starts it early).
+        self._waiting = False
+        #: When a piece of work last ran, or the work began (see BUSY_STARVED_SECONDS).
+        self._ran_at = 0.0
         #: The next slice is the first since the loop had nothing deferred.
         self._first_slice = False
         self._timers: set[asyncio.TimerHandle] = set()
@@ -139,6 +156,17 @@ class AfterReply:
         self._busy_probe = busy
         self._writes_probe = writes
         self._writes_seen = writes()
+
+    def resume(self) -> None:
+        """The connection has answered the requests it was serving: work waiting for it goes on.
+
+        Called by the connection after its last reply; a turn of the loop
+        later, so that whatever that reply made ready (another request) goes first.
+        """
+        if self._waiting and self._next_slice is not None:
+            self._next_slice.cancel()
+            self._waiting = False
+            self._next_slice = asyncio.get_running_loop().call_soon(self._run_slice)
 
     def defer(self, work: Callable[..., Any], *args: Any) -> None:
         """Run work(*args) once the current handler's reply is out."""
@@ -177,17 +205,19 @@ class AfterReply:
         if self._next_slice is not None:
             self._next_slice.cancel()
             self._next_slice = None
+            self._waiting = False
         while self._queue:
             self._run_one()
         self._wake_if_idle()
         return cancelled
 
-    def _run_slice(self, waited: bool = False) -> None:
+    def _run_slice(self) -> None:
         # `_next_slice` stays set while the slice runs: work that defers more
         # work (the lowering wait does) must not start a second chain of
         # slices beside this one. Each chain would run its own slice per turn
         # of the loop, and each deferring piece would add one more: timers and
         # requests waited 5, 15, 40, then 100 ms behind them.
+        self._waiting = False
         busy = self._busy_probe
         if not self._first_slice:
             # Before the sleep below: waking from it must not preempt the runtime.
@@ -198,29 +228,31 @@ class AfterReply:
             self._writes_seen = writes
             if not self._first_slice and not busy():
                 time.sleep(GIVE_WAY_SECONDS)
-        self._first_slice = False
-        deadline = time.perf_counter() + self._slice
-        if waited:
-            # After a wait for a busy connection the work runs regardless, for
-            # `BUSY_RUN_SECONDS`: under steady load (a request always in flight)
-            # it must still keep up, or what it holds (log lines, a piece per
-            # request) would grow without end.
-            forced_until = time.perf_counter() + BUSY_RUN_SECONDS
+        now = time.perf_counter()
+        if self._first_slice:
+            self._first_slice = False
+            self._ran_at = now
+        deadline = now + self._slice
+        if now - self._ran_at >= BUSY_STARVED_SECONDS and busy():
+            forced_until = now + BUSY_RUN_SECONDS
             while self._queue:
                 self._run_one()
-                if time.perf_counter() >= forced_until:
+                self._ran_at = time.perf_counter()
+                if self._ran_at >= forced_until:
                     break
         while self._queue and not busy():
             self._run_one()
-            if time.perf_counter() >= deadline:
+            self._ran_at = time.perf_counter()
+            if self._ran_at >= deadline:
                 break
         if not self._queue:
             self._next_slice = None
             self._wake_if_idle()
         elif busy():
-            # A request goes first; its handler and reply take well under this.
+            # A request goes first; the connection says when it has answered.
+            self._waiting = True
             loop = asyncio.get_running_loop()
-            self._next_slice = loop.call_later(BUSY_RECHECK_SECONDS, self._run_slice, True)
+            self._next_slice = loop.call_later(BUSY_RECHECK_SECONDS, self._run_slice)
         else:
             # Behind whatever became ready meanwhile.
             self._next_slice = asyncio.get_running_loop().call_soon(self._run_slice)

@@ -185,9 +185,12 @@ class Session:
         *,
         registration_timeout: float = DEFAULT_REGISTRATION_TIMEOUT,
         on_state: Callable[[SessionState], None] | None = None,
+        on_idle: Callable[[], None] | None = None,
         recorders: Sequence[CallRecorder] = (),
     ) -> None:
+        """on_idle: called when the runtime's requests in progress have all been answered."""
         self._plugin = plugin
+        self._on_idle = on_idle
         self._recorders = tuple(recorders)
         self._name = name
         self._idx = idx
@@ -222,7 +225,11 @@ class Session:
     async def run(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str:
         """Register and serve until the connection ends; returns why it ended."""
         conn = MuxConnection(
-            reader, writer, {PLUGIN_SERVICE: self._service()}, name=f"{self._idx}-{self._name}"
+            reader,
+            writer,
+            {PLUGIN_SERVICE: self._service()},
+            name=f"{self._idx}-{self._name}",
+            on_idle=self._on_idle,
         )
         self._conn = conn
         self._configured.clear()

@@ -93,10 +93,12 @@ class App:
             idx,
             recorders=observers,
             on_state=self._on_state,
+            on_idle=self.plugin.after_reply.resume,
             registration_timeout=registration_timeout,
         )
         # Pod cgroups and log lines left for after a reply wait while a request
-        # is in progress, and give the runtime its turn after our writes.
+        # is in progress (until the connection is idle again), and give the
+        # runtime its turn after our writes.
         self.plugin.after_reply.yield_to(self.session.busy, self.session.writes)
         self.metrics.add_collector(CountersCollector(self._counter_families))
         self.metrics.add_collector(ModeCollector(lambda: str(self.plugin.config.mode)))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import select
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TypeVar, cast
 
 import structlog
@@ -49,7 +49,9 @@ class MuxConnection:
         server_conn: int = PLUGIN_SERVICE_CONN,
         client_conn: int = RUNTIME_SERVICE_CONN,
         name: str = "nri",
+        on_idle: Callable[[], None] | None = None,
     ) -> None:
+        """on_idle: called when the last request in progress has been answered."""
         self._reader = reader
         self._writer = writer
         self._services = services
@@ -68,6 +70,7 @@ class MuxConnection:
         self._dispatching = False
         #: Requests dispatched and not yet answered.
         self._serving = 0
+        self._on_idle = on_idle
         self.close_reason: str | None = None
         #: Times the reader gave the event loop a turn in the middle of a read.
         self.yields = 0
@@ -242,6 +245,8 @@ class MuxConnection:
             # Served once its reply is written, in the same step (see busy()),
             # not when the task's done callbacks run a turn later.
             self._serving -= 1
+            if not self._serving and not self._dispatching and self._on_idle is not None:
+                self._on_idle()
 
     # -- calling -------------------------------------------------------------
 

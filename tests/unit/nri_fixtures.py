@@ -223,10 +223,11 @@ async def loopback(
     idx: str = "50",
     failed_updates: Sequence[str] = (),
     registration_timeout: float = STEP_TIMEOUT,
+    on_idle: Callable[[], None] | None = None,
 ) -> AsyncIterator[Loopback]:
     (plugin_reader, plugin_writer), (rt_reader, rt_writer) = await socketpair_streams()
     runtime = LoopbackRuntime(rt_reader, rt_writer, failed_updates=failed_updates)
-    session = Session(plugin, name, idx, registration_timeout=registration_timeout)
+    session = Session(plugin, name, idx, registration_timeout=registration_timeout, on_idle=on_idle)
     task = asyncio.create_task(session.run(plugin_reader, plugin_writer))
     try:
         yield Loopback(session, runtime, task)

@@ -200,6 +200,86 @@ def test_work_waits_while_the_probe_says_busy() -> None:
     assert order == ["work 0", "request answered", "work 1", "work 2"]
 
 
+def test_work_waiting_for_a_busy_connection_goes_on_as_soon_as_it_is_resumed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The connection says when it has answered; the work does not wait out a timer."""
+    monkeypatch.setattr(after_reply_module, "BUSY_RECHECK_SECONDS", 60.0)
+    after_reply = AfterReply(slice_seconds=60)
+    busy = [False]
+    order: list[str] = []
+
+    def work(n: int) -> None:
+        order.append(f"work {n}")
+        if n == 0:
+            busy[0] = True  # a request arrives during the first piece
+            asyncio.get_running_loop().call_soon(answer)
+
+    def answer() -> None:
+        order.append("request answered")
+        busy[0] = False
+        after_reply.resume()
+
+    async def scenario() -> None:
+        after_reply.yield_to(lambda: busy[0])
+        for n in range(3):
+            after_reply.defer(work, n)
+        await after_reply.settle()
+
+    run(scenario(), timeout=STEP_TIMEOUT)  # well before the minute's recheck
+    assert order == ["work 0", "request answered", "work 1", "work 2"]
+
+
+def test_resume_with_nothing_waiting_changes_nothing() -> None:
+    after_reply = AfterReply(slice_seconds=0)
+    order: list[str] = []
+
+    async def scenario() -> None:
+        after_reply.resume()  # idle: no slice is started
+        for n in range(2):
+            after_reply.defer(order.append, f"work {n}")
+        after_reply.resume()  # not waiting for the connection: the order stands
+        asyncio.get_running_loop().call_soon(order.append, "request")
+        await after_reply.settle()
+
+    run(scenario())
+    assert order == ["work 0", "request", "work 1"]
+
+
+def test_no_piece_runs_while_a_request_is_in_progress_unless_the_work_starves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Requests that keep the connection busy for less than BUSY_STARVED_SECONDS wait for nothing.
+
+    Until round 8 the work ran regardless for half a millisecond after every
+    wait of BUSY_RECHECK_SECONDS: requests a millisecond apart met it in step.
+    Here the connection is rechecked at every turn of the loop and is busy for
+    50 ms at a time, far less than the minute the work may starve for.
+    """
+    monkeypatch.setattr(after_reply_module, "BUSY_RECHECK_SECONDS", 0.0)
+    monkeypatch.setattr(after_reply_module, "BUSY_STARVED_SECONDS", 60.0)
+    after_reply = AfterReply(slice_seconds=60)
+    busy_until = [0.0]
+    seen_busy: list[bool] = []
+
+    def busy() -> bool:
+        return time.perf_counter() < busy_until[0]
+
+    def work(n: int) -> None:
+        seen_busy.append(busy())
+        if n % 2 == 0:  # a request arrives, and is in progress for 50 ms
+            busy_until[0] = time.perf_counter() + 0.05
+
+    async def scenario() -> None:
+        after_reply.yield_to(busy)
+        for n in range(6):
+            after_reply.defer(work, n)
+        await after_reply.settle()
+
+    run(scenario(), timeout=STEP_TIMEOUT)
+    assert seen_busy == [False] * 6
+
+
 def test_work_gives_the_core_away_once_after_each_write_in_a_backlog(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -208,8 +288,6 @@ def test_work_gives_the_core_away_once_after_each_write_in_a_backlog(
     A slice with no write before it does not sleep, so the work pays per reply
     only; nor does the first slice of new work, which came with its reply.
     """
-    # One piece per run after a wait, so that each request starts a slice of its own.
-    monkeypatch.setattr(after_reply_module, "BUSY_RUN_SECONDS", 0.0)
     after_reply = AfterReply(slice_seconds=60)
     busy, writes = [False], [0]
     order: list[str] = []
@@ -273,15 +351,16 @@ def test_no_sleep_while_another_request_waits(monkeypatch: pytest.MonkeyPatch) -
 def test_a_request_arriving_during_a_backlog_is_served_before_the_rest_of_it(
     loop: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """On a real socket: the connection's busy() stops deferred work for a request.
+    """On a real socket: the connection's busy() stops deferred work for a request,
+    and its on_idle hook starts it again once the request is answered.
 
     The slice is a minute long, so only the probe can let the request in
     before the backlog is done. uvloop reads the socket before it runs ready
     callbacks: there the request waits in the reader's buffer, not on the socket.
-    The wait after a busy answer is stretched to a second, so that a loaded
-    machine still reads and serves the request before the work runs regardless.
+    The wait for a busy connection is stretched to a minute, so that only the
+    connection's hook can have the work go on within the test's 5 s.
     """
-    monkeypatch.setattr(after_reply_module, "BUSY_RECHECK_SECONDS", 1.0)
+    monkeypatch.setattr(after_reply_module, "BUSY_RECHECK_SECONDS", 60.0)
     after_reply = AfterReply(slice_seconds=60)
     left, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     order: list[str] = []
@@ -310,7 +389,9 @@ def test_a_request_arriving_during_a_backlog_is_served_before_the_rest_of_it(
         service = Service(
             "s", {"first": Method(api.Empty, first), "next": Method(api.Empty, following)}
         )
-        conn = MuxConnection(reader, writer, {"s": service}, name="test")
+        conn = MuxConnection(
+            reader, writer, {"s": service}, name="test", on_idle=after_reply.resume
+        )
         after_reply.yield_to(conn.busy, lambda: conn.writes)
         serving = asyncio.create_task(conn.run())
         peer.send(request(1, "first"))

@@ -25,6 +25,7 @@ from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.cgroups.fs import apply_pod_values
 from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import load_config_file
+from nri_midbatch.glue import after_reply as after_reply_module
 from nri_midbatch.glue import cgroup_writer
 from nri_midbatch.glue import lowering as lowering_module
 from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
@@ -891,3 +892,40 @@ def test_a_ratio_change_rescales_a_normalized_container_quota_file_only(tmp_path
     node = run(scenario())
     # From kubelet's 200000, not from our 160000; shares and memory not written.
     assert node.tree.read(parent, ctr.id) == ("1024", "100000", str(512 * MI))
+
+
+# ---------------------------------------------------------------------------
+# Deferred work and the runtime's connection
+# ---------------------------------------------------------------------------
+
+
+def test_work_held_for_a_request_goes_on_once_the_app_has_answered_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The app wires its session's on_idle to the deferred work's resume (after_reply.py).
+
+    The wait for a busy connection is stretched to a minute: only the
+    session saying the request is answered can let the work go on in time.
+    """
+    monkeypatch.setattr(after_reply_module, "BUSY_RECHECK_SECONDS", 60.0)
+    pod = batch_pod()
+    done: list[int] = []
+
+    async def scenario() -> None:
+        async with running_node(tmp_path) as node:
+            after_reply = node.app.plugin.after_reply
+            held = [True]  # as if a request were in progress
+            session = node.app.session
+            after_reply.yield_to(lambda: held[0] or session.busy(), session.writes)
+            for n in range(3):
+                after_reply.defer(done.append, n)
+            await asyncio.sleep(0.01)
+            assert done == []
+            held[0] = False
+            node.tree.add(pod.linux.cgroup_parent, BESTEFFORT)
+            await node.state_change(api.RUN_POD_SANDBOX, pod)
+            async with asyncio.timeout(STEP_TIMEOUT):
+                await after_reply.settle()
+
+    run(scenario())
+    assert done == [0, 1, 2]

@@ -412,6 +412,23 @@ def test_every_dedicated_event_rpc_reaches_the_plugin() -> None:
     run(scenario())
 
 
+def test_the_session_says_when_the_runtime_s_requests_have_been_answered() -> None:
+    """on_idle, which the plugin's deferred work waits for, is called after each answered event."""
+    plugin = RecordingPlugin()
+    answered: list[int] = []
+
+    async def scenario() -> None:
+        async with loopback(plugin, on_idle=lambda: answered.append(len(plugin.pod_events))) as lb:
+            await lb.runtime.start()
+            before = len(answered)
+            for n in range(2):
+                method, request_type, response_type, _ = POD_RPCS[0]
+                await lb.runtime.call(method, request_type(pod=pod(f"p{n}")), response_type)
+            assert answered[before:] == [1, 2]
+
+    run(scenario())
+
+
 def test_every_state_change_event_reaches_the_plugin() -> None:
     plugin = RecordingPlugin()
 

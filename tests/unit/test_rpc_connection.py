@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TypeAlias
 
@@ -94,11 +94,15 @@ class Handlers:
 
 
 @asynccontextmanager
-async def served(handlers: Handlers | None = None) -> AsyncIterator[tuple[MuxConnection, RawPeer]]:
+async def served(
+    handlers: Handlers | None = None, on_idle: Callable[[], None] | None = None
+) -> AsyncIterator[tuple[MuxConnection, RawPeer]]:
     """A MuxConnection serving `test.Echo` on conn 1 and calling on conn 2."""
     handlers = handlers or Handlers()
     peer, (reader, writer) = await RawPeer.pair()
-    conn = MuxConnection(reader, writer, {SERVICE: handlers.service()}, name="test")
+    conn = MuxConnection(
+        reader, writer, {SERVICE: handlers.service()}, name="test", on_idle=on_idle
+    )
     task = asyncio.create_task(conn.run())
     try:
         yield conn, peer
@@ -263,6 +267,39 @@ def test_requests_are_served_concurrently() -> None:
             message, response = await peer.read_response(1)
             assert message.stream_id == 1
             assert KV.FromString(response.payload).key == "slow"
+
+    run(scenario())
+
+
+def test_on_idle_is_called_when_the_last_request_in_progress_is_answered() -> None:
+    """What deferred work waits for (after_reply.py): not after each reply, after the last one.
+
+    A failed handler is answered too. At the hook, the reply is already
+    written and the connection no longer busy.
+    """
+    handlers = Handlers()
+    seen: list[tuple[int, bool]] = []
+    conn_of: list[MuxConnection] = []
+
+    def on_idle() -> None:
+        (conn,) = conn_of
+        seen.append((len(handlers.contexts), conn.busy()))
+
+    async def scenario() -> None:
+        async with served(handlers, on_idle) as (conn, peer):
+            conn_of.append(conn)
+            peer.send_request(1, 1, SERVICE, "Slow")
+            async with asyncio.timeout(STEP_TIMEOUT):
+                await handlers.slow_started.wait()
+            peer.send_request(1, 3, SERVICE, "Echo", KV(key="fast"))
+            await peer.read_response(1)
+            assert seen == []  # the slow one is still in progress
+            handlers.gate.set()
+            await peer.read_response(1)
+            assert seen == [(1, False)]
+            peer.send_request(1, 5, SERVICE, "Crash")
+            await peer.read_response(1)
+            assert seen == [(1, False), (1, False)]
 
     run(scenario())
 
