@@ -431,7 +431,7 @@ class Bench:
             profiler = self.start_profiler(plugin)
             syncs.append(self.synchronize(plugin, node, applier, probe=True))
             rss_sync = plugin.rss_mb()
-            self.report_launches(startups, syncs, node, self.probe(plugin))
+            self.report_launches(startups, syncs, node, self.probe(plugin, applier))
             self.report_floor(floors, heap_floors, syncs)
             self.events(plugin, rss_sync)
             if profiler is not None:
@@ -466,7 +466,7 @@ class Bench:
         seconds = replied - started
         faults = plugin.minor_faults() - faults
         applier.start(reply)
-        probes = self.probe(plugin) if probe else []
+        probes = self.probe(plugin, applier) if probe else []
         applier.wait(60)
         # The plugin writes pod cgroups and log lines once the reply is out;
         # the next phases start when it is done, as after a node's start-up.
@@ -560,7 +560,7 @@ class Bench:
                     raise BenchError(f"no {marker!r} in the plugin's log within {timeout:.0f} s")
                 time.sleep(0.02)
 
-    def probe(self, plugin: Plugin) -> list[Probe]:
+    def probe(self, plugin: Plugin, applier: ReplyApplier) -> list[Probe]:
         """CreateContainer round trips, one at a time, 1 ms apart, for `PROBE_SECONDS`.
 
         Sent from the Synchronize's reply on, they time requests while the
@@ -569,7 +569,8 @@ class Bench:
         Each is for a pod of its own, removed afterwards so that the plugin
         remembers only the node. Around each, the kernel's count of the time
         the benchmark's thread and the plugin's spent runnable but waiting for
-        a core (schedstat) says which of them a slow one waited on.
+        a core (schedstat) says which of them a slow one waited on, and the
+        reply applier's time on a core whether it was the one that held it.
         """
         kinds = self.kinds()
         create = kinds["CreateContainer"]
@@ -581,7 +582,7 @@ class Bench:
         while time.perf_counter() < ends:
             token = workload.counter_token(PROBE_FIRST_POD + len(tokens))
             tokens.append(token)
-            waits = _run_queue_ns(mine), _run_queue_ns(theirs)
+            before = _run_queue_ns(mine), _run_queue_ns(theirs), _on_core_ns(applier.schedstat)
             sent = time.perf_counter()
             stream_id = runtime.send(create.template, token)
             replies: list[Any] = []
@@ -593,8 +594,9 @@ class Bench:
             probes.append(
                 Probe(
                     now - sent,
-                    (_run_queue_ns(mine) - waits[0]) / 1e9,
-                    (_run_queue_ns(theirs) - waits[1]) / 1e9,
+                    (_run_queue_ns(mine) - before[0]) / 1e9,
+                    (_run_queue_ns(theirs) - before[1]) / 1e9,
+                    (_on_core_ns(applier.schedstat) - before[2]) / 1e9,
                 )
             )
             create.check(data[start:stop])
@@ -656,6 +658,12 @@ class Bench:
             r.add(
                 "the same: of those, the plugin waiting for a core",
                 sum(p.plugin_waited >= 0.001 for p in slow),
+                "",
+            )
+            # The runtime's own work on the cores (see ReplyApplier), or another task's.
+            r.add(
+                "the same: of those, the reply applier running meanwhile",
+                sum(p.applier_ran >= 0.001 for p in slow),
                 "",
             )
             idle_worst = max(p.seconds for p in idle) * 1000
@@ -952,6 +960,10 @@ class ReplyApplier:
         self._process.start()
         child.close()
 
+    @property
+    def schedstat(self) -> Path:
+        return Path(f"/proc/{self._process.pid}/schedstat")
+
     def start(self, reply: bytes) -> None:
         self._pipe.send_bytes(reply)
 
@@ -992,18 +1004,26 @@ class Probe(NamedTuple):
     #: Runnable but not on a core meanwhile: the benchmark's thread, the plugin's.
     benchmark_waited: float
     plugin_waited: float
+    #: On a core meanwhile: the reply applier, the one other task the benchmark runs.
+    applier_ran: float
 
     def as_json(self) -> dict[str, float]:
         return {
             "ms": self.seconds * 1000,
             "benchmark_waited_ms": self.benchmark_waited * 1000,
             "plugin_waited_ms": self.plugin_waited * 1000,
+            "applier_ran_ms": self.applier_ran * 1000,
         }
 
 
 def _run_queue_ns(schedstat: Path) -> int:
     """The thread's time runnable but waiting for a core so far (the 2nd field), in ns."""
     return int(schedstat.read_text().split()[1])
+
+
+def _on_core_ns(schedstat: Path) -> int:
+    """The thread's time on a core so far (the 1st field), in ns."""
+    return int(schedstat.read_text().split()[0])
 
 
 @dataclass(frozen=True)
