@@ -582,7 +582,7 @@ class Bench:
         while time.perf_counter() < ends:
             token = workload.counter_token(PROBE_FIRST_POD + len(tokens))
             tokens.append(token)
-            before = _run_queue_ns(mine), _run_queue_ns(theirs), _on_core_ns(applier.schedstat)
+            before = _schedstat(mine), _schedstat(theirs), _schedstat(applier.schedstat)
             sent = time.perf_counter()
             stream_id = runtime.send(create.template, token)
             replies: list[Any] = []
@@ -594,9 +594,9 @@ class Bench:
             probes.append(
                 Probe(
                     now - sent,
-                    (_run_queue_ns(mine) - before[0]) / 1e9,
-                    (_run_queue_ns(theirs) - before[1]) / 1e9,
-                    (_on_core_ns(applier.schedstat) - before[2]) / 1e9,
+                    (_schedstat(mine).waiting_ns - before[0].waiting_ns) / 1e9,
+                    (_schedstat(theirs).waiting_ns - before[1].waiting_ns) / 1e9,
+                    (_schedstat(applier.schedstat).on_core_ns - before[2].on_core_ns) / 1e9,
                 )
             )
             create.check(data[start:stop])
@@ -1026,14 +1026,16 @@ class Probe(NamedTuple):
         }
 
 
-def _run_queue_ns(schedstat: Path) -> int:
-    """The thread's time runnable but waiting for a core so far (the 2nd field), in ns."""
-    return int(schedstat.read_text().split()[1])
+class SchedStat(NamedTuple):
+    """A thread's time so far on a core, and runnable but waiting for one."""
+
+    on_core_ns: int
+    waiting_ns: int
 
 
-def _on_core_ns(schedstat: Path) -> int:
-    """The thread's time on a core so far (the 1st field), in ns."""
-    return int(schedstat.read_text().split()[0])
+def _schedstat(path: Path) -> SchedStat:
+    on_core, waiting, _timeslices = path.read_text().split()
+    return SchedStat(int(on_core), int(waiting))
 
 
 @dataclass(frozen=True)
