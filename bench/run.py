@@ -331,10 +331,11 @@ class Bench:
             ).SerializeToString(),
         )
 
-    def launch(self, *, floor: bool = False, floor_heap: bool = False) -> Plugin:
-        """Start the plugin (or with `floor`, the plugin with no policy) and register it.
+    def launch(self, *, floor: tuple[str, ...] | None = None) -> Plugin:
+        """Start the plugin and register it.
 
-        floor_heap: the floor with the plugin's heap settings (process/heap.py).
+        floor: start `bench.floor`, the plugin with no policy, instead, with these
+        arguments of its own.
         """
         env = dict(os.environ)
         if self.opts.loop is not None:
@@ -342,10 +343,15 @@ class Bench:
         stderr = self.workdir / "plugin.stderr"
         # `python -m` imports from its working directory first.
         code = Path(self.opts.plugin_path or REPO)
-        if floor:
-            command = [sys.executable, "-m", "bench.floor", "--socket-path", self.socket_path]
-            if floor_heap:
-                command.append("--reuse-large-buffers")
+        if floor is not None:
+            command = [
+                sys.executable,
+                "-m",
+                "bench.floor",
+                "--socket-path",
+                self.socket_path,
+                *floor,
+            ]
             # The floor is this checkout's code, whichever plugin code is measured.
             code = REPO
         else:
@@ -496,9 +502,9 @@ class Bench:
     def synchronize_floor(self, node: SyncNode, *, heap: bool = False) -> FloorRun:
         """The same Synchronize answered by `bench.floor`, the plugin with no policy.
 
-        heap: the floor with the plugin's heap settings.
+        heap: the floor with the plugin's heap settings (process/heap.py).
         """
-        floor = self.launch(floor=True, floor_heap=heap)
+        floor = self.launch(floor=("--reuse-large-buffers",) if heap else ())
         try:
             runtime = floor.runtime
             faults = floor.minor_faults()
