@@ -22,6 +22,7 @@ __all__ = [
     "check_writable",
     "clamp_cpu_shares",
     "cpu_shares_to_weight",
+    "cpu_weight_to_shares",
     "differs",
     "exceeds",
     "holds",
@@ -80,6 +81,18 @@ def cpu_shares_to_weight(shares: int) -> int:
     span_shares = CPU_SHARES_MAX - CPU_SHARES_MIN
     span_weight = CPU_WEIGHT_MAX - CPU_WEIGHT_MIN
     return CPU_WEIGHT_MIN + ((clamped - CPU_SHARES_MIN) * span_weight) // span_shares
+
+
+def cpu_weight_to_shares(weight: int) -> int:
+    """The fewest shares that `cpu_shares_to_weight` turns into `weight`.
+
+    A v2 cgroup keeps no shares, so kubelet's can be known only up to this: writing them back
+    writes kubelet's weight again, exactly.
+    """
+    span_shares = CPU_SHARES_MAX - CPU_SHARES_MIN
+    span_weight = CPU_WEIGHT_MAX - CPU_WEIGHT_MIN
+    clamped = min(max(weight, CPU_WEIGHT_MIN), CPU_WEIGHT_MAX)
+    return CPU_SHARES_MIN + -(-(clamped - CPU_WEIGHT_MIN) * span_shares // span_weight)
 
 
 def _above(current: int, limit: int) -> bool:

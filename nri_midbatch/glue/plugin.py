@@ -15,6 +15,7 @@ and read best beside them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -28,7 +29,9 @@ from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.cgroups.paths import CgroupDriver, CgroupPathError
 from nri_midbatch.cgroups.systemd import SystemdUnits, UnitTarget
 from nri_midbatch.cgroups.values import (
+    PodCgroupReading,
     cpu_shares_to_weight,
+    cpu_weight_to_shares,
     differs,
     exceeds,
     holds,
@@ -41,19 +44,19 @@ from nri_midbatch.glue.after_reply import CGROUP_READS_PER_PIECE, AfterReply
 from nri_midbatch.glue.cgroup_writer import CgroupWriter
 from nri_midbatch.glue.counters import Counters
 from nri_midbatch.glue.decision_log import DecisionLines
-from nri_midbatch.glue.known import Known, split_path
 from nri_midbatch.glue.lowering import Check, LoweringWait, Write
-from nri_midbatch.glue.reconcile import Plan, plan, raises_quota, split_pods
 from nri_midbatch.glue.views import (
     NATIVE_LIMITS_ANNOTATION,
+    annotated_baseline,
     container_update,
     container_view,
     current_values,
     encode_native_limits,
     limits_and_values,
+    native_limits,
     pod_view,
+    runtime_pod_baseline,
     set_resources,
-    synchronized_view,
 )
 from nri_midbatch.nri.events import Event
 from nri_midbatch.nri.session import RuntimeInfo
@@ -72,11 +75,16 @@ from nri_midbatch.policy import (
 )
 from nri_midbatch.policy.classify import qos_from_cgroup_parent
 from nri_midbatch.rpc.errors import RpcError
+from nri_midbatch.state.baseline import in_force, moved_by, resized_pod_baseline
+from nri_midbatch.state.known import Known, split_path
+from nri_midbatch.state.plan import Plan, plan, raises_quota, split_pods
+from nri_midbatch.state.store import BaselineStore, Kept, PodRecord
 from nri_midbatch.wire.status import Code
 
 log = structlog.get_logger(__name__)
 
-_NO_LIMITS = NativeLimits()
+#: Kubelet's cgroup for a BestEffort pod: the least shares, no quota, no memory limit.
+_BESTEFFORT_POD = NativeLimits(cpu_shares=2)
 
 
 _RUNNING_STATES = frozenset({api.CONTAINER_CREATED, api.CONTAINER_RUNNING, api.CONTAINER_PAUSED})
@@ -87,11 +95,15 @@ DecisionListener = Callable[[PodView, ContainerView | None, Decision], None]
 
 @dataclass(frozen=True, slots=True)
 class PodTarget:
-    """What a pod decision that sets values needs for its cgroup to be written."""
+    """What a pod decision that puts values in force needs for its cgroup to be written."""
 
-    pod: PodView  # as decided: with kubelet's limits, if they were read from the cgroup
+    pod_id: str
+    pod: PodView  # as decided: with kubelet's values
     tier: str | None
+    #: What to write: the tier's values, and kubelet's for fields given back.
     values: CgroupValues
+    #: What is the plugin's once written (None: everything given back).
+    claimed: CgroupValues | None
 
 
 class _SyncPart:
@@ -107,13 +119,16 @@ class _SyncPart:
     """
 
     FIELDS = 5
-    __slots__ = ("containers", "known", "listed")
+    __slots__ = ("containers", "known", "listed", "records", "stored")
 
-    def __init__(self) -> None:
+    def __init__(self, stored: frozenset[str]) -> None:
         self.known = Known()
         self.containers: list[Any] = []
         #: Pods and containers the runtime listed, running or not.
         self.listed = [0, 0]
+        #: The uids of the pods with a record, and the records read (by pod sandbox id).
+        self.stored = stored
+        self.records: dict[str, PodRecord] = {}
 
 
 class MidBatchPlugin:
@@ -134,10 +149,16 @@ class MidBatchPlugin:
         *,
         dry_run: bool = False,
         on_decision: DecisionListener | None = None,
+        store: BaselineStore | None = None,
     ) -> None:
-        """dry_run: decide pod-level values but write no cgroup file (replay, audits)."""
+        """dry_run: decide pod-level values but write no cgroup file (replay, audits).
+
+        `store`: where kubelet's values are kept across restarts (state/store.py); none by
+        default, as replays and tests keep nothing.
+        """
         self.counters = Counters()
         self.known = Known()
+        self.store = store if store is not None and not dry_run else BaselineStore(None)
         self.runtime: RuntimeInfo | None = None
         #: Log lines and Synchronize's pod cgroups, once the runtime has its reply.
         self.after_reply = AfterReply()
@@ -145,6 +166,8 @@ class MidBatchPlugin:
         self._lowering: LoweringWait | None = None
         #: The Synchronize being received, chunk by chunk.
         self._sync_part: _SyncPart | None = None
+        #: The Known a Synchronize replaces, while it is taken in.
+        self._previous_known = Known()
         self._dry_run = dry_run
         self._on_decision = on_decision
         #: Under the systemd driver, the units that hold our values (its task
@@ -172,29 +195,34 @@ class MidBatchPlugin:
     def reconfigure(self, config: Settings) -> Plan:
         """Switch to `config`; returns what running workloads need to follow it.
 
-        Nothing, into observe mode; everything with values, out of it, as nothing was set.
+        Planned against what the plugin last put in force (state/plan.py), so the outcome is
+        the configuration's, whatever came before. Into observe mode, or with pod level off,
+        what the plugin set is given back (kubelet's values). Pods about to get values for the
+        first time have their baseline read from their cgroup first, as the plugin never wrote
+        it.
         """
-        old, pods_before = self.policy, self.config.cgroups.pod_level
-        set_before = not self.observing
         self._apply_config(config)
-        if self.observing:
-            return Plan((), ())
-        return plan(
-            self.known,
-            old if set_before else None,  # out of observe mode: every value, none was set
-            self.policy,
-            pods_before=pods_before and set_before,
-            pods_after=config.cgroups.pod_level,
-        )
+        return self.catch_up()
 
-    def write_plan(self, plan: Plan) -> int:
-        """Bring running workloads to `plan` through their cgroup files; returns failures.
+    def catch_up(self) -> Plan:
+        """What running workloads need to hold what the configuration in force gives them."""
+        enforce, pod_level = not self.observing, self.config.cgroups.pod_level
+        if enforce and pod_level:
+            for pod_id, view in list(self.known.pods.items()):
+                if pod_id not in self.known.pod_baseline_known:
+                    with contextlib.suppress(Exception):  # the plan reports bad input
+                        if decide_pod(view, self.policy).values is not None:
+                            self._establish_pod_baseline(pod_id, view)
+        return plan(self.known, self.policy, enforce=enforce, pod_level=pod_level)
+
+    def write_plan(self, plan: Plan) -> Plan:
+        """Bring running workloads to `plan` through their cgroup files; returns what failed.
 
         For runtimes whose UpdateContainers is unsafe. Blocking file I/O: run
-        it in a thread. A pod goes up before its containers and down after
-        them (lowering.py says why): pods whose containers' quota may rise
-        first, then the containers, then the other pods and those of the
-        first that failed once more.
+        it in a thread, then `applied` in the loop with what went through. A pod
+        goes up before its containers and down after them (lowering.py says
+        why): pods whose containers' quota rises first, then the containers,
+        then the other pods and those of the first that failed once more.
         """
         first, last = split_pods(plan)
         retry = [
@@ -202,16 +230,44 @@ class MidBatchPlugin:
             for change in first
             if not self._write_values(change.pod, None, change.values, final=False)
         ]
-        failures = sum(
-            not self._write_values(
+        failed_containers = tuple(
+            change
+            for change in plan.containers
+            if not self._write_values(
                 change.pod, change.container, change.values, cgroups_path=change.cgroups_path
             )
-            for change in plan.containers
         )
-        failures += sum(
-            not self._write_values(change.pod, None, change.values) for change in (*retry, *last)
+        failed_pods = tuple(
+            change
+            for change in (*retry, *last)
+            if not self._write_values(change.pod, None, change.values)
         )
-        return failures
+        return Plan(failed_containers, failed_pods)
+
+    def applied(self, plan: Plan, failed: Plan | None = None) -> None:
+        """Remember that `plan`, less `failed`, is in force, and keep the pods' records.
+
+        A change that failed stays planned: the next reload or Synchronize tries it again.
+        """
+        known = self.known
+        failed_ids = set() if failed is None else {c.container.id for c in failed.containers}
+        failed_pods = set() if failed is None else {c.pod_id for c in failed.pods}
+        touched: set[str] = set()
+        for change in plan.containers:
+            entry = known.containers.get(change.container.id)
+            if change.container.id in failed_ids or entry is None:
+                continue
+            known.set_applied(change.container.id, change.claimed)
+            if not change.container.native_known and change.claimed is not None:
+                known.recorded.add(change.container.id)
+            touched.add(entry[0])
+        for pod_change in plan.pods:
+            if pod_change.pod_id in failed_pods or pod_change.pod_id not in known.pods:
+                continue
+            known.set_applied(pod_change.pod_id, pod_change.claimed)
+            touched.add(pod_change.pod_id)
+        for pod_id in touched:
+            self._keep_record(pod_id)
 
     def _write_values(
         self,
@@ -234,11 +290,79 @@ class MidBatchPlugin:
         return False
 
     def _systemd_containers(self) -> list[UnitTarget]:
-        """What every known container should hold now, for systemd's drift repair."""
-        changes = plan(self.known, None, self.policy, pods_after=False).containers
-        return [
-            self.cgroups.unit_target(c.pod, c.container, c.values, c.cgroups_path) for c in changes
-        ]
+        """What every known container holds of ours, for systemd's drift repair."""
+        known = self.known
+        targets = []
+        for container_id, values in list(known.applied.items()):
+            entry = known.containers.get(container_id)
+            pod = None if entry is None else known.pods.get(entry[0])
+            if entry is None or pod is None:
+                continue
+            path = known.cgroups_path(container_id)
+            targets.append(self.cgroups.unit_target(pod, entry[1], values, path))
+        return targets
+
+    # -- kubelet's values ----------------------------------------------------
+
+    def _establish_pod_baseline(self, pod_id: str, view: PodView) -> PodView:
+        """The pod with kubelet's values read from its cgroup, which the plugin has not written.
+
+        Read at RunPodSandbox, and later only for a pod whose baseline neither the runtime,
+        its record nor its QoS told (containerd 1.7 sends no pod resources). A replay reads
+        nothing; an unreadable cgroup leaves the view as it is, and its write says why.
+        """
+        if self._dry_run:
+            return view
+        try:
+            reading = self.cgroups.read(view)
+        except (CgroupPathError, OSError, ValueError) as exc:
+            log.debug("pod cgroup not readable", error=str(exc), pod=view.name)
+            return view
+        kept = replace(view, native=_baseline_of(reading, view.native))
+        if pod_id in self.known.pods:
+            self.known.pods[pod_id] = kept
+        self.known.pod_baseline_known.add(pod_id)
+        return kept
+
+    def _record_of(self, pod_id: str) -> PodRecord | None:
+        """What the pod's record must hold; None where nothing needs keeping."""
+        known = self.known
+        pod = known.pods.get(pod_id)
+        if pod is None:
+            return None
+        containers = {
+            container_id: Kept(
+                known.containers[container_id][1].native, known.applied.get(container_id)
+            )
+            for container_id in known.containers_of(pod_id)
+            if container_id in known.recorded
+        }
+        applied = known.applied.get(pod_id)
+        if applied is None and not containers:
+            return None
+        return PodRecord(Kept(pod.native, applied), containers)
+
+    def _keep_record(self, pod_id: str, before: PodRecord | bool | None = True) -> None:
+        """Write (or remove) the pod's record; `before`: what it held, True if not known."""
+        pod = self.known.pods.get(pod_id)
+        if pod is None or not self.store.keeping:
+            return
+        record = self._record_of(pod_id)
+        if before is not True and record == before:
+            return
+        if record is None:
+            if before is not None:
+                self.store.remove(pod.uid)
+        else:
+            self.store.save(pod.uid, record)
+
+    def _keep_records(self, loaded: Mapping[str, PodRecord]) -> None:
+        """After a Synchronize: the records of every pod, and none of the pods that are gone."""
+        if not self.store.keeping:
+            return
+        for pod_id in list(self.known.pods):
+            self._keep_record(pod_id, loaded.get(pod_id))
+        self.store.prune(frozenset(pod.uid for pod in self.known.pods.values()))
 
     # -- session hooks -------------------------------------------------------
 
@@ -272,25 +396,55 @@ class MidBatchPlugin:
         wait, as views with their current values, for the pods of later chunks.
         """
         if first or self._sync_part is None:
-            self._sync_part = _SyncPart()
+            self._sync_part = _SyncPart(self.store.uids())
         part = self._sync_part
-        known = part.known
         part.listed[0] += len(pods)
         part.listed[1] += len(containers)
         for pod in pods:
-            known.add_pod(pod.id, pod_view(pod))
+            self._take_pod_at_sync(part, pod)
         waiting = part.containers
         for container in containers:
             if container.state not in _RUNNING_STATES:
                 continue
             linux = container.linux
             shown, current = limits_and_values(linux.resources)
+            annotated = annotated_baseline(container)
+            # Never adjusted by us (created while no plugin ran), or kept in the pod's record:
+            # what it holds is kubelet's as far as never-loosen goes; not sure enough to scale
+            # until the record says so (cpu-normalization).
+            view = ContainerView(
+                id=container.id,
+                name=intern(container.name),
+                native=shown if annotated is None else annotated,
+                native_known=annotated is not None,
+            )
             waiting += (
                 intern(container.pod_sandbox_id),
-                synchronized_view(container, shown),
+                view,
                 *split_path(linux.cgroups_path, container.id),
                 current,
             )
+
+    def _take_pod_at_sync(self, part: _SyncPart, pod: api.PodSandbox) -> None:
+        """Remember a listed pod with kubelet's values: as this process knew them, as its
+        record keeps them, as the runtime tells them, or as its QoS class fixes them."""
+        previous, known, pod_id = self.known, part.known, pod.id
+        old = previous.pods.get(pod_id)
+        applied = None
+        native: NativeLimits | None
+        if old is not None and pod_id in previous.pod_baseline_known:
+            native, applied = old.native, previous.applied.get(pod_id)
+        elif pod.uid in part.stored and (record := self.store.load(pod.uid)) is not None:
+            part.records[pod_id] = record
+            native, applied = record.pod.kubelet, record.pod.applied
+        else:
+            native = runtime_pod_baseline(pod)
+            if native is None and qos_from_cgroup_parent(pod.linux.cgroup_parent) is QoSClass.BE:
+                native = _BESTEFFORT_POD
+        known.add_pod(pod_id, pod_view(pod, native))
+        if native is not None:
+            known.pod_baseline_known.add(pod_id)
+        known.set_applied(pod_id, applied)
 
     async def synchronize(
         self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container]
@@ -299,7 +453,9 @@ class MidBatchPlugin:
         self.synchronize_part(pods, containers, first=False)
         part, self._sync_part = self._sync_part, None
         assert part is not None  # synchronize_part made it
-        self.known = known = part.known
+        # What this process knew (a runtime restart): more recent than any record.
+        self._previous_known, self.known = self.known, part.known
+        known = part.known
         pod_views = known.pods
         # Each pod's id once: every container of a pod refers to the same string.
         pod_ids = {pod_id: pod_id for pod_id in pod_views}
@@ -318,25 +474,41 @@ class MidBatchPlugin:
         #: pod id -> what the decisions of its containers share (a third of each)
         classes: dict[str, PodClass | None] = {}
         waiting = part.containers
+        previous, records = self._previous_known, part.records
         for i in range(0, len(waiting), _SyncPart.FIELDS):
             pod_id = pod_ids.get(waiting[i])
             if pod_id is None:
                 continue
             pod = pod_views[pod_id]
-            ctr_view: ContainerView = waiting[i + 1]
-            known.set_split(ctr_view.id, pod_id, ctr_view, waiting[i + 2], waiting[i + 3])
+            current: CgroupValues = waiting[i + 4]
+            ctr_view, applied, recorded = _container_at_sync(
+                previous, records.get(pod_id), waiting[i + 1], current
+            )
+            ctr_id = ctr_view.id
+            known.set_split(ctr_id, pod_id, ctr_view, waiting[i + 2], waiting[i + 3])
             if pod_id in classes:
                 pod_class = classes[pod_id]
             else:
                 pod_class = classes[pod_id] = self._classify(pod)
-            values = self._decide_container(pod, ctr_view, lines, refuse=False, pod_class=pod_class)
+            decided, claimed = self._decide_container(
+                pod, ctr_view, lines, refuse=False, pod_class=pod_class
+            )
+            if not decided:
+                known.set_applied(ctr_id, applied)  # bad input loses nothing: kept as it is
+                if recorded:
+                    known.recorded.add(ctr_id)
+                continue
+            if self.observing and claimed is not None:
+                self._observed("Synchronize", pod, ctr_view, claimed, current)
+                claimed = None
+            if recorded or (claimed is not None and not ctr_view.native_known):
+                known.recorded.add(ctr_id)
+            values = in_force(claimed, applied, ctr_view.native)
+            known.set_applied(ctr_id, claimed)
             if values is None:
                 continue
-            current: CgroupValues = waiting[i + 4]
-            if self.observing:
-                self._observed("Synchronize", pod, ctr_view, values, current)
-            elif differs(values, current):
-                set_resources(updates.add(container_id=ctr_view.id).linux.resources, values)
+            if differs(values, current):
+                set_resources(updates.add(container_id=ctr_id).linux.resources, values)
                 fields = set_fields(values)
                 adjusted[fields] = adjusted.get(fields, 0) + 1
                 if raises_quota(current.cpu_quota, values.cpu_quota):
@@ -352,6 +524,7 @@ class MidBatchPlugin:
                 lines.unchanged()
                 if not self._dry_run:
                     settled.append((pod, ctr_view, values))
+        self._previous_known = Known()
         for fields, containers_updated in adjusted.items():
             self.counters.count_adjusted("Synchronize", containers_updated, fields)
         lines.write_after(self.after_reply)
@@ -360,8 +533,8 @@ class MidBatchPlugin:
             self.after_reply.defer(
                 self._repair_containers, settled[start : start + CGROUP_READS_PER_PIECE]
             )
-        if self.config.cgroups.pod_level:
-            self._synchronize_pods(pod_views, raising, lowered)
+        self._synchronize_pods(pod_views, raising, lowered)
+        self.after_reply.defer(self._keep_records, part.records)
         # After the per-container lines: the node at a glance.
         lines.summarize_after(
             self.after_reply,
@@ -393,8 +566,8 @@ class MidBatchPlugin:
         wait = self._lowering = LoweringWait(self.after_reply, on_stall=self._count_unconfirmed)
         #: pod id -> its write, for the pods that wait
         waiting: dict[str, Write] = {}
-        for pod_id, view in pod_views.items():
-            target = self._decide_pod(view, "Synchronize", refuse=False)
+        for pod_id, view in list(pod_views.items()):
+            target = self._decide_pod(pod_id, view, "Synchronize", refuse=False)
             if target is None:
                 continue
             if pod_id in raising and self._set_pod_cgroup(
@@ -402,7 +575,7 @@ class MidBatchPlugin:
             ):
                 continue
             # Not raised (or refused: it tries once more when its turn comes).
-            write = functools.partial(self._set_synchronized_pod, pod_id, view, target)
+            write = functools.partial(self._set_synchronized_pod, target)
             if pod_id in lowered:
                 waiting[pod_id] = write
             else:
@@ -414,8 +587,8 @@ class MidBatchPlugin:
                 wait.add(f"{view.namespace}/{view.name}", check, waiting[pod_id])
         wait.start()
 
-    def _set_synchronized_pod(self, pod_id: str, view: PodView, target: PodTarget) -> None:
-        if self.known.pods.get(pod_id) is not view:
+    def _set_synchronized_pod(self, target: PodTarget) -> None:
+        if self.known.pods.get(target.pod_id) is not target.pod:
             return  # removed, or a newer Synchronize has taken over
         self._set_pod_cgroup(target, "Synchronize", refuse=False)
 
@@ -474,14 +647,14 @@ class MidBatchPlugin:
         self, pod: api.PodSandbox, container: api.Container
     ) -> api.CreateContainerResponse:
         pod_id = pod.id
-        if pod_id in self.known.pods:
-            view = pod_view(pod)
-        else:
-            view = self.known.add_pod(pod_id, pod_view(pod))
+        known = self.known
+        view = known.pods.get(pod_id)
+        if view is None:
+            view = known.add_pod(pod_id, pod_view(pod))
         ctr_view = container_view(container)
-        self.known.set_container(ctr_view.id, pod_id, ctr_view, container.linux.cgroups_path)
+        known.set_container(ctr_view.id, pod_id, ctr_view, container.linux.cgroups_path)
         lines = DecisionLines("CreateContainer")
-        values = self._decide_container(view, ctr_view, lines, refuse=self._fail)
+        _, values = self._decide_container(view, ctr_view, lines, refuse=self._fail)
         lines.write_after(self.after_reply)
         if values is None:
             return api.CreateContainerResponse()
@@ -489,6 +662,7 @@ class MidBatchPlugin:
             current = current_values(container.linux.resources)
             self._observed("CreateContainer", view, ctr_view, values, current)
             return api.CreateContainerResponse()
+        known.set_applied(ctr_view.id, values)
         self.counters.count_adjusted("CreateContainer", fields=set_fields(values))
         response = api.CreateContainerResponse()
         adjust = response.adjust
@@ -501,49 +675,134 @@ class MidBatchPlugin:
     ) -> Sequence[api.ContainerUpdate]:
         # Decide from the resources being requested, not the container's
         # current ones, and name the container: an update without its id is
-        # silently dropped by the runtime (koordlet's NRI bug).
+        # silently dropped by the runtime (koordlet's NRI bug). The requested
+        # resources are kubelet's new values: a resize moves the baseline, of
+        # the container and of its pod.
+        known, container_id = self.known, container.id
         ctr_view = container_view(container, resources)
-        if container.id in self.known.containers:
-            self.known.set_container(container.id, pod.id, ctr_view, container.linux.cgroups_path)
+        entry = known.containers.get(container_id)
+        view = known.pods.get(pod.id)
+        if view is None:
+            view = pod_view(pod)
+        resized = entry is not None and entry[1].native != ctr_view.native
+        if entry is not None:
+            known.set_container(container_id, pod.id, ctr_view, container.linux.cgroups_path)
+            if resized:
+                known.recorded.add(container_id)
+                siblings = [
+                    known.containers[other][1].native
+                    for other in known.containers_of(pod.id)
+                    if other != container_id
+                ]
+                view = replace(
+                    view,
+                    native=resized_pod_baseline(
+                        view.native, entry[1].native, ctr_view.native, siblings
+                    ),
+                )
+                if pod.id in known.pods:
+                    known.pods[pod.id] = view
         lines = DecisionLines("UpdateContainer")
-        values = self._decide_container(pod_view(pod), ctr_view, lines, refuse=self._fail)
+        decided, claimed = self._decide_container(view, ctr_view, lines, refuse=self._fail)
         lines.write_after(self.after_reply)
+        if not decided:
+            return []
+        if self.observing and claimed is not None:
+            current = current_values(resources)
+            self._observed("UpdateContainer", view, ctr_view, claimed, current)
+            claimed = None
+        values = in_force(claimed, known.applied.get(container_id), ctr_view.native)
+        if entry is not None:
+            known.set_applied(container_id, claimed)
+        if resized:
+            self._follow_resize(pod.id, view)
         if values is None:
             return []
-        if self.observing:
-            current = current_values(resources)
-            self._observed("UpdateContainer", pod_view(pod), ctr_view, values, current)
-            return []
-        self.counters.count_adjusted("UpdateContainer", fields=set_fields(values))
-        return [container_update(container.id, values)]
+        if claimed is not None:
+            self.counters.count_adjusted("UpdateContainer", fields=set_fields(values))
+        return [container_update(container_id, values)]
+
+    def _follow_resize(self, pod_id: str, view: PodView) -> None:
+        """A container of the pod was resized: its pod's values follow its new baseline.
+
+        Raised now, before the reply (on cgroup v1 the container's new quota may not fit the
+        old pod quota); lowered after it, once the runtime has applied the container's update.
+        The pod's record keeps the new baselines.
+        """
+        if self.config.cgroups.pod_level:
+            target = self._decide_pod(pod_id, view, "UpdateContainer", refuse=False)
+            if target is not None:
+                before = self.known.applied.get(pod_id)
+                before_quota = (
+                    before.cpu_quota if before is not None else view.native.cpu_quota or -1
+                )
+                if raises_quota(before_quota, target.values.cpu_quota):
+                    self._set_pod_cgroup(target, "UpdateContainer", refuse=False)
+                else:
+                    self.after_reply.defer(self._set_synchronized_pod, target)
+        self.after_reply.defer(self._keep_record, pod_id)
+
+    async def update_pod_sandbox(
+        self, pod: api.PodSandbox, overhead: api.LinuxResources, resources: api.LinuxResources
+    ) -> None:
+        """An in-place pod resize (NRI v0.10+): kubelet's new pod values, overhead included."""
+        known = self.known
+        view = known.pods.get(pod.id)
+        if view is None:
+            return
+        told = native_limits(resources)
+        extra = native_limits(overhead)
+        native = NativeLimits(
+            cpu_quota=None if told.cpu_quota is None else told.cpu_quota + (extra.cpu_quota or 0),
+            cpu_period=told.cpu_period,
+            memory_limit=(
+                None if told.memory_limit is None else told.memory_limit + (extra.memory_limit or 0)
+            ),
+            cpu_shares=(
+                None if told.cpu_shares is None else told.cpu_shares + (extra.cpu_shares or 0)
+            ),
+        )
+        if native == view.native:
+            return
+        view = known.pods[pod.id] = replace(view, native=native)
+        known.pod_baseline_known.add(pod.id)
+        self._follow_resize(pod.id, view)
 
     async def stop_container(
         self, pod: api.PodSandbox, container: api.Container
     ) -> Sequence[api.ContainerUpdate]:
         return []
 
-    async def update_pod_sandbox(
-        self, pod: api.PodSandbox, overhead: api.LinuxResources, resources: api.LinuxResources
-    ) -> None:
-        return None
-
     async def pod_event(self, event: Event, pod: api.PodSandbox) -> None:
         if event == Event.REMOVE_POD_SANDBOX:
             self.known.remove_pod(pod.id)
+            self.store.remove(pod.uid)
             if self.systemd is not None:
                 self.systemd.forget_pod(pod.uid)
         elif event == Event.RUN_POD_SANDBOX:
-            view = self.known.add_pod(pod.id, pod_view(pod))
-            if self.config.cgroups.pod_level:
-                target = self._decide_pod(view, "RunPodSandbox", refuse=self._fail)
-                if target is not None:
-                    self._set_pod_cgroup(target, "RunPodSandbox", refuse=self._fail)
+            self._run_pod_sandbox(pod)
+
+    def _run_pod_sandbox(self, pod: api.PodSandbox) -> None:
+        """A new pod: kubelet's values are what its cgroup holds now, before any write of ours."""
+        known, pod_id = self.known, pod.id
+        besteffort = qos_from_cgroup_parent(pod.linux.cgroup_parent) is QoSClass.BE
+        view = known.add_pod(pod_id, pod_view(pod, _BESTEFFORT_POD if besteffort else None))
+        if besteffort:
+            known.pod_baseline_known.add(pod_id)
+        if not self.config.cgroups.pod_level:
+            return
+        target = self._decide_pod(pod_id, view, "RunPodSandbox", refuse=self._fail)
+        if target is not None:
+            self._set_pod_cgroup(target, "RunPodSandbox", refuse=self._fail)
 
     async def container_event(
         self, event: Event, pod: api.PodSandbox, container: api.Container
     ) -> None:
         if event == Event.REMOVE_CONTAINER:
+            recorded = container.id in self.known.recorded
             self.known.forget_container(container.id)
+            if recorded:
+                self.after_reply.defer(self._keep_record, pod.id)
             if self.systemd is not None:
                 self.systemd.forget_container(pod.uid, container.id)
 
@@ -557,10 +816,12 @@ class MidBatchPlugin:
         *,
         refuse: bool,
         pod_class: PodClass | None = None,
-    ) -> CgroupValues | None:
-        """Decide, count, and add the decision's line; the values to set, if any.
+    ) -> tuple[bool, CgroupValues | None]:
+        """Decide, count, and add the decision's line: whether it was decided, and the
+        values the tier claims, if any.
 
-        `refuse` makes bad input an error reply. `pod_class`: the pod's
+        Not decided: bad input or a bug, logged and counted; the container keeps what it
+        has. `refuse` makes bad input an error reply. `pod_class`: the pod's
         classification, made once for its containers (`_classify`).
 
         Only an operation the runtime can refuse on its own (creating or
@@ -572,22 +833,22 @@ class MidBatchPlugin:
         except Exception as exc:
             where = {"namespace": pod.namespace, "pod": pod.name, "container": container.name}
             self._decision_failed(exc, lines.method, where, refuse)
-            return None
+            return False, None
         self.counters.count_decision(decision)
         if self._on_decision is not None:
             self._on_decision(pod, container, decision)
         if decision.error is not None:
             where = {"namespace": pod.namespace, "pod": pod.name, "container": container.name}
             self._invalid(decision, lines.method, where, refuse)
-            return None
+            return False, None
         if decision.values is None:
             # Untouched workloads are the common case: visible at debug only
             # (SIGUSR1), with the trace that says why.
             lines.add(None, pod, container, decision.trace[-1])
-            return None
+            return True, None
         values = decision.values  # a shared instance (policy/calculate.py)
         lines.add(decision.tier, pod, container, values)
-        return values
+        return True, values
 
     def _classify(self, pod: PodView) -> PodClass | None:
         """The pod's part of its containers' decisions; None if it raised (a bug).
@@ -633,27 +894,37 @@ class MidBatchPlugin:
         if refuse:
             raise RpcError(Code.INVALID_ARGUMENT, f"nri-midbatch: {decision.error}")
 
-    def _decide_pod(self, pod: PodView, method: str, *, refuse: bool) -> PodTarget | None:
-        """The pod decision, counted, and the pod it was made for; None if it sets nothing."""
+    def _decide_pod(
+        self, pod_id: str, pod: PodView, method: str, *, refuse: bool
+    ) -> PodTarget | None:
+        """The pod decision, counted, and what to write for it; None if nothing is to be.
+
+        What to write is the tier's values and kubelet's for what the plugin gives back
+        (`in_force`). In observe mode the tier's values are only reported.
+        """
+        where = {"namespace": pod.namespace, "pod": pod.name}
         try:
             decision = decide_pod(pod, self.policy)
-            if decision.values is not None and self._lacks_kubelet_limits(pod):
-                pod = self._with_kubelet_pod_limits(pod)
+            if decision.values is not None and pod_id not in self.known.pod_baseline_known:
+                pod = self._establish_pod_baseline(pod_id, pod)
                 decision = decide_pod(pod, self.policy)
         except Exception as exc:
-            self._decision_failed(
-                exc, method, {"namespace": pod.namespace, "pod": pod.name}, refuse
-            )
+            self._decision_failed(exc, method, where, refuse)
             return None
         self.counters.count_decision(decision)
         if self._on_decision is not None:
             self._on_decision(pod, None, decision)
         if decision.error is not None:
-            self._invalid(decision, method, {"namespace": pod.namespace, "pod": pod.name}, refuse)
+            self._invalid(decision, method, where, refuse)
             return None
-        if decision.values is None:
+        claimed = decision.values
+        if self.observing and claimed is not None:
+            self._observed(method, pod, None, claimed, self._pod_now(pod, claimed))
+            claimed = None
+        values = in_force(claimed, self.known.applied.get(pod_id), pod.native)
+        if values is None:
             return None
-        return PodTarget(pod, decision.tier, decision.values)
+        return PodTarget(pod_id, pod, decision.tier, values, claimed)
 
     def _set_pod_cgroup(
         self, target: PodTarget, method: str, *, refuse: bool, final: bool = True
@@ -661,9 +932,6 @@ class MidBatchPlugin:
         """Write a pod's values; a failure is reported only if `final`."""
         pod, values = target.pod, target.values
         where = {"namespace": pod.namespace, "pod": pod.name}
-        if self.observing:
-            self._observed(method, pod, None, values, self._pod_now(pod, values))
-            return True
         if self._dry_run:
             log.info(
                 "pod cgroup not written: dry run",
@@ -677,6 +945,10 @@ class MidBatchPlugin:
         reason = written.failure
         if reason is None:
             self.counters.pod_writes_ok += 1
+            before = self.known.applied.get(target.pod_id)
+            self.known.set_applied(target.pod_id, target.claimed)
+            if before != target.claimed:
+                self._keep_record(target.pod_id)
             # Changes at info; a pod whose files already held the values
             # (most of a Synchronize after a restart) at debug.
             (log.info if written.changed else log.debug)(
@@ -736,33 +1008,6 @@ class MidBatchPlugin:
             shares = values.cpu_shares if same else None
         return CgroupValues(shares, now.cpu_quota, now.memory_limit)
 
-    def _lacks_kubelet_limits(self, pod: PodView) -> bool:
-        """Whether kubelet may have limited the pod's cgroup without the runtime saying so."""
-        return (
-            not self._dry_run
-            and pod.native == _NO_LIMITS
-            and qos_from_cgroup_parent(pod.cgroup_parent) not in (None, QoSClass.BE)
-        )
-
-    def _with_kubelet_pod_limits(self, pod: PodView) -> PodView:
-        """The pod, with kubelet's pod-level limits read from its cgroup.
-
-        Runtimes that do not pass pod resources (containerd 1.7 among them)
-        would otherwise let a burstable pod's cgroup be loosened past the
-        limits kubelet gave it. Best-effort pods have no kubelet limits: what
-        their cgroup holds is ours, which must not be kept as if it were
-        kubelet's. Replays read nothing from the machine.
-        """
-        try:
-            current = self.cgroups.read(pod)
-        except (CgroupPathError, OSError, ValueError):
-            return pod  # the write that follows reports what is wrong with the cgroup
-        native = NativeLimits(
-            cpu_quota=current.cpu_quota if current.cpu_quota > 0 else None,
-            memory_limit=current.memory_limit if current.memory_limit > 0 else None,
-        )
-        return pod if native == _NO_LIMITS else replace(pod, native=native)
-
     def _pod_write_failed(
         self, method: str, where: Mapping[str, str], reason: str, refuse: bool
     ) -> None:
@@ -770,6 +1015,44 @@ class MidBatchPlugin:
         log.warning("pod cgroup not set", method=method, reason=reason, **where)
         if refuse:
             raise RpcError(Code.INTERNAL, f"nri-midbatch: pod cgroup not set: {reason}")
+
+
+def _container_at_sync(
+    previous: Known, record: PodRecord | None, view: ContainerView, current: CgroupValues
+) -> tuple[ContainerView, CgroupValues | None, bool]:
+    """A running container's view with kubelet's values, what of it is the plugin's, and
+    whether its pod's record must keep them.
+
+    In order: what this process knew (the runtime restarted), the pod's record, the
+    native-limits annotation (then the plugin's are the values that differ from kubelet's:
+    the runtime keeps what the plugin set), and last what it holds (a container created while
+    no plugin ran: nothing of it is the plugin's).
+    """
+    entry = previous.containers.get(view.id)
+    if entry is not None:
+        return entry[1], previous.applied.get(view.id), view.id in previous.recorded
+    kept = None if record is None else record.containers.get(view.id)
+    if kept is not None:
+        return replace(view, native=kept.kubelet, native_known=True), kept.applied, True
+    if view.native_known:
+        return view, moved_by(current, view.native), False
+    return view, None, False
+
+
+def _baseline_of(reading: PodCgroupReading, told: NativeLimits) -> NativeLimits:
+    """Kubelet's values as a cgroup the plugin has not written holds them.
+
+    cgroup v2 keeps a weight: the fewest shares that give it back (cgroups/values.py).
+    """
+    shares = reading.cpu_shares
+    if shares is None and reading.cpu_weight is not None:
+        shares = cpu_weight_to_shares(reading.cpu_weight)
+    return NativeLimits(
+        cpu_quota=reading.cpu_quota if reading.cpu_quota > 0 else None,
+        cpu_period=told.cpu_period,
+        memory_limit=reading.memory_limit if reading.memory_limit > 0 else None,
+        cpu_shares=shares,
+    )
 
 
 def _changes(values: CgroupValues, current: CgroupValues) -> dict[str, list[int | None]]:

@@ -58,26 +58,56 @@ def _remembered_limits_and_values(key: bytes) -> tuple[NativeLimits, CgroupValue
 
 def _read_limits_and_values(resources: api.LinuxResources) -> tuple[NativeLimits, CgroupValues]:
     cpu = resources.cpu
-    quota, limit = cpu.quota.value, resources.memory.limit.value
+    shares, quota, limit = cpu.shares.value, cpu.quota.value, resources.memory.limit.value
     return (
-        _native_limits(quota, cpu.period.value, limit),
-        _current_values(cpu.shares.value, quota, limit),
+        _native_limits(quota, cpu.period.value, limit, shares),
+        _current_values(shares, quota, limit),
     )
 
 
 @functools.lru_cache(maxsize=DISTINCT_LIMITS)
-def _native_limits(quota: int, period: int, limit: int) -> NativeLimits:
+def _native_limits(quota: int, period: int, limit: int, shares: int = 0) -> NativeLimits:
     """One instance per distinct value: remembered containers mostly share a handful."""
     return NativeLimits(
         cpu_quota=quota if quota > 0 else None,
         cpu_period=period if period > 0 else None,
         memory_limit=limit if limit > 0 else None,
+        cpu_shares=shares if shares > 0 else None,
     )
 
 
-def pod_view(pod: api.PodSandbox) -> PodView:
+def runtime_pod_baseline(pod: api.PodSandbox) -> NativeLimits | None:
+    """Kubelet's pod cgroup values as the runtime tells them; None where it does not.
+
+    containerd 2.x passes the pod's resources, the sum of its containers', and its overhead
+    apart; kubelet's pod cgroup holds both (its pod resource config adds the overhead), and so
+    is the baseline. containerd 1.7 passes neither.
+    """
     linux = pod.linux
-    resources = linux.pod_resources if linux.HasField("pod_resources") else linux.resources
+    if not linux.HasField("pod_resources"):
+        return None
+    resources = native_limits(linux.pod_resources)
+    overhead = native_limits(linux.pod_overhead)
+    return NativeLimits(
+        cpu_quota=_with_overhead(resources.cpu_quota, overhead.cpu_quota),
+        cpu_period=resources.cpu_period,
+        memory_limit=_with_overhead(resources.memory_limit, overhead.memory_limit),
+        cpu_shares=_with_overhead(resources.cpu_shares, overhead.cpu_shares),
+    )
+
+
+def _with_overhead(value: int | None, overhead: int | None) -> int | None:
+    """A limit plus the overhead's part of it; unlimited stays unlimited."""
+    if value is None:
+        return None
+    return value + (overhead or 0)
+
+
+def pod_view(pod: api.PodSandbox, native: NativeLimits | None = None) -> PodView:
+    """The pod; `native`: kubelet's values for its cgroup where known, else the runtime's."""
+    linux = pod.linux
+    if native is None:
+        native = runtime_pod_baseline(pod) or NativeLimits()
     return PodView(
         uid=pod.uid,
         namespace=pod.namespace,
@@ -85,7 +115,7 @@ def pod_view(pod: api.PodSandbox) -> PodView:
         labels=pod.labels,
         annotations=pod.annotations,
         cgroup_parent=linux.cgroup_parent,
-        native=native_limits(resources),
+        native=native,
     )
 
 
@@ -112,6 +142,8 @@ _NATIVE_KEYS = (
     ("cpuQuota", "cpu_quota"),
     ("cpuPeriod", "cpu_period"),
     ("memoryLimit", "memory_limit"),
+    # From this version on: without them, kubelet's shares cannot be given back.
+    ("cpuShares", "cpu_shares"),
 )
 
 
@@ -139,20 +171,10 @@ def decode_native_limits(text: str) -> NativeLimits | None:
     return _native_limits(*values)
 
 
-def synchronized_view(container: api.Container, shown: NativeLimits) -> ContainerView:
-    """A running container as kubelet set it up, as far as we can tell.
-
-    `shown`: the native limits of its current resources.
-    """
+def annotated_baseline(container: api.Container) -> NativeLimits | None:
+    """Kubelet's values as the container's native-limits annotation keeps them; None: none."""
     text = container.annotations.get(NATIVE_LIMITS_ANNOTATION)
-    native = None if text is None else decode_native_limits(text)
-    if native is None:
-        # Never adjusted by us (created while no plugin ran): what it has is kubelet's, as
-        # far as never-loosen goes; not sure enough to scale (cpu-normalization).
-        return ContainerView(
-            id=container.id, name=intern(container.name), native=shown, native_known=False
-        )
-    return ContainerView(id=container.id, name=intern(container.name), native=native)
+    return None if text is None else decode_native_limits(text)
 
 
 # -- values -> NRI ----------------------------------------------------------

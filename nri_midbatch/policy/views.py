@@ -8,11 +8,17 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True, slots=True)
 class NativeLimits:
-    """What kubelet or the runtime already set; None (or a value <= 0) means unlimited."""
+    """Kubelet's own values for a cgroup (the baseline): what it set before any plugin of ours.
+
+    For the quota and memory limit None (or a value <= 0) means unlimited; for the cpu shares
+    None means unknown (a container annotated by an earlier version, which did not keep them):
+    those cannot be given back.
+    """
 
     cpu_quota: int | None = None
     cpu_period: int | None = None
     memory_limit: int | None = None
+    cpu_shares: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import errno
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from pathlib import Path
 
 import structlog
 
@@ -23,7 +24,6 @@ from nri_midbatch.cgroups.values import VALUE_FIELDS
 from nri_midbatch.config.settings import ConfigError, Settings
 from nri_midbatch.config.validator import load_settings_file
 from nri_midbatch.glue.plugin import MidBatchPlugin
-from nri_midbatch.glue.reconcile import Plan, split_pods
 from nri_midbatch.glue.views import container_update
 from nri_midbatch.nri.runner import run_external, run_prelaunched
 from nri_midbatch.nri.session import (
@@ -41,6 +41,8 @@ from nri_midbatch.policy import ErrorKind
 from nri_midbatch.process.heap import LARGE_SYNC, freeze_survivors
 from nri_midbatch.process.record import Recorder, note_decision
 from nri_midbatch.process.reload import FileWatch
+from nri_midbatch.state.plan import Plan, split_pods
+from nri_midbatch.state.store import BaselineStore
 
 __all__ = ["App"]
 
@@ -78,11 +80,14 @@ class App:
         reload_interval: float = RELOAD_INTERVAL,
         registration_timeout: float = DEFAULT_REGISTRATION_TIMEOUT,
         update_containers_timeout: float = UPDATE_CONTAINERS_TIMEOUT,
+        state_dir: Path | None = None,
     ) -> None:
         self.metrics = Metrics()
         self.recorder = recorder
         self.plugin = MidBatchPlugin(
-            config, on_decision=None if recorder is None else note_decision
+            config,
+            on_decision=None if recorder is None else note_decision,
+            store=BaselineStore(state_dir),
         )
         observers: list[CallRecorder] = [self.metrics.observer()]
         if recorder is not None:
@@ -128,6 +133,10 @@ class App:
         self._prelaunched = False
         self._syncs_seen = 0
         self._stop = asyncio.Event()
+        #: Reload requests made, and those a pass has read the file for; one pass at a time.
+        self._reloads_asked = 0
+        self._reloads_served = 0
+        self._reloading = asyncio.Lock()
 
     # -- running -------------------------------------------------------------
 
@@ -383,15 +392,26 @@ class App:
                 await self.reload("file changed")
 
     async def reload(self, reason: str) -> None:
-        """Load the file and apply it if it changed; never raises, so watching goes on."""
+        """Load the file and apply it if it changed; never raises, so watching goes on.
+
+        One pass at a time, each to the end (its workloads followed): a request made while a
+        pass runs is served by one pass after it, which reads the file then, so a burst of
+        requests costs two passes at most and the last file wins.
+        """
         if self.config_path is None:
             log.warning("reload asked, but no configuration file was given", reason=reason)
             return
-        try:
-            await self._reload(self.config_path, reason)
-        except Exception as exc:  # a bug here must not end the watch: say so, count it
-            self._count_reload("failed")
-            log.exception("configuration reload failed", reason=reason, error=str(exc))
+        self._reloads_asked += 1
+        asked = self._reloads_asked
+        async with self._reloading:
+            if self._reloads_served >= asked:
+                return  # a pass that started after this request has read the file
+            self._reloads_served = self._reloads_asked
+            try:
+                await self._reload(self.config_path, reason)
+            except Exception as exc:  # a bug here must not end the watch: say so, count it
+                self._count_reload("failed")
+                log.exception("configuration reload failed", reason=reason, error=str(exc))
 
     async def _reload(self, path: str, reason: str) -> None:
         try:
@@ -406,16 +426,17 @@ class App:
                 error=str(exc),
             )
             return
-        if config == self.plugin.config:
-            self._count_reload("unchanged")
-            return
         # A Synchronize's pod writes still pending were decided under the old
         # configuration: let them land first, for the plan to follow them.
         await self.plugin.after_reply.settle()
-        plan = self.plugin.reconfigure(config)
-        self._count_reload("applied")
+        unchanged = config == self.plugin.config
+        plan = self.plugin.catch_up() if unchanged else self.plugin.reconfigure(config)
+        if unchanged and not plan:
+            self._count_reload("unchanged")
+            return
+        self._count_reload("unchanged" if unchanged else "applied")
         log.info(
-            "configuration reloaded",
+            "configuration reloaded" if not unchanged else "configuration unchanged, catching up",
             reason=reason,
             mode=config.mode,
             containers_to_update=len(plan.containers),
@@ -433,8 +454,9 @@ class App:
         if plan.containers and runtime is not None and runtime.update_containers_safe:
             # Pods go up before their containers; down only after the reply to
             # UpdateContainers, by which the runtime has applied the updates.
-            raised_first, _ = split_pods(plan)
-            await asyncio.to_thread(self.plugin.write_plan, Plan((), raised_first))
+            raised_first, rest_of_pods = split_pods(plan)
+            raised = Plan((), raised_first)
+            await self._write_files(raised)
             updates = [container_update(c.container.id, c.values) for c in plan.containers]
             try:
                 # Bounded here whatever the transport does: a runtime that never
@@ -452,25 +474,32 @@ class App:
                     error=error,
                     containers=len(updates),
                 )
-            else:
-                refused = {u.container_id for u in failed}
-                for change in plan.containers:
-                    if change.container.id in refused:
-                        log.warning(
-                            "runtime could not update the container, writing its cgroup files",
-                            namespace=change.pod.namespace,
-                            pod=change.pod.name,
-                            container=change.container.name,
-                        )
-                self._count_followed("update_containers", "ok", len(updates) - len(refused))
-                self._count_followed("update_containers", "refused", len(refused))
-                rest = tuple(c for c in plan.containers if c.container.id in refused)
-                await self._write_files(Plan(rest, plan.pods))
+                await self._write_files(Plan(plan.containers, rest_of_pods))
                 return
+            refused = {u.container_id for u in failed}
+            for change in plan.containers:
+                if change.container.id in refused:
+                    log.warning(
+                        "runtime could not update the container, writing its cgroup files",
+                        namespace=change.pod.namespace,
+                        pod=change.pod.name,
+                        container=change.container.name,
+                    )
+            self._count_followed("update_containers", "ok", len(updates) - len(refused))
+            self._count_followed("update_containers", "refused", len(refused))
+            updated = tuple(c for c in plan.containers if c.container.id not in refused)
+            self.plugin.applied(Plan(updated, ()))
+            rest = tuple(c for c in plan.containers if c.container.id in refused)
+            await self._write_files(Plan(rest, rest_of_pods))
+            return
         await self._write_files(plan)
 
     async def _write_files(self, plan: Plan) -> None:
-        failures = await asyncio.to_thread(self.plugin.write_plan, plan)
+        if not plan:
+            return
+        failed = await asyncio.to_thread(self.plugin.write_plan, plan)
+        failures = len(failed.containers) + len(failed.pods)
+        self.plugin.applied(plan, failed)
         self._count_followed("cgroup_files", "ok", len(plan.containers) + len(plan.pods) - failures)
         self._count_followed("cgroup_files", "failed", failures)
         if failures:

@@ -43,6 +43,10 @@ _NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
 _IDX = re.compile(r"^[0-9]{2}$")
 
 
+#: On the host, so that a new plugin container finds what the last one kept.
+DEFAULT_STATE_DIR = "/var/lib/nri-midbatch/pods"
+
+
 def _positive_seconds(value: str) -> float:
     try:
         seconds = float(value)
@@ -137,6 +141,13 @@ def _parser() -> argparse.ArgumentParser:
         help="keep FILE.1 .. FILE.K when rotating (default %(default)s)",
     )
 
+    run.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        default=DEFAULT_STATE_DIR,
+        help="keep kubelet's values of the pods here, so a restart finds them "
+        "(default %(default)s; empty: keep nothing)",
+    )
     run.add_argument(
         "--record-raw",
         action="store_true",
@@ -307,6 +318,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             metrics_address=metrics_address,
             log_level=args.log_level,
             registration_timeout=args.registration_timeout,
+            state_dir=Path(args.state_dir) if args.state_dir else None,
         )
 
     try:

@@ -25,12 +25,25 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "nri": frozenset({"rpc", "wire", "api"}),
     "cgroups": frozenset({"policy"}),
     "config": frozenset({"policy", "cgroups"}),
-    "glue": frozenset({"nri", "rpc", "wire", "api", "policy", "cgroups", "config"}),
+    "state": frozenset({"policy"}),
+    "glue": frozenset({"nri", "rpc", "wire", "api", "policy", "cgroups", "config", "state"}),
     "process": frozenset(
-        {"glue", "obs", "config", "nri", "rpc", "wire", "api", "policy", "cgroups"}
+        {"glue", "state", "obs", "config", "nri", "rpc", "wire", "api", "policy", "cgroups"}
     ),
     "tools": frozenset(
-        {"process", "glue", "obs", "config", "nri", "rpc", "wire", "api", "policy", "cgroups"}
+        {
+            "process",
+            "glue",
+            "state",
+            "obs",
+            "config",
+            "nri",
+            "rpc",
+            "wire",
+            "api",
+            "policy",
+            "cgroups",
+        }
     ),
 }
 

@@ -21,7 +21,7 @@ from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.api import ttrpc_pb2
 from nri_midbatch.glue.after_reply import AfterReply
 from nri_midbatch.glue.decision_log import DecisionLines
-from nri_midbatch.glue.known import Known
+from nri_midbatch.state.known import Known
 from nri_midbatch.glue.views import (
     MAX_REMEMBERED_RESOURCES_BYTES,
     container_update,

@@ -1,9 +1,12 @@
-"""The pods and containers the plugin remembers, as the runtime last told of them.
+"""The pods and containers the plugin remembers, with kubelet's values and the plugin's own.
 
-Kept so that a reload reaches the workloads that run now (reconcile.py), a
+Kept so that a reload reaches the workloads that run now (plan.py), a
 Synchronize's pod writes can tell a pod that is gone, and a container's cgroup
-can be found again. Bounded by what the runtime runs: a pod or container is
-forgotten when the runtime removes it, and a Synchronize starts afresh.
+can be found again. Each view's `native` is kubelet's baseline for it
+(baseline.py); `applied` holds what the plugin put in force, so that a field no
+tier claims any more can be given back. Bounded by what the runtime runs: a pod
+or container is forgotten when the runtime removes it, and a Synchronize starts
+afresh.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from sys import intern
 
-from nri_midbatch.policy import ContainerView, PodView
+from nri_midbatch.policy import CgroupValues, ContainerView, PodView
 
 
 def split_path(cgroups_path: str, container_id: str) -> tuple[str, bool]:
@@ -46,6 +49,24 @@ class Known:
     _paths: dict[str, str] = field(default_factory=dict, repr=False)
     #: pod sandbox id -> its containers' ids; a list, as a pod has a handful
     _by_pod: dict[str, list[str]] = field(default_factory=dict, repr=False)
+    #: container id or pod sandbox id -> the values the plugin put in force there (the
+    #: fields it set; shared instances); absent: none
+    applied: dict[str, CgroupValues] = field(default_factory=dict)
+    #: pod sandbox ids whose `native` is kubelet's for sure (read from the runtime, the
+    #: pod's record, or its cgroup before the plugin wrote it), not a guess
+    pod_baseline_known: set[str] = field(default_factory=set)
+    #: container ids whose baseline or set fields the native-limits annotation does not
+    #: tell (resized, or never annotated): the pod's record keeps them
+    recorded: set[str] = field(default_factory=set)
+
+    def set_applied(self, key: str, values: CgroupValues | None) -> None:
+        if values is None:
+            self.applied.pop(key, None)
+        else:
+            self.applied[key] = values
+
+    def containers_of(self, pod_id: str) -> tuple[str, ...]:
+        return tuple(self._by_pod.get(pod_id, ()))
 
     def add_pod(self, pod_id: str, pod: PodView) -> PodView:
         """Remember the pod; returns the view kept, which owns its maps.
@@ -81,7 +102,7 @@ class Known:
     ) -> None:
         """`set_container` with its path already split (`split_path`), as a Synchronize holds it."""
         if container_id in self.containers:
-            self.forget_container(container_id)
+            self._unlink(container_id)  # a new view of it: what was applied stays
         self.containers[container_id] = (pod_id, container)
         if is_head:
             self._path_heads[container_id] = path
@@ -97,6 +118,11 @@ class Known:
         return self._paths.get(container_id, "")
 
     def forget_container(self, container_id: str) -> None:
+        self._unlink(container_id)
+        self.applied.pop(container_id, None)
+        self.recorded.discard(container_id)
+
+    def _unlink(self, container_id: str) -> None:
         entry = self.containers.pop(container_id, None)
         self._forget_path(container_id)
         if entry is None:
@@ -108,9 +134,13 @@ class Known:
 
     def remove_pod(self, pod_id: str) -> None:
         self.pods.pop(pod_id, None)
+        self.applied.pop(pod_id, None)
+        self.pod_baseline_known.discard(pod_id)
         for container_id in self._by_pod.pop(pod_id, ()):
             del self.containers[container_id]
             self._forget_path(container_id)
+            self.applied.pop(container_id, None)
+            self.recorded.discard(container_id)
 
     def _forget_path(self, container_id: str) -> None:
         self._path_heads.pop(container_id, None)

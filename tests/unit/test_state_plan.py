@@ -14,8 +14,8 @@ import pytest
 
 from nri_midbatch.config.compile import compile_policy
 from nri_midbatch.config.model import load_config_text
-from nri_midbatch.glue.known import Known
-from nri_midbatch.glue.reconcile import ContainerChange, Plan, PodChange, plan
+from nri_midbatch.state.known import Known
+from nri_midbatch.state.plan import ContainerChange, Plan, PodChange, plan
 from nri_midbatch.policy import (
     CgroupValues,
     ContainerView,

@@ -1,0 +1,119 @@
+"""Kubelet's own values (the baseline), and the values a workload must hold given them. Pure.
+
+The promise: for every pod and container the plugin has touched, what is in force is what a
+fresh plugin would set now from kubelet's values under the configuration in force. A field the
+tier claims holds the tier's value (never looser than kubelet's: the calculators see the
+baseline); a field the plugin set before and no tier claims any more holds kubelet's value
+again, and is then no longer the plugin's. Nothing else is touched: a field the plugin never set
+may belong to another plugin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from nri_midbatch.policy import CgroupValues, NativeLimits
+from nri_midbatch.policy.calculate import UNLIMITED, shared_values
+
+__all__ = ["in_force", "kubelet_value", "moved_by", "resized_pod_baseline"]
+
+
+def kubelet_value(kubelet: NativeLimits, field: str) -> int | None:
+    """Kubelet's value of one field, -1 for unlimited; None: not known (cpu shares only)."""
+    if field == "cpu_shares":
+        return kubelet.cpu_shares
+    value = kubelet.cpu_quota if field == "cpu_quota" else kubelet.memory_limit
+    return value if value is not None and value > 0 else UNLIMITED
+
+
+def in_force(
+    claimed: CgroupValues | None, applied: CgroupValues | None, kubelet: NativeLimits
+) -> CgroupValues | None:
+    """What to put in force: `claimed` (the tier's now), and kubelet's for the rest of `applied`.
+
+    `applied`: the fields the plugin set before (None: none). Returns None where nothing is
+    or was the plugin's. Kubelet's cpu shares may be unknown (a container annotated by an
+    earlier version): that field is then left as it is.
+    """
+    if applied is None:
+        return claimed
+    if claimed is None:
+        shares = kubelet.cpu_shares if applied.cpu_shares is not None else None
+        memory = None if applied.memory_limit is None else kubelet_value(kubelet, "memory_limit")
+        quota = kubelet_value(kubelet, "cpu_quota")
+        assert quota is not None  # only the shares can be unknown
+        return shared_values(shares, quota, memory)
+    shares, memory = claimed.cpu_shares, claimed.memory_limit
+    if shares is None and applied.cpu_shares is not None:
+        shares = kubelet.cpu_shares
+    if memory is None and applied.memory_limit is not None:
+        memory = kubelet_value(kubelet, "memory_limit")
+    if shares is claimed.cpu_shares and memory is claimed.memory_limit:
+        return claimed
+    return shared_values(shares, claimed.cpu_quota, memory)
+
+
+def moved_by(current: CgroupValues, kubelet: NativeLimits) -> CgroupValues | None:
+    """The fields of `current` that differ from kubelet's, as values; None where none does.
+
+    What a container created under the plugin (it carries kubelet's values in an annotation)
+    holds of the plugin's after a restart: the runtime keeps what the plugin last set.
+    """
+    differ = {
+        field: getattr(current, field)
+        for field in ("cpu_shares", "cpu_quota", "memory_limit")
+        if getattr(current, field) is not None
+        and kubelet_value(kubelet, field) is not None
+        and getattr(current, field) != kubelet_value(kubelet, field)
+    }
+    if not differ:
+        return None
+    return shared_values(differ.get("cpu_shares"), current.cpu_quota, differ.get("memory_limit"))
+
+
+def resized_pod_baseline(
+    pod: NativeLimits,
+    before: NativeLimits,
+    after: NativeLimits,
+    siblings: Iterable[NativeLimits],
+) -> NativeLimits:
+    """Kubelet's pod values after one of its containers went from `before` to `after`.
+
+    Kubelet's pod limit is the sum of its containers' plus the overhead, and unlimited as soon
+    as one container is: a resize moves it by the container's change. A pod that was
+    unlimited becomes limited once every container is, at their sum (the overhead, which
+    containerd 1.7 does not tell, is then left out). Its shares move by the change in shares.
+    """
+    siblings = tuple(siblings)
+    return NativeLimits(
+        cpu_quota=_moved(
+            pod.cpu_quota, before.cpu_quota, after.cpu_quota, [s.cpu_quota for s in siblings]
+        ),
+        cpu_period=pod.cpu_period,
+        memory_limit=_moved(
+            pod.memory_limit,
+            before.memory_limit,
+            after.memory_limit,
+            [s.memory_limit for s in siblings],
+        ),
+        cpu_shares=_moved_shares(pod.cpu_shares, before.cpu_shares, after.cpu_shares),
+    )
+
+
+def _moved(
+    pod: int | None, before: int | None, after: int | None, siblings: list[int | None]
+) -> int | None:
+    """A pod limit (None or <= 0: unlimited) after one container's limit moved."""
+    if after is None or after <= 0:
+        return None
+    if pod is not None and pod > 0 and before is not None and before > 0:
+        return pod + after - before
+    if all(limit is not None and limit > 0 for limit in siblings):
+        return after + sum(limit for limit in siblings if limit is not None)
+    return pod if pod is not None and pod > 0 else None
+
+
+def _moved_shares(pod: int | None, before: int | None, after: int | None) -> int | None:
+    if pod is None or before is None or after is None:
+        return pod
+    return pod + after - before
