@@ -685,10 +685,13 @@ class MidBatchPlugin:
         if view is None:
             view = pod_view(pod)
         resized = entry is not None and entry[1].native != ctr_view.native
+        pod_moved = False
         if entry is not None:
             known.set_container(container_id, pod.id, ctr_view, container.linux.cgroups_path)
             if resized:
                 known.recorded.add(container_id)
+            # Kubelet keeps a BestEffort pod's cgroup unlimited whatever its containers ask.
+            if resized and qos_from_cgroup_parent(view.cgroup_parent) is not QoSClass.BE:
                 siblings = [
                     known.containers[other][1].native
                     for other in known.containers_of(pod.id)
@@ -700,7 +703,8 @@ class MidBatchPlugin:
                         view.native, entry[1].native, ctr_view.native, siblings
                     ),
                 )
-                if pod.id in known.pods:
+                pod_moved = pod.id in known.pods
+                if pod_moved:
                     known.pods[pod.id] = view
         lines = DecisionLines("UpdateContainer")
         decided, claimed = self._decide_container(view, ctr_view, lines, refuse=self._fail)
@@ -714,8 +718,10 @@ class MidBatchPlugin:
         values = in_force(claimed, known.applied.get(container_id), ctr_view.native)
         if entry is not None:
             known.set_applied(container_id, claimed)
-        if resized:
+        if pod_moved:
             self._follow_resize(pod.id, view)
+        elif resized:
+            self.after_reply.defer(self._keep_record, pod.id)
         if values is None:
             return []
         if claimed is not None:
@@ -917,7 +923,7 @@ class MidBatchPlugin:
         if decision.error is not None:
             self._invalid(decision, method, where, refuse)
             return None
-        claimed = decision.values
+        claimed = decision.values if self.config.cgroups.pod_level else None
         if self.observing and claimed is not None:
             self._observed(method, pod, None, claimed, self._pod_now(pod, claimed))
             claimed = None

@@ -830,10 +830,15 @@ def test_observe_sets_nothing_and_a_reload_to_enforce_applies_the_values(tmp_pat
     assert node.app.followed[("cgroup_files", "ok")] == 2
 
 
-def test_a_reload_into_observe_changes_nothing(tmp_path: Path) -> None:
+def test_a_reload_into_observe_gives_kubelets_values_back(tmp_path: Path) -> None:
+    """Observe mode sets nothing: what enforce mode set goes back to kubelet's values."""
     pod = batch_pod()
     parent = pod.linux.cgroup_parent
     live = container("c-app", pod, "app")
+    live.linux.resources.cpu.shares.value = 2  # kubelet's for a BestEffort container
+    # Kubelet's BestEffort values as the plugin writes them (the fake files keep the text;
+    # the kernel would read "max" memory back as its page-rounded maximum).
+    given_back = ("2", "-1", "-1")
 
     async def scenario() -> Node:
         async with running_node(tmp_path) as node:
@@ -843,12 +848,17 @@ def test_a_reload_into_observe_changes_nothing(tmp_path: Path) -> None:
             await node.create(pod, live)
             node.rewrite(mode="observe", rules={"cpuNormalizationRatio": 2.0})
             await until(lambda: node.app.reloads.get("applied") == 1, "reloaded")
+            await until(lambda: node.tree.read(parent) == given_back, "pod given back")
+            await until(
+                lambda: node.tree.read(parent, live.id) == given_back, "container given back"
+            )
+            # Nothing is the plugin's any more: a reload back to the same changes nothing.
+            assert node.app.plugin.known.applied == {}
             return node
 
     node = run(scenario())
-    assert node.tree.read(parent) == APP_VALUES
-    assert node.tree.read(parent, live.id) == APP_VALUES
-    assert sum(node.app.followed.values()) == 0
+    assert node.tree.read(parent) == given_back
+    assert node.tree.read(parent, live.id) == given_back
 
 
 def test_a_ratio_change_rescales_a_normalized_container_quota_file_only(tmp_path: Path) -> None:

@@ -112,12 +112,15 @@ def test_zero_values_stay_present() -> None:
     st.none() | st.integers(1, 2**40),
     st.none() | st.integers(1, 2**20),
     st.none() | st.integers(1, 2**40),
+    st.none() | st.integers(1, 2**18),
 )
 def test_native_limits_text_is_cached_not_changed(
-    quota: int | None, period: int | None, memory: int | None
+    quota: int | None, period: int | None, memory: int | None, shares: int | None
 ) -> None:
-    native = NativeLimits(cpu_quota=quota, cpu_period=period, memory_limit=memory)
-    present = {"cpuQuota": quota, "cpuPeriod": period, "memoryLimit": memory}
+    native = NativeLimits(
+        cpu_quota=quota, cpu_period=period, memory_limit=memory, cpu_shares=shares
+    )
+    present = {"cpuQuota": quota, "cpuPeriod": period, "memoryLimit": memory, "cpuShares": shares}
     text = json.dumps({k: v for k, v in present.items() if v is not None}, separators=(",", ":"))
     assert encode_native_limits(native) == text
     assert encode_native_limits(native) == text  # from the cache
@@ -131,7 +134,8 @@ def _reference_native(resources: api.LinuxResources) -> NativeLimits:
     quota = cpu.quota.value if cpu.HasField("quota") and cpu.quota.value > 0 else None
     period = cpu.period.value if cpu.HasField("period") and cpu.period.value > 0 else None
     limit = memory.limit.value if memory.HasField("limit") and memory.limit.value > 0 else None
-    return NativeLimits(cpu_quota=quota, cpu_period=period, memory_limit=limit)
+    shares = cpu.shares.value if cpu.HasField("shares") and cpu.shares.value > 0 else None
+    return NativeLimits(cpu_quota=quota, cpu_period=period, memory_limit=limit, cpu_shares=shares)
 
 
 def _reference_current(resources: api.LinuxResources) -> CgroupValues:

@@ -1452,7 +1452,9 @@ def test_normalization_claims_only_the_quota(tree: CgroupTree) -> None:
             assert [f.name for f, _ in linux.cpu.ListFields()] == ["quota"]
             assert not linux.HasField("memory")
             assert c.plugin.counters.adjusted == {("CreateContainer", "cpu_quota"): 1}
-            kubelet_limits = '{"cpuQuota":200000,"cpuPeriod":100000,"memoryLimit":1073741824}'
+            kubelet_limits = (
+                '{"cpuQuota":200000,"cpuPeriod":100000,"memoryLimit":1073741824,"cpuShares":1024}'
+            )
             assert dict(reply.adjust.annotations) == {NATIVE_LIMITS_ANNOTATION: kubelet_limits}
             # An update is decided from kubelet's requested resources, not scaled twice.
             (update,) = (await c.update(pod, ctr, resources(quota=300_000, period=100_000))).update

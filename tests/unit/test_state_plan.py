@@ -1,4 +1,4 @@
-"""What a configuration change plans for workloads that already run (reconcile.plan, Known).
+"""What a configuration change plans for workloads that already run (state.plan, Known).
 
 Real policies from compile_policy; values per Koordinator's formulas (1k batch-cpu limit ->
 quota 100000, 500 request -> 512 shares), divided by cpuNormalizationRatio where set.
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from nri_midbatch.config.compile import compile_policy
-from nri_midbatch.config.model import load_config_text
+from nri_midbatch.config.model import Config, load_config_text
 from nri_midbatch.state.known import Known
 from nri_midbatch.state.plan import ContainerChange, Plan, PodChange, plan
 from nri_midbatch.policy import (
@@ -37,6 +37,12 @@ APP = {
 NO_CPU_LIMIT = {
     "requests": {"kubernetes.io/batch-cpu": "250"},
     "limits": {"kubernetes.io/batch-memory": "256Mi"},
+}
+NORMALIZATION_TIER = {
+    "name": "cpu-normalization",
+    "priorityClasses": ["koord-prod", "None"],
+    "qosClasses": ["LS", "None"],
+    "calculator": "cpu-normalization",
 }
 MID_WORKER = {
     "requests": {"kubernetes.io/mid-cpu": "1k"},
@@ -90,6 +96,16 @@ def known(*pods: tuple[str, PodView, list[ContainerView]]) -> Known:
     return result
 
 
+def settled(node: Known, policy: Policy, *, pod_level: bool = True) -> Known:
+    """`node` as the plugin leaves it once `policy`'s plan is in force."""
+    result = plan(node, policy, pod_level=pod_level)
+    for change in result.containers:
+        node.set_applied(change.container.id, change.claimed)
+    for pod_change in result.pods:
+        node.set_applied(pod_change.pod_id, pod_change.claimed)
+    return node
+
+
 def summary(result: Plan) -> tuple[dict[str, CgroupValues], dict[str, CgroupValues]]:
     """({container id: values}, {pod uid: values})."""
     containers = {c.container.id: c.values for c in result.containers}
@@ -121,7 +137,7 @@ def test_ratio_plans_only_the_values_it_changes() -> None:
             ],
         ),
     )
-    containers, pods = summary(plan(node, DEFAULT, HALVED))
+    containers, pods = summary(plan(settled(node, DEFAULT), HALVED))
     assert containers == {"c-app": CgroupValues(512, 50_000, 512 * MI)}
     # Pod: no pod-level quota (a listed container has no cpu limit), so only -1 -> -1: unchanged.
     assert pods == {}
@@ -130,9 +146,13 @@ def test_ratio_plans_only_the_values_it_changes() -> None:
 def test_pod_level_values_are_planned_when_they_change() -> None:
     batch = pod("batch", {"app": APP})
     node = known(("sandbox-batch", batch, [ContainerView("c-app", "app")]))
-    result = plan(node, DEFAULT, HALVED)
+    result = plan(settled(node, DEFAULT), HALVED)
     (pod_change,) = result.pods
-    assert pod_change == PodChange(node.pods["sandbox-batch"], CgroupValues(512, 50_000, 512 * MI))
+    halved = CgroupValues(512, 50_000, 512 * MI)
+    before = CgroupValues(512, 100_000, 512 * MI)
+    assert pod_change == PodChange(
+        node.pods["sandbox-batch"], halved, "sandbox-batch", before, halved
+    )
     (container_change,) = result.containers
     assert container_change.pod == node.pods["sandbox-batch"]
     assert container_change.container == ContainerView("c-app", "app")
@@ -142,15 +162,35 @@ def test_pod_cgroups_follow_pod_level_turned_on_and_off() -> None:
     batch = pod("batch", {"app": APP})
     node = known(("sandbox-batch", batch, [ContainerView("c-app", "app")]))
     # Turned on: every pod in a tier is planned, though its values did not change.
-    turned_on = plan(node, DEFAULT, DEFAULT, pods_before=False, pods_after=True)
+    turned_on = plan(settled(node, DEFAULT, pod_level=False), DEFAULT)
+    values = CgroupValues(512, 100_000, 512 * MI)
     assert turned_on.pods == (
-        PodChange(node.pods["sandbox-batch"], CgroupValues(512, 100_000, 512 * MI)),
+        PodChange(node.pods["sandbox-batch"], values, "sandbox-batch", None, values),
     )
     assert turned_on.containers == ()
-    # Turned off: pod cgroups stay kubelet's, whatever changed.
-    turned_off = plan(node, DEFAULT, HALVED, pods_before=True, pods_after=False)
-    assert turned_off.pods == ()
+    # Turned off: pod cgroups go back to kubelet's (here unlimited; its shares unknown).
+    turned_off = plan(settled(node, DEFAULT), HALVED, pod_level=False)
+    assert [(p.values, p.claimed) for p in turned_off.pods] == [(CgroupValues(None, -1, -1), None)]
     assert len(turned_off.containers) == 1
+
+
+def test_a_ratio_turned_off_gives_kubelets_quota_back() -> None:
+    """Normalization off (ratio 1.0 or none): the scaled quota returns to kubelet's, 100000."""
+    web = pod("web", {}, priority="koord-prod", qos="LS")
+    kubelet = NativeLimits(cpu_quota=100_000, cpu_period=100_000, cpu_shares=1024)
+    web = PodView(
+        web.uid, web.namespace, web.name, web.labels, {}, "/kubepods/burstable/podweb", kubelet
+    )
+    node = known(("s-web", web, [ContainerView("c-web", "web", kubelet)]))
+    tiers = [*Config().model_dump(mode="json", by_alias=True)["tiers"], NORMALIZATION_TIER]
+    scaled = policy(tiers=tiers, rules={"cpuNormalizationRatio": 1.2})
+    off = policy(tiers=tiers, rules={"cpuNormalizationRatio": 1.0})
+    assert plan(settled(node, scaled), scaled) == Plan((), ())
+    containers, pods = summary(plan(node, off))
+    assert containers == {"c-web": CgroupValues(None, 100_000, None)}
+    assert pods == {"web": CgroupValues(None, 100_000, None)}
+    # Once given back, the quota is kubelet's again, not the plugin's: nothing more to do.
+    assert not plan(settled(node, off), off)
 
 
 @pytest.mark.parametrize(
@@ -158,14 +198,14 @@ def test_pod_cgroups_follow_pod_level_turned_on_and_off() -> None:
 )
 def test_an_equal_policy_plans_nothing(old: Policy, new: Policy) -> None:
     node = known(("s", pod("batch", {"app": APP}), [ContainerView("c-app", "app")]))
-    result = plan(node, old, new)
+    result = plan(settled(node, old), new)
     assert result == Plan((), ())
     assert not result
 
 
 def test_disabling_quota_plans_unlimited_quota() -> None:
     node = known(("s", pod("batch", {"app": APP}), [ContainerView("c-app", "app")]))
-    containers, pods = summary(plan(node, DEFAULT, NO_QUOTA))
+    containers, pods = summary(plan(settled(node, DEFAULT), NO_QUOTA))
     assert containers == {"c-app": CgroupValues(512, -1, 512 * MI)}
     assert pods == {"batch": CgroupValues(512, -1, 512 * MI)}
 
@@ -174,11 +214,11 @@ def test_containers_without_a_known_pod_are_skipped() -> None:
     node = known(("s", pod("batch", {"app": APP}), [ContainerView("c-app", "app")]))
     # A container whose pod we never heard of (or forgot): nothing to decide it with.
     node.set_container("c-orphan", "sandbox-gone", ContainerView("c-orphan", "app"))
-    containers, _ = summary(plan(node, DEFAULT, HALVED))
+    containers, _ = summary(plan(settled(node, DEFAULT), HALVED))
     assert set(containers) == {"c-app"}
 
 
-def test_workloads_leaving_every_tier_are_not_planned() -> None:
+def test_workloads_leaving_every_tier_get_kubelets_values_back() -> None:
     batch = pod("batch", {"app": APP})
     mid = pod("mid", {"worker": MID_WORKER}, priority="koord-mid")
     node = known(
@@ -186,12 +226,18 @@ def test_workloads_leaving_every_tier_are_not_planned() -> None:
         ("s-mid", mid, [ContainerView("c-worker", "worker")]),
     )
     # Halving first, so the mid pod's values would change if it were planned ...
-    result = plan(node, HALVED, MID_ONLY)
+    result = plan(settled(node, HALVED), MID_ONLY)
     containers, pods = summary(result)
-    # ... the batch pod left every tier: we do not know kubelet's values, so no plan for it,
-    # and mid values go back from 100000 to 200000.
-    assert containers == {"c-worker": CgroupValues(1024, 200_000, 1024 * MI)}
-    assert pods == {"mid": CgroupValues(1024, 200_000, 1024 * MI)}
+    # ... the batch pod left every tier: kubelet's values come back (unlimited, its shares
+    # unknown here), and mid values go back from 100000 to 200000.
+    assert containers == {
+        "c-app": CgroupValues(None, -1, -1),
+        "c-worker": CgroupValues(1024, 200_000, 1024 * MI),
+    }
+    assert pods == {
+        "batch": CgroupValues(None, -1, -1),
+        "mid": CgroupValues(1024, 200_000, 1024 * MI),
+    }
 
 
 def test_malformed_annotations_are_not_planned() -> None:
@@ -204,7 +250,7 @@ def test_malformed_annotations_are_not_planned() -> None:
         cgroup_parent="/kubepods/besteffort/podbad",
     )
     node = known(("s", broken, [ContainerView("c", "app")]))
-    assert not plan(node, DEFAULT, HALVED)
+    assert not plan(settled(node, DEFAULT), HALVED)
 
 
 # ---------------------------------------------------------------------------
@@ -220,7 +266,7 @@ def test_remove_pod_drops_its_containers_only() -> None:
     node.remove_pod("s-a")
     assert set(node.pods) == {"s-b"}
     assert set(node.containers) == {"b1"}
-    containers, pods = summary(plan(node, DEFAULT, HALVED))
+    containers, pods = summary(plan(settled(node, DEFAULT), HALVED))
     assert set(containers) == {"b1"}
     assert set(pods) == {"b"}
     # Removing an unknown pod is no error (RemovePodSandbox for a pod we never saw).
@@ -253,13 +299,13 @@ def test_add_pod_keeps_copies_of_labels_and_annotations() -> None:
     assert remembered.native == NativeLimits(cpu_quota=400_000)
     # And the remembered pod still plans as the batch pod it was.
     node.set_container("c-app", "s", ContainerView("c-app", "app"))
-    containers, _ = summary(plan(node, DEFAULT, HALVED))
+    containers, _ = summary(plan(settled(node, DEFAULT), HALVED))
     assert containers == {"c-app": CgroupValues(512, 50_000, 512 * MI)}
 
 
 def test_container_change_carries_the_remembered_views() -> None:
     node = known(("s", pod("batch", {"app": APP}), [ContainerView("c-app", "app")]))
-    (change,) = plan(node, DEFAULT, HALVED).containers
+    (change,) = plan(settled(node, DEFAULT), HALVED).containers
     assert isinstance(change, ContainerChange)
     assert change.pod is node.pods["s"]
     assert change.container is node.containers["c-app"][1]
@@ -270,7 +316,7 @@ def test_the_runtimes_cgroups_path_travels_with_the_change() -> None:
     node.add_pod("s", pod("batch", {"app": APP}))
     crio_path = "kubepods-besteffort-podu.slice:crio:c-app"
     node.set_container("c-app", "s", ContainerView("c-app", "app"), crio_path)
-    (change,) = plan(node, DEFAULT, HALVED).containers
+    (change,) = plan(settled(node, DEFAULT), HALVED).containers
     assert change.cgroups_path == crio_path
     node.forget_container("c-app")
     assert node.cgroups_path("c-app") == ""
