@@ -211,7 +211,7 @@ class MidBatchPlugin:
             for pod_id, view in list(self.known.pods.items()):
                 if pod_id not in self.known.pod_baseline_known:
                     with contextlib.suppress(Exception):  # the plan reports bad input
-                        if decide_pod(view, self.policy).values is not None:
+                        if decide_pod(view, self.policy).tier is not None:
                             self._establish_pod_baseline(pod_id, view)
         return plan(self.known, self.policy, enforce=enforce, pod_level=pod_level)
 
@@ -911,7 +911,8 @@ class MidBatchPlugin:
         where = {"namespace": pod.namespace, "pod": pod.name}
         try:
             decision = decide_pod(pod, self.policy)
-            if decision.values is not None and pod_id not in self.known.pod_baseline_known:
+            # A pod in a tier needs kubelet's values: to bound the tier's, or to scale them.
+            if decision.tier is not None and pod_id not in self.known.pod_baseline_known:
                 pod = self._establish_pod_baseline(pod_id, pod)
                 decision = decide_pod(pod, self.policy)
         except Exception as exc:

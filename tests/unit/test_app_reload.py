@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,7 +64,7 @@ class Tree:
     def __init__(self, root: Path) -> None:
         self.root = root
         for controller in ("cpu", "memory"):
-            (root / controller).mkdir(parents=True)
+            (root / controller).mkdir(parents=True, exist_ok=True)
 
     def _dir(self, controller: str, cgroup_parent: str, container_id: str | None) -> Path:
         directory = self.root / controller / cgroup_parent.strip("/")
@@ -133,6 +133,8 @@ class Node:
     base: dict[str, Any]
     #: The reason of each reload the App has finished, follow-up writes and counts included.
     reloaded: asyncio.Queue[str] = field(default_factory=asyncio.Queue)
+    #: The plugin's reply to the runtime's first Synchronize.
+    synchronized: api.SynchronizeResponse | None = None
 
     async def watched_reload(self) -> str:
         """Wait for the file watcher's next reload pass to end, and return its reason.
@@ -175,8 +177,11 @@ async def running_node(
     runtime_version: str = "v1.7.24",
     watch: bool = True,
     failed_updates: tuple[str, ...] = (),
+    state_dir: Path | None = None,
+    synchronized: tuple[Sequence[api.PodSandbox], Sequence[api.Container]] = ((), ()),
     **config: Any,
 ) -> AsyncIterator[Node]:
+    """An App on a fake tree at tmp_path/cgroup (kept if there: a restarted plugin's node)."""
     tree = Tree(tmp_path / "cgroup")
     cgroups = {"root": str(tree.root), **config.pop("cgroups", {})}
     base = {"cgroups": cgroups, **config}
@@ -188,6 +193,7 @@ async def running_node(
         idx="10",
         config_path=str(config_path),
         reload_interval=0.05,
+        state_dir=state_dir,
     )
     (plugin_reader, plugin_writer), (rt_reader, rt_writer) = await socketpair_streams()
     runtime = LoopbackRuntime(rt_reader, rt_writer, failed_updates=failed_updates)
@@ -203,8 +209,12 @@ async def running_node(
     services = app._services() if watch else _nothing()
     try:
         async with services:
-            await runtime.start(
-                runtime_name=runtime_name, runtime_version=runtime_version, nri_version=nri_version
+            _, node.synchronized = await runtime.start(
+                runtime_name=runtime_name,
+                runtime_version=runtime_version,
+                nri_version=nri_version,
+                pods=synchronized[0],
+                containers=synchronized[1],
             )
             yield node
     finally:

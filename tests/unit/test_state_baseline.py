@@ -1,0 +1,56 @@
+"""The values to put in force from kubelet's, and kubelet's after a resize."""
+
+from __future__ import annotations
+
+from nri_midbatch.policy import CgroupValues, NativeLimits
+from nri_midbatch.state.baseline import in_force, moved_by, resized_pod_baseline
+
+KUBELET = NativeLimits(cpu_quota=200_000, cpu_period=100_000, memory_limit=1 << 30, cpu_shares=1024)
+ALL = CgroupValues(512, 100_000, 512 << 20)
+QUOTA_ONLY = CgroupValues(None, 166_667, None)
+
+
+def test_nothing_set_before_is_the_tier_s_values() -> None:
+    assert in_force(ALL, None, KUBELET) is ALL
+    assert in_force(None, None, KUBELET) is None
+
+
+def test_fields_no_longer_claimed_go_back_to_kubelet_s() -> None:
+    assert in_force(QUOTA_ONLY, ALL, KUBELET) == CgroupValues(1024, 166_667, 1 << 30)
+    assert in_force(None, ALL, KUBELET) == CgroupValues(1024, 200_000, 1 << 30)
+    assert in_force(None, QUOTA_ONLY, KUBELET) == CgroupValues(None, 200_000, None)
+    assert in_force(ALL, QUOTA_ONLY, KUBELET) is ALL
+
+
+def test_unlimited_and_unknown_baselines() -> None:
+    besteffort = NativeLimits(cpu_shares=2)
+    assert in_force(None, ALL, besteffort) == CgroupValues(2, -1, -1)
+    # Shares kubelet gave are unknown (an annotation of an earlier version): left alone.
+    assert in_force(None, ALL, NativeLimits()) == CgroupValues(None, -1, -1)
+
+
+def test_what_a_container_holds_of_the_plugin_s() -> None:
+    assert moved_by(CgroupValues(1024, 200_000, 1 << 30), KUBELET) is None
+    assert moved_by(CgroupValues(1024, 166_667, 1 << 30), KUBELET) == QUOTA_ONLY
+    assert moved_by(CgroupValues(512, 100_000, 512 << 20), KUBELET) == ALL
+
+
+def test_a_resize_moves_the_pod_by_the_container_s_change() -> None:
+    pod = NativeLimits(cpu_quota=310_000, memory_limit=3 << 30, cpu_shares=2048)
+    before = NativeLimits(cpu_quota=100_000, memory_limit=1 << 30, cpu_shares=1024)
+    after = NativeLimits(cpu_quota=200_000, memory_limit=2 << 30, cpu_shares=2048)
+    moved = resized_pod_baseline(pod, before, after, [before])
+    # The overhead (10000 of quota here) stays in.
+    assert moved == NativeLimits(cpu_quota=410_000, memory_limit=4 << 30, cpu_shares=3072)
+
+
+def test_a_resize_to_or_from_unlimited() -> None:
+    limited = NativeLimits(cpu_quota=100_000, memory_limit=1 << 30)
+    pod = NativeLimits(cpu_quota=200_000, memory_limit=2 << 30)
+    assert resized_pod_baseline(pod, limited, NativeLimits(), [limited]) == NativeLimits()
+    # Back to limits for every container: their sum (no overhead known).
+    assert resized_pod_baseline(NativeLimits(), NativeLimits(), limited, [limited]) == pod
+    # A sibling still unlimited: the pod stays so.
+    assert resized_pod_baseline(NativeLimits(), NativeLimits(), limited, [NativeLimits()]) == (
+        NativeLimits()
+    )
