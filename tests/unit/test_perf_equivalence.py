@@ -21,7 +21,6 @@ from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.api import ttrpc_pb2
 from nri_midbatch.glue.after_reply import AfterReply
 from nri_midbatch.glue.decision_log import DecisionLines
-from nri_midbatch.state.known import Known
 from nri_midbatch.glue.views import (
     MAX_REMEMBERED_RESOURCES_BYTES,
     container_update,
@@ -37,6 +36,7 @@ from nri_midbatch.obs.logging import configure_logging
 from nri_midbatch.policy import CgroupValues, ContainerView, NativeLimits, PodView, calculate, spec
 from nri_midbatch.policy.quantity import QuantityError, parse_quantity, quantity_value
 from nri_midbatch.policy.trace import Field, PodSum, ValueFrom
+from nri_midbatch.state.known import Known
 from nri_midbatch.wire.connection import _response_with_payload
 from nri_midbatch.wire.mux import frame_message, frame_ttrpc
 from nri_midbatch.wire.ttrpc import MessageType, encode_message

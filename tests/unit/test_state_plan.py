@@ -14,8 +14,6 @@ import pytest
 
 from nri_midbatch.config.compile import compile_policy
 from nri_midbatch.config.model import Config, load_config_text
-from nri_midbatch.state.known import Known
-from nri_midbatch.state.plan import ContainerChange, Plan, PodChange, plan
 from nri_midbatch.policy import (
     CgroupValues,
     ContainerView,
@@ -23,6 +21,8 @@ from nri_midbatch.policy import (
     PodView,
     Policy,
 )
+from nri_midbatch.state.known import Known
+from nri_midbatch.state.plan import ContainerChange, Plan, PodChange, plan
 
 QOS = "koordinator.sh/qosClass"
 PRIORITY = "koordinator.sh/priority-class"
