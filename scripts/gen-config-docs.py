@@ -246,6 +246,7 @@ give the line and column instead).
 
 - [How the configuration is loaded](#how-the-configuration-is-loaded)
 - [What a configuration may be](#what-a-configuration-may-be)
+- [What the values follow](#what-the-values-follow)
 - [What a reload does to running workloads](#what-a-reload-does-to-running-workloads)
 - [Checking a file](#checking-a-file)
 - [Reference](#reference)
@@ -329,14 +330,62 @@ invalid configuration, without reading or parsing further:
 """
 
 RELOAD = """\
+## What the values follow
+
+**The invariant.** For every pod and container the plugin has touched, the values in force
+are what a fresh plugin with the configuration in force would set from kubelet's own values,
+whatever happened before: reloads, bursts of reloads, restarts of the plugin or of the
+runtime, resizes. Each field a tier claims holds the tier's value, never looser than
+kubelet's (the CFS quota and the memory limit); each field the plugin set before and no tier
+claims any more (normalization turned off, a tier removed, `mode: observe`,
+`cgroups.podLevel: false`) holds kubelet's value again, and is then no longer the plugin's. A
+field the plugin never set is never touched: it may be another plugin's.
+
+**Kubelet's values (the baseline)** come from:
+
+| workload | where the baseline comes from | kept across a restart by |
+|---|---|---|
+| container | its resources at `CreateContainer`; the resources kubelet asks for at `UpdateContainer` (a resize) | the annotation `nri-midbatch.io/native-limits` (CPU shares, quota, period, memory limit), which the runtime keeps with the container; after a resize, the pod's record |
+| container running before the plugin first saw it | what it holds at that `Synchronize` (nothing of it was the plugin's) | the pod's record, once the plugin sets a value on it |
+| BestEffort pod | kubelet's fixed values: 2 shares, no quota, no memory limit | nothing needed |
+| other pod | its cgroup files at `RunPodSandbox`, before the plugin writes them (they include the pod overhead); at a `Synchronize` with no record, the pod resources plus overhead the runtime sends (containerd 2.x); on a runtime that sends none (containerd 1.7), its cgroup files | the pod's record |
+| pod, after a resize | moved by its container's change (kubelet's pod limit is the sum of its containers' plus the overhead); on NRI v0.10+ the new pod resources of `UpdatePodSandbox` | the pod's record |
+
+A pod's record is a small file, `<pod uid>.json`, in `nri-midbatch run --state-dir` (default
+`/var/lib/nri-midbatch/pods`, a host path in the DaemonSet), at most 1 MiB each, one per pod
+the runtime runs: written when what it keeps changes, removed with its pod, and those of pods
+that are gone removed at each `Synchronize`. Failure cases, each counted in
+`nri_midbatch_baseline_record_failures_total` where a file is at fault:
+
+- **Records lost** (the directory wiped, or the plugin run without it): after a restart the
+  plugin takes a non-BestEffort pod's cgroup files, which hold its own earlier values, for
+  kubelet's on containerd 1.7, and a container that it updated at a `Synchronize` without an
+  annotation keeps its updated values as kubelet's: values can then stay as tight as an
+  earlier configuration made them (never looser than kubelet's), until the pod is recreated.
+- **Containers annotated by an earlier version** carry no CPU shares: their shares are not
+  given back.
+- **Init containers** are not kept: kubelet's pod cgroup already holds their share of the
+  pod's values at `RunPodSandbox`, and a resize moves the pod by the resized container only.
+- **A pod that becomes limited by a resize** (every container limited, where one was not)
+  gets the sum of its containers' limits, without the overhead, which containerd 1.7 does not
+  tell.
+
+**On each transition**: a reload plans every workload against what the plugin last put in
+force there, not against the previous configuration, so a pass that failed halfway is
+completed by the next one. Reloads run one at a time, each to its end: requests that come
+while one runs (SIGHUPs, file changes) are served by one pass after it, which reads the file
+then, so the last file wins. A restart or a runtime's `Synchronize` brings every workload to
+the same values from the baseline. A resize (`UpdateContainer`, `UpdatePodSandbox`)
+recomputes the container and its pod.
+
 ## What a reload does to running workloads
 
 New pods and containers follow a new configuration from the moment it applies. For those
 already running, the plugin keeps the pods and containers the runtime told it about (at
 `Synchronize`, `RunPodSandbox` and `CreateContainer`; forgotten at `RemoveContainer` and
-`RemovePodSandbox`). For each one it computes the values under the old and the new
-configuration, and only values that differ are changed. The native limits a container was
-created with are still never loosened.
+`RemovePodSandbox`), with their baselines ([What the values follow](#what-the-values-follow)).
+For each one it computes the values in force under the new configuration, and changes only
+those that differ from what it last put in force.
 
 - **Containers, on a runtime with NRI v0.12.2 or later** (the version the runtime reports
   at `Configure`; a runtime that reports none is looked up by its own version): the plugin
@@ -358,10 +407,13 @@ created with are still never loosened.
   v1 a child's quota above its pod's is refused), then the containers (written, or
   `UpdateContainers` answered), then the other pods and any first write that failed
   ([troubleshooting.md](troubleshooting.md#order-of-lowering)).
-  With `cgroups.podLevel: false` pod files are left alone.
-- **Workloads that leave every tier** (or whose decision fails under the new
-  configuration) are not touched: the plugin does not know the values kubelet gave them,
-  so they keep their last values until they are recreated.
+  With `cgroups.podLevel: false` pod files the plugin set go back to kubelet's values, and
+  are left alone from then on.
+- **Workloads that leave every tier**, and fields no tier claims any more, get kubelet's
+  values back. A workload whose decision fails under the new configuration (bad input) is
+  not touched: it keeps what it has.
+- **Into `mode: observe`**: everything the plugin set goes back to kubelet's values, and
+  nothing more is set until enforce mode returns.
 
 Each write is logged (`cgroup set for new configuration` or `cgroup not set for new
 configuration` with the reason); `configuration reloaded` gives the number of containers

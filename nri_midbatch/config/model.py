@@ -234,8 +234,9 @@ class CgroupsConfig(_Model):
     )
     pod_level: StrictBool = Field(
         default=True,
-        description="`false`: write no pod cgroup files (at RunPodSandbox, Synchronize or a "
-        "reload), and adjust containers only.",
+        description="`false`: adjust containers only; pod cgroup files the plugin set go "
+        "back to kubelet's values, and no other is written (at RunPodSandbox, Synchronize or "
+        "a reload).",
     )
 
 
@@ -244,9 +245,9 @@ class Config(_Model):
         default=Mode.ENFORCE,
         description="`enforce`: set the values. `observe`: decide as in `enforce`, log "
         "(`would set`) and count (`nri_midbatch_observed_total`) what would be set and "
-        "whether it differs from what the container or pod has, and change nothing: no "
-        "container adjustment or update, no cgroup file written. A reload from `observe` to "
-        "`enforce` brings every running tier workload to its values.",
+        "whether it differs from what the container or pod has, and set nothing: no "
+        "container adjustment, and what enforce mode set goes back to kubelet's values. A "
+        "reload from `observe` to `enforce` brings every running tier workload to its values.",
     )
     failure_policy: FailurePolicy = Field(
         default=FailurePolicy.IGNORE,

@@ -41,6 +41,7 @@ from nri_midbatch.policy import ErrorKind
 from nri_midbatch.process.heap import LARGE_SYNC, freeze_survivors
 from nri_midbatch.process.record import Recorder, note_decision
 from nri_midbatch.process.reload import FileWatch
+from nri_midbatch.process.status import StatusServer
 from nri_midbatch.state.plan import Plan, split_pods
 from nri_midbatch.state.store import BaselineStore
 
@@ -81,6 +82,7 @@ class App:
         registration_timeout: float = DEFAULT_REGISTRATION_TIMEOUT,
         update_containers_timeout: float = UPDATE_CONTAINERS_TIMEOUT,
         state_dir: Path | None = None,
+        status_socket: Path | None = None,
     ) -> None:
         self.metrics = Metrics()
         self.recorder = recorder
@@ -133,6 +135,7 @@ class App:
         self._prelaunched = False
         self._syncs_seen = 0
         self._stop = asyncio.Event()
+        self._status = None if status_socket is None else StatusServer(self.plugin, status_socket)
         #: Reload requests made, and those a pass has read the file for; one pass at a time.
         self._reloads_asked = 0
         self._reloads_served = 0
@@ -178,9 +181,17 @@ class App:
             tasks.append(asyncio.create_task(self._watch_config()))
         if self.plugin.systemd is not None:
             tasks.append(asyncio.create_task(self.plugin.systemd.run()))
+        if self._status is not None:
+            try:
+                await self._status.start()
+            except OSError as exc:  # status is for people: the node goes on without it
+                log.warning("status not served", socket=str(self._status.path), error=str(exc))
+                self._status = None
         try:
             yield
         finally:
+            if self._status is not None:
+                await self._status.close()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -307,6 +318,13 @@ class App:
             " written by the plugin, by result",
             ("result",),
             {("ok",): counters.containers_repaired, ("failed",): counters.container_repairs_failed},
+        )
+        yield (
+            "nri_midbatch_baseline_record_failures",
+            "Pod records of kubelet's values (--state-dir) that could not be read, written or"
+            " removed",
+            (),
+            {(): self.plugin.store.failures},
         )
         yield (
             "nri_midbatch_pods_lowered_unconfirmed",

@@ -45,6 +45,8 @@ _IDX = re.compile(r"^[0-9]{2}$")
 
 #: On the host, so that a new plugin container finds what the last one kept.
 DEFAULT_STATE_DIR = "/var/lib/nri-midbatch/pods"
+#: Beside the records: on the host in the DaemonSet, so a shell on the node reaches it too.
+DEFAULT_STATUS_SOCKET = "/var/lib/nri-midbatch/status.sock"
 
 
 def _positive_seconds(value: str) -> float:
@@ -149,6 +151,13 @@ def _parser() -> argparse.ArgumentParser:
         "(default %(default)s; empty: keep nothing)",
     )
     run.add_argument(
+        "--status-socket",
+        metavar="PATH",
+        default=DEFAULT_STATUS_SOCKET,
+        help="serve `nri-midbatch status` on this Unix socket, root only "
+        "(default %(default)s; empty: not served)",
+    )
+    run.add_argument(
         "--record-raw",
         action="store_true",
         help="record environment values and mount sources as they are (default: redacted)",
@@ -185,6 +194,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     explain.add_argument("--config", metavar="FILE", help="YAML configuration file")
     explain.add_argument("--format", choices=("text", "json"), default="text")
+
+    status = commands.add_parser(
+        "status",
+        help="show each workload's tier, kubelet's values, target and cgroup files, "
+        "from a running plugin",
+    )
+    status.add_argument(
+        "--socket", metavar="PATH", default=DEFAULT_STATUS_SOCKET, help="the plugin's status socket"
+    )
+    status.add_argument("--format", choices=("table", "json"), default="table")
 
     webhook = commands.add_parser(
         "webhook",
@@ -246,6 +265,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _explain(args)
     if args.command == "webhook":
         return _webhook(args)
+    if args.command == "status":
+        from nri_midbatch.tools.status import status_command
+
+        return status_command(Path(args.socket), fmt=args.format, out=sys.stdout, err=sys.stderr)
     parser.error(f"unknown command {args.command}")
     return 2
 
@@ -319,6 +342,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             log_level=args.log_level,
             registration_timeout=args.registration_timeout,
             state_dir=Path(args.state_dir) if args.state_dir else None,
+            status_socket=Path(args.status_socket) if args.status_socket else None,
         )
 
     try:

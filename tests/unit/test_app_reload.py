@@ -178,6 +178,7 @@ async def running_node(
     watch: bool = True,
     failed_updates: tuple[str, ...] = (),
     state_dir: Path | None = None,
+    status_socket: Path | None = None,
     synchronized: tuple[Sequence[api.PodSandbox], Sequence[api.Container]] = ((), ()),
     **config: Any,
 ) -> AsyncIterator[Node]:
@@ -194,6 +195,7 @@ async def running_node(
         config_path=str(config_path),
         reload_interval=0.05,
         state_dir=state_dir,
+        status_socket=status_socket,
     )
     (plugin_reader, plugin_writer), (rt_reader, rt_writer) = await socketpair_streams()
     runtime = LoopbackRuntime(rt_reader, rt_writer, failed_updates=failed_updates)

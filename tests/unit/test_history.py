@@ -8,6 +8,7 @@ test_app_reload.py); the model-based test (test_history_model.py) walks many suc
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.config.model import Config
 from nri_midbatch.glue.views import NATIVE_LIMITS_ANNOTATION
+from nri_midbatch.tools.status import status_command
 
 from .nri_fixtures import run
 from .test_app_reload import PRIORITY, QOS, SPEC, Node, Tree, running_node, until
@@ -216,3 +218,57 @@ def test_the_pod_overhead_is_part_of_kubelet_s_pod_quota(tmp_path: Path) -> None
             assert node.tree.read(parent)[1] == "55000"
 
     run(scenario())
+
+
+def test_status_shows_kubelet_s_values_the_target_and_drift(tmp_path: Path) -> None:
+    """`nri-midbatch status` against a running App: a drift appears when a file is changed
+    behind the plugin's back, and the exit status says so."""
+    pod = ls_pod("web")
+    parent = pod.linux.cgroup_parent
+    socket_path = tmp_path / "status.sock"
+
+    async def ask() -> tuple[int, dict[str, Any], str]:
+        out, err = io.StringIO(), io.StringIO()
+        code = await asyncio.to_thread(status_command, socket_path, fmt="json", out=out, err=err)
+        table = io.StringIO()
+        await asyncio.to_thread(status_command, socket_path, fmt="table", out=table, err=err)
+        return code, json.loads(out.getvalue()), table.getvalue()
+
+    async def scenario() -> None:
+        async with running_node(
+            tmp_path,
+            tiers=TIERS,
+            rules={"cpuNormalizationRatio": 2.0},
+            status_socket=socket_path,
+        ) as node:
+            assert socket_path.stat().st_mode & 0o077 == 0  # root's only
+            node.tree.add(parent, ("1536", "150000", str(1024 * MI)))
+            await node.state_change(api.RUN_POD_SANDBOX, pod)
+            ctr = await create(node, pod, web_container(pod))
+            node.tree.add(parent, ("1024", "75000", "-1"), ctr.id)
+            code, document, table = await ask()
+            assert code == 0
+            pod_row, ctr_row = document["workloads"]
+            assert pod_row["kubelet"] == {
+                "cpu_shares": 1536,
+                "cpu_quota": 150_000,
+                "memory_limit": 1024 * MI,
+            }
+            assert pod_row["target"] == {"cpu_quota": 75_000}
+            assert pod_row["now"]["cpu_quota"] == 75_000 and pod_row["drift"] is False
+            assert ctr_row["container"] == "web" and ctr_row["tier"] == "prod"
+            assert ctr_row["kubelet"]["cpu_quota"] == 150_000
+            assert "default/web/web" in table and "0 drifting" in table
+            node.tree.add(parent, ("1024", "150000", "-1"), ctr.id)  # behind our back
+            code, document, table = await ask()
+            assert code == 1
+            assert [w["drift"] for w in document["workloads"]] == [False, True]
+            assert "DRIFT" in table
+
+    run(scenario())
+
+
+def test_status_without_a_plugin_says_so(tmp_path: Path) -> None:
+    err = io.StringIO()
+    assert status_command(tmp_path / "none.sock", fmt="table", out=io.StringIO(), err=err) == 2
+    assert "none.sock" in err.getvalue()
