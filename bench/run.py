@@ -368,6 +368,11 @@ class Bench:
                 "",
                 "--config",
                 str(self.config),
+                # Records are part of what a Synchronize costs; no status socket.
+                "--state-dir",
+                str(self.log_file.parent / "state"),
+                "--status-socket",
+                "",
             ]
         self.listener.settimeout(10)
         started = time.perf_counter()

@@ -71,6 +71,10 @@ class PluginProcess:
         """`wrapper`: a command that execs the rest (same pid), e.g. a mount namespace."""
         workdir.mkdir(parents=True, exist_ok=True)
         self.log_path = workdir / "plugin.log"
+        # The test's own, kept across the plugin's restarts in the same workdir: never the
+        # host's /var/lib/nri-midbatch, which other tests' plugins would share.
+        self.state_dir = workdir / "state"
+        self.status_socket = workdir / "status.sock"
         args = [
             *wrapper,
             str(EXECUTABLE),
@@ -84,6 +88,10 @@ class PluginProcess:
             # An ephemeral port, logged as "serving metrics and health".
             "--metrics-address",
             metrics_address,
+            "--state-dir",
+            str(self.state_dir),
+            "--status-socket",
+            str(self.status_socket),
             *extra_args,
         ]
         # On a systemd-driver node every configuration names the driver.
@@ -120,9 +128,10 @@ def prelaunched_wrapper(plugin_dir: Path, name: str, log_path: Path) -> Path:
     wrapper only adds a log file so the test can read what happened.
     """
     path = plugin_dir / name
+    state = log_path.parent / "state"
     path.write_text(
         f"#!/bin/sh\nexec {EXECUTABLE} run --log-file {log_path} --log-level debug"
-        " --metrics-address 127.0.0.1:0\n"
+        f" --metrics-address 127.0.0.1:0 --state-dir {state} --status-socket {state}.sock\n"
     )
     os.chmod(path, 0o755)
     return path
