@@ -320,6 +320,13 @@ class App:
             {("ok",): counters.containers_repaired, ("failed",): counters.container_repairs_failed},
         )
         yield (
+            "nri_midbatch_known_evictions",
+            "Pods forgotten because the plugin remembered more than it believes a node runs"
+            " (a runtime that sends no removals)",
+            (),
+            {(): self.plugin.known.evicted},
+        )
+        yield (
             "nri_midbatch_baseline_record_failures",
             "Pod records of kubelet's values (--state-dir) that could not be read, written or"
             " removed",

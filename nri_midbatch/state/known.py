@@ -30,6 +30,13 @@ def split_path(cgroups_path: str, container_id: str) -> tuple[str, bool]:
     return cgroups_path, False
 
 
+#: Ten times the largest node we claim (1,000 pods, 10,000 containers): past this a runtime
+#: that never sends removals (nor a Synchronize, which starts afresh) is not believed, and the
+#: pods remembered first are forgotten (about 2 KB each).
+MAX_PODS = 10_000
+MAX_CONTAINERS = 100_000
+
+
 @dataclass
 class Known:
     """The live pods and containers, as the runtime last told us of them.
@@ -58,6 +65,21 @@ class Known:
     #: container ids whose baseline or set fields the native-limits annotation does not
     #: tell (resized, or never annotated): the pod's record keeps them
     recorded: set[str] = field(default_factory=set)
+
+    max_pods: int = MAX_PODS
+    max_containers: int = MAX_CONTAINERS
+    #: Pods (or containers of unknown pods) forgotten to stay within the bounds.
+    evicted: int = 0
+
+    def _make_room(self) -> None:
+        while len(self.pods) > self.max_pods or len(self.containers) > self.max_containers:
+            oldest = next(iter(self.pods), None)
+            if oldest is None:
+                # Containers of pods never told of: the oldest of those go.
+                self.forget_container(next(iter(self.containers)))
+            else:
+                self.remove_pod(oldest)
+            self.evicted += 1
 
     def set_applied(self, key: str, values: CgroupValues | None) -> None:
         if values is None:
@@ -90,6 +112,8 @@ class Known:
             cgroup_parent=pod.cgroup_parent,
             native=pod.native,
         )
+        if len(self.pods) > self.max_pods:
+            self._make_room()
         return kept
 
     def set_container(
@@ -109,6 +133,8 @@ class Known:
         elif path:
             self._paths[container_id] = path
         self._by_pod.setdefault(pod_id, []).append(container_id)
+        if len(self.containers) > self.max_containers:
+            self._make_room()
 
     def cgroups_path(self, container_id: str) -> str:
         """The runtime's path for the container's cgroup; empty where it gave none."""

@@ -351,3 +351,16 @@ def test_a_pods_containers_share_one_kept_path() -> None:
             container_id, "s", ContainerView(container_id, "app"), f"pod.slice:crio:{container_id}"
         )
     assert node._path_heads["c-1"] is node._path_heads["c-2"]
+
+
+def test_known_forgets_the_oldest_pods_past_its_bounds() -> None:
+    node = Known(max_pods=3, max_containers=4)
+    for n in range(5):
+        node.add_pod(f"s{n}", pod(f"p{n}", {"app": APP}))
+        node.set_applied(f"s{n}", CgroupValues(512, 100_000, 512 * MI))
+    assert list(node.pods) == ["s2", "s3", "s4"] and node.evicted == 2
+    assert set(node.applied) == {"s2", "s3", "s4"}
+    for n in range(5):
+        node.set_container(f"c{n}", "s4", ContainerView(f"c{n}", "app"))
+    # Past four containers the oldest pods go first, then the pod the containers are in.
+    assert len(node.containers) <= 4 and node.evicted > 2
