@@ -36,6 +36,8 @@ GUEST_TESTS = (
     "tests/e2e/test_tiers.py::test_containers_created_while_plugin_was_away_are_corrected",
     "tests/e2e/test_reload.py::test_restarted_plugin_loosens_values_it_set_under_a_stricter_config",
     "tests/e2e/test_reload.py::test_config_change_reaches_running_containers",
+    # Issue 23: history independence.
+    "tests/e2e/test_history.py",
 )
 #: The release the guest runs them on (the issue's modern node: containerd 2.x).
 GUEST_CONTAINERD = FLAVOURS["2.1.9"]

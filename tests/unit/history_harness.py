@@ -1,0 +1,560 @@
+"""A node for the history tests: the real App, a containerd-like fake runtime, kubelet's files.
+
+The fake runtime behaves as containerd does where issue 23 looks: it keeps each
+container's resources and annotations, applies the plugin's adjustments and updates
+(CreateContainer, UpdateContainer replies, Synchronize replies, unsolicited
+UpdateContainers) to what it keeps and to the container's cgroup files, and after a
+restart registers again and synchronizes what it kept. "Kubelet" writes each pod's
+cgroup before RunPodSandbox, and again when a resize changes the pod's values.
+
+Everything is compared against tests/oracle, which shares no code with the plugin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+from google.protobuf.message import Message
+
+from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.config.compile import settings_of
+from nri_midbatch.config.model import load_config_file
+from nri_midbatch.config.settings import Settings
+from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
+from nri_midbatch.process import app as app_module
+from nri_midbatch.process.app import App
+from nri_midbatch.rpc.service import CallContext, Method, Service
+from tests.oracle.model import Config, ContainerModel, Native, PodModel
+from tests.oracle.targets import (
+    UNLIMITED,
+    Values,
+    container_target,
+    kubelet_container,
+    kubelet_pod,
+    looser_than,
+    pod_target,
+    weight_of,
+)
+
+from .nri_fixtures import STEP_TIMEOUT
+
+ResponseT = TypeVar("ResponseT", bound=Message)
+
+#: What cgroup v1 shows for "no memory limit" (the page-aligned int64 maximum).
+V1_UNLIMITED_MEMORY = 9223372036854771712
+
+
+def in_process_settings(path: str | Path) -> Settings:
+    """The file's settings, validated in this process rather than in a child.
+
+    The App validates a reloaded file in a child process (0.3 s of CPU each); the
+    model tests reload hundreds of times on a shared 2-core machine. What a reload
+    does once the file is validated is the App's own code either way.
+    """
+    return settings_of(load_config_file(path))
+
+
+def validate_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Have the App's reloads validate with `in_process_settings`."""
+    monkeypatch.setattr(app_module, "load_settings_file", in_process_settings)
+
+
+# ---------------------------------------------------------------------------
+# kubelet's and runc's cgroup files, v1 or v2
+# ---------------------------------------------------------------------------
+
+
+class FakeTree:
+    """A cgroupfs tree under `root`: v1 with cpu/ and memory/ hierarchies, or v2 unified."""
+
+    def __init__(self, root: Path, version: int) -> None:
+        self.root, self.version = root, version
+        if version == 2:
+            root.mkdir(parents=True)
+            (root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+        else:
+            for controller in ("cpu", "memory"):
+                (root / controller).mkdir(parents=True)
+
+    def _dir(self, controller: str, relpath: str) -> Path:
+        if self.version == 2:
+            return self.root / relpath.strip("/")
+        return self.root / controller / relpath.strip("/")
+
+    def write(self, relpath: str, values: Values) -> None:
+        """As kubelet or runc write a cgroup's three values."""
+        texts = self._texts(values)
+        for (controller, name), text in texts.items():
+            directory = self._dir(controller, relpath)
+            directory.mkdir(parents=True, exist_ok=True)
+            (directory / name).write_text(text + "\n")
+
+    def _texts(self, values: Values) -> dict[tuple[str, str], str]:
+        if self.version == 2:
+            quota = "max" if values.quota == UNLIMITED else str(values.quota)
+            memory = "max" if values.memory == UNLIMITED else str(values.memory)
+            return {
+                ("cpu", "cpu.weight"): str(weight_of(values.shares)),
+                ("cpu", "cpu.max"): f"{quota} 100000",
+                ("memory", "memory.max"): memory,
+            }
+        limit = V1_UNLIMITED_MEMORY if values.memory == UNLIMITED else values.memory
+        return {
+            ("cpu", "cpu.shares"): str(values.shares),
+            ("cpu", "cpu.cfs_quota_us"): str(values.quota),
+            ("memory", "memory.limit_in_bytes"): str(limit),
+        }
+
+    def read(self, relpath: str) -> tuple[int, int, int]:
+        """(shares or v2 weight, quota, memory), -1 for unlimited."""
+        if self.version == 2:
+            directory = self._dir("cpu", relpath)
+            max_quota = (directory / "cpu.max").read_text().split()[0]
+            max_memory = (directory / "memory.max").read_text().strip()
+            return (
+                int((directory / "cpu.weight").read_text()),
+                UNLIMITED if max_quota == "max" else int(max_quota),
+                UNLIMITED if max_memory == "max" else int(max_memory),
+            )
+        shares = int((self._dir("cpu", relpath) / "cpu.shares").read_text())
+        quota = int((self._dir("cpu", relpath) / "cpu.cfs_quota_us").read_text())
+        memory = int((self._dir("memory", relpath) / "memory.limit_in_bytes").read_text())
+        return shares, quota, UNLIMITED if memory >= V1_UNLIMITED_MEMORY else memory
+
+    def expected(self, values: Values) -> tuple[int, int, int]:
+        """`values` as `read` shows them."""
+        cpu = weight_of(values.shares) if self.version == 2 else values.shares
+        return cpu, values.quota, values.memory
+
+
+# ---------------------------------------------------------------------------
+# The runtime
+# ---------------------------------------------------------------------------
+
+
+def resources_of(values: Values) -> api.LinuxResources:
+    """LinuxResources as containerd's CRI plugin fills them from kubelet's request."""
+    resources = api.LinuxResources()
+    resources.cpu.shares.value = values.shares
+    resources.cpu.period.value = 100_000
+    if values.quota != UNLIMITED:
+        resources.cpu.quota.value = values.quota
+    if values.memory != UNLIMITED:
+        resources.memory.limit.value = values.memory
+    return resources
+
+
+def values_of(resources: api.LinuxResources) -> Values:
+    cpu = resources.cpu
+    quota = cpu.quota.value if cpu.HasField("quota") and cpu.quota.value > 0 else UNLIMITED
+    memory = resources.memory.limit.value
+    return Values(cpu.shares.value, quota, memory if memory > 0 else UNLIMITED)
+
+
+def overlay(resources: api.LinuxResources, changes: api.LinuxResources) -> api.LinuxResources:
+    """What containerd does with an adjustment or update: the fields it sets replace ours."""
+    merged = api.LinuxResources()
+    merged.CopyFrom(resources)
+    if changes.cpu.HasField("shares"):
+        merged.cpu.shares.value = changes.cpu.shares.value
+    if changes.cpu.HasField("quota"):
+        merged.cpu.quota.value = changes.cpu.quota.value
+    if changes.memory.HasField("limit"):
+        merged.memory.limit.value = changes.memory.limit.value
+    return merged
+
+
+def pod_resources_of(values: Values) -> api.LinuxResources:
+    return resources_of(values)
+
+
+class _Runtime(LoopbackRuntime):
+    """A LoopbackRuntime whose UpdateContainers the fake containerd applies as it comes."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        containerd: FakeContainerd,
+    ) -> None:
+        self._containerd = containerd
+        super().__init__(reader, writer)
+
+    def _service(self) -> Service:
+        async def register(request: api.RegisterPluginRequest, _ctx: CallContext) -> api.Empty:
+            self.record.registrations.append(request)
+            self.record.registered.set()
+            return api.Empty()
+
+        async def update(
+            request: api.UpdateContainersRequest, _ctx: CallContext
+        ) -> api.UpdateContainersResponse:
+            self.record.updates.extend(request.update)
+            self._containerd.apply(request.update)
+            return api.UpdateContainersResponse()
+
+        return Service(
+            "nri.pkg.api.v1alpha1.Runtime",
+            {
+                "RegisterPlugin": Method(api.RegisterPluginRequest, register),
+                "UpdateContainers": Method(api.UpdateContainersRequest, update),
+            },
+        )
+
+
+@dataclass(frozen=True)
+class RuntimeFlavour:
+    name: str
+    version: str
+    nri_version: str
+    pod_resources: bool  # sends linux.pod_resources and pod_overhead (containerd 2.x)
+
+
+#: containerd 2.x with an NRI whose UpdateContainers is safe: reloads go through it.
+CONTAINERD_2 = RuntimeFlavour("containerd-2", "v2.4.0", "v0.12.2", pod_resources=True)
+#: containerd 1.7.24 (NRI v0.6.1): no pod resources, reloads write container files.
+CONTAINERD_1_7 = RuntimeFlavour("containerd-1.7", "v1.7.24", "", pod_resources=False)
+
+
+class FakeContainerd:
+    """The runtime's memory of pods and containers, and its side of the plugin connection."""
+
+    def __init__(self, tree: FakeTree, flavour: RuntimeFlavour) -> None:
+        self.tree, self.flavour = tree, flavour
+        self.pods: dict[str, api.PodSandbox] = {}
+        self.containers: dict[str, api.Container] = {}
+        self.runtime: _Runtime | None = None
+        self._session_task: asyncio.Task[str] | None = None
+
+    # -- the connection ------------------------------------------------------
+
+    async def connect(self, app: App) -> None:
+        """Accept the plugin: register, Configure, Synchronize what is kept."""
+        (plugin_reader, plugin_writer), (rt_reader, rt_writer) = await socketpair_streams()
+        self.runtime = _Runtime(rt_reader, rt_writer, self)
+        self._session_task = asyncio.create_task(app.session.run(plugin_reader, plugin_writer))
+        await self.runtime.configure(
+            runtime_name="containerd",
+            runtime_version=self.flavour.version,
+            nri_version=self.flavour.nri_version,
+        )
+        await self.synchronize()
+
+    async def disconnect(self) -> None:
+        if self.runtime is not None:
+            await self.runtime.close()
+        if self._session_task is not None:
+            async with asyncio.timeout(STEP_TIMEOUT):
+                await asyncio.gather(self._session_task, return_exceptions=True)
+        self.runtime, self._session_task = None, None
+
+    async def synchronize(self) -> None:
+        reply = await self._call(
+            "Synchronize",
+            api.SynchronizeRequest(
+                pods=list(self.pods.values()), containers=list(self.containers.values())
+            ),
+            api.SynchronizeResponse,
+        )
+        self.apply(reply.update)
+
+    async def _call(
+        self, method: str, request: Message, response_type: type[ResponseT]
+    ) -> ResponseT:
+        assert self.runtime is not None, "no plugin connected"
+        return await self.runtime.call(method, request, response_type)
+
+    def apply(self, updates: Sequence[api.ContainerUpdate]) -> None:
+        """Apply container updates to what is kept and to the cgroup files."""
+        for update in updates:
+            container = self.containers.get(update.container_id)
+            if container is None:
+                continue
+            merged = overlay(container.linux.resources, update.linux.resources)
+            container.linux.resources.CopyFrom(merged)
+            self.tree.write(container.linux.cgroups_path, values_of(merged))
+
+    # -- pods and containers -------------------------------------------------
+
+    def sandbox(self, pod: PodModel) -> api.PodSandbox:
+        sandbox = api.PodSandbox(
+            id=pod.id,
+            name=f"{pod.id}-name",
+            uid=pod.uid,
+            namespace="default",
+            labels=pod.kind.labels,
+            annotations=pod.annotations(),
+            linux=api.LinuxPodSandbox(cgroup_parent=pod.cgroup_parent),
+        )
+        if self.flavour.pod_resources and not pod.kind.besteffort:
+            self._set_pod_resources(sandbox, pod)
+        return sandbox
+
+    def _set_pod_resources(self, sandbox: api.PodSandbox, pod: PodModel) -> None:
+        """containerd 2.x: the sum of the containers' resources, and the overhead apart."""
+        containers = PodModel(pod.id, pod.kind, pod.containers)  # no overhead
+        sandbox.linux.pod_resources.CopyFrom(resources_of(kubelet_pod(containers)))
+        overhead = pod.overhead
+        if overhead != Native():
+            sandbox.linux.pod_overhead.CopyFrom(resources_of(kubelet_container(overhead)))
+
+    async def run_pod(self, pod: PodModel) -> None:
+        self.tree.write(pod.cgroup_parent, kubelet_pod(pod))  # kubelet, before the sandbox
+        sandbox = self.pods[pod.id] = self.sandbox(pod)
+        await self._call(
+            "StateChange",
+            api.StateChangeEvent(event=api.RUN_POD_SANDBOX, pod=sandbox),
+            api.Empty,
+        )
+
+    async def create(self, pod: PodModel, container: ContainerModel) -> api.ContainerAdjustment:
+        container_id = f"{pod.id}-{container.name}"
+        ctr = api.Container(
+            id=container_id,
+            pod_sandbox_id=pod.id,
+            name=container.name,
+            state=api.CONTAINER_CREATED,
+        )
+        ctr.linux.resources.CopyFrom(resources_of(kubelet_container(container.native)))
+        ctr.linux.cgroups_path = f"{pod.cgroup_parent}/{container_id}"
+        reply = await self._call(
+            "CreateContainer",
+            api.CreateContainerRequest(pod=self.pods[pod.id], container=ctr),
+            api.CreateContainerResponse,
+        )
+        adjust = reply.adjust
+        for key, value in adjust.annotations.items():
+            ctr.annotations[key] = value
+        ctr.linux.resources.CopyFrom(overlay(ctr.linux.resources, adjust.linux.resources))
+        ctr.state = api.CONTAINER_RUNNING
+        self.containers[container_id] = ctr
+        self.apply(reply.update)
+        self.tree.write(ctr.linux.cgroups_path, values_of(ctr.linux.resources))  # runc
+        return adjust
+
+    async def resize(self, before: PodModel, after: PodModel, name: str) -> Values:
+        """kubelet's in-place resize of one container: pod cgroup first, then the runtime.
+
+        Returns the values the container ends with.
+        """
+        if kubelet_pod(after) != kubelet_pod(before):
+            self.tree.write(after.cgroup_parent, kubelet_pod(after))
+        sandbox = self.pods[after.id] = self.sandbox(after)
+        container_id = f"{after.id}-{name}"
+        ctr = self.containers[container_id]
+        requested = resources_of(kubelet_container(after.container(name).native))
+        reply = await self._call(
+            "UpdateContainer",
+            api.UpdateContainerRequest(pod=sandbox, container=ctr, linux_resources=requested),
+            api.UpdateContainerResponse,
+        )
+        own = [u for u in reply.update if u.container_id == container_id]
+        others = [u for u in reply.update if u.container_id != container_id]
+        final = requested
+        for update in own:
+            final = overlay(final, update.linux.resources)
+        ctr.linux.resources.CopyFrom(final)
+        self.tree.write(ctr.linux.cgroups_path, values_of(final))
+        self.apply(others)
+        return values_of(final)
+
+    async def remove_container(self, container_id: str) -> None:
+        ctr = self.containers.pop(container_id)
+        await self._call(
+            "StateChange",
+            api.StateChangeEvent(
+                event=api.REMOVE_CONTAINER, pod=self.pods[ctr.pod_sandbox_id], container=ctr
+            ),
+            api.Empty,
+        )
+
+    async def remove_pod(self, pod_id: str) -> None:
+        for container_id in [c.id for c in self.containers.values() if c.pod_sandbox_id == pod_id]:
+            await self.remove_container(container_id)
+        sandbox = self.pods.pop(pod_id)
+        await self._call(
+            "StateChange",
+            api.StateChangeEvent(event=api.REMOVE_POD_SANDBOX, pod=sandbox),
+            api.Empty,
+        )
+
+
+# ---------------------------------------------------------------------------
+# The node: App, runtime, tree and the model of what kubelet asked for
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class HistoryNode:
+    tmp: Path
+    tree: FakeTree
+    containerd: FakeContainerd
+    config: Config
+    pods: dict[str, PodModel] = field(default_factory=dict)
+    #: container id -> its pod id, for the containers created and not removed
+    created: dict[str, str] = field(default_factory=dict)
+    app: App | None = None
+
+    @property
+    def config_path(self) -> Path:
+        return self.tmp / "config.yaml"
+
+    @property
+    def state_dir(self) -> Path:
+        """Survives plugin restarts, as the plugin's state directory on a node does."""
+        return self.tmp / "state"
+
+    def write_config(self, config: Config) -> None:
+        """Replace the file as a ConfigMap update does: a new inode behind the same path."""
+        staging = self.config_path.with_name("config.yaml.new")
+        staging.write_text(json.dumps(config.document(str(self.tree.root))))
+        os.replace(staging, self.config_path)
+
+    async def start_plugin(self) -> None:
+        self.app = new_app(self.config_path, self.state_dir)
+        await self.containerd.connect(self.app)
+        await self.settle()
+
+    async def stop_plugin(self) -> None:
+        await self.containerd.disconnect()
+        if self.app is not None:
+            self.app.session.close()
+            self.app.plugin.after_reply.flush()
+        self.app = None
+
+    async def restart_plugin(self) -> None:
+        await self.stop_plugin()
+        await self.start_plugin()
+
+    async def restart_runtime(self) -> None:
+        """The runtime goes away and comes back: the same plugin registers again."""
+        assert self.app is not None
+        await self.containerd.disconnect()
+        await self.containerd.connect(self.app)
+        await self.settle()
+
+    async def settle(self) -> None:
+        """Let the work the App left for after its replies finish (pod writes, repairs)."""
+        assert self.app is not None
+        async with asyncio.timeout(STEP_TIMEOUT):
+            await self.app.plugin.after_reply.settle()
+
+    async def reload(self, config: Config) -> None:
+        """Write the file and reload it as SIGHUP does."""
+        assert self.app is not None
+        self.write_config(config)
+        self.config = config
+        async with asyncio.timeout(STEP_TIMEOUT):
+            await self.app.reload("SIGHUP")
+        await self.settle()
+
+    async def run_pod(self, pod: PodModel) -> None:
+        self.pods[pod.id] = pod
+        await self.containerd.run_pod(pod)
+        await self.settle()
+
+    async def create(self, pod_id: str, name: str) -> list[str]:
+        """Create a container; returns how its adjustment differs from the oracle."""
+        pod = self.pods[pod_id]
+        adjust = await self.containerd.create(pod, pod.container(name))
+        self.created[f"{pod_id}-{name}"] = pod_id
+        await self.settle()
+        got = values_of(
+            overlay(
+                resources_of(kubelet_container(pod.container(name).native)), adjust.linux.resources
+            )
+        )
+        want = container_target(pod, pod.container(name), self.config)
+        return (
+            []
+            if got == want
+            else [f"CreateContainer {pod_id}/{name}: adjusted to {got}, oracle {want}"]
+        )
+
+    async def resize(self, pod_id: str, name: str, native: Native) -> list[str]:
+        """Resize a container; returns how the UpdateContainer reply differs from the oracle."""
+        before = self.pods[pod_id]
+        after = self.pods[pod_id] = before.resized(name, native)
+        got = await self.containerd.resize(before, after, name)
+        await self.settle()
+        want = container_target(after, after.container(name), self.config)
+        return (
+            []
+            if got == want
+            else [f"UpdateContainer {pod_id}/{name}: updated to {got}, oracle {want}"]
+        )
+
+    async def remove_container(self, container_id: str) -> None:
+        del self.created[container_id]
+        await self.containerd.remove_container(container_id)
+        await self.settle()
+
+    async def remove_pod(self, pod_id: str) -> None:
+        del self.pods[pod_id]
+        self.created = {c: p for c, p in self.created.items() if p != pod_id}
+        await self.containerd.remove_pod(pod_id)
+        await self.settle()
+
+    async def synchronize(self) -> None:
+        await self.containerd.synchronize()
+        await self.settle()
+
+    def mismatches(self) -> list[str]:
+        """Every pod and container file that differs from the oracle, or is looser than kubelet."""
+        wrong = []
+        pod_resources = self.containerd.flavour.pod_resources
+        for pod in self.pods.values():
+            want = pod_target(pod, self.config, pod_resources=pod_resources)
+            wrong += self._compare(f"pod {pod.id}", pod.cgroup_parent, want, kubelet_pod(pod))
+        for container_id, pod_id in self.created.items():
+            pod = self.pods[pod_id]
+            container = pod.container(container_id.removeprefix(f"{pod_id}-"))
+            want = container_target(pod, container, self.config)
+            relpath = f"{pod.cgroup_parent}/{container_id}"
+            wrong += self._compare(
+                f"container {container_id}", relpath, want, kubelet_container(container.native)
+            )
+        return wrong
+
+    def _compare(self, what: str, relpath: str, want: Values, kubelet: Values) -> list[str]:
+        found = self.tree.read(relpath)
+        problems = []
+        if found != self.tree.expected(want):
+            problems.append(f"{what}: files hold {found}, oracle {self.tree.expected(want)}")
+        held = Values(want.shares, found[1], found[2])
+        looser = looser_than(held, kubelet)
+        if looser:
+            problems.append(f"{what}: {', '.join(looser)} looser than kubelet's {kubelet}")
+        return problems
+
+
+def new_app(config_path: Path, state_dir: Path) -> App:
+    """The one place the history tests build an App (the plugin's state directory goes here).
+
+    `state_dir` survives plugin restarts; it is passed on once the App takes it.
+    """
+    del state_dir  # not yet an App argument
+    return App(
+        in_process_settings(config_path),
+        name="midbatch",
+        idx="10",
+        config_path=str(config_path),
+    )
+
+
+async def start_node(
+    tmp: Path, *, cgroup_version: int, flavour: RuntimeFlavour, config: Config
+) -> HistoryNode:
+    tree = FakeTree(tmp / "cgroup", cgroup_version)
+    node = HistoryNode(tmp, tree, FakeContainerd(tree, flavour), config)
+    node.state_dir.mkdir(exist_ok=True)
+    node.write_config(config)
+    await node.start_plugin()
+    return node

@@ -1,0 +1,220 @@
+"""Issue 23, one defect at a time: values in force must not depend on the way there.
+
+Each test drives the real App through a containerd-like fake runtime and compares every
+pod and container file with the oracle (tests/oracle): what a fresh plugin would set from
+kubelet's values under the configuration in force, never looser than kubelet's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from tests.oracle.model import MI, Config, ContainerModel, Extended, Kind, Native, PodModel
+from tests.oracle.targets import Values, container_target, kubelet_pod, pod_target
+
+from .history_harness import (
+    CONTAINERD_1_7,
+    CONTAINERD_2,
+    HistoryNode,
+    RuntimeFlavour,
+    start_node,
+    validate_in_process,
+)
+from .nri_fixtures import run
+
+
+@pytest.fixture(autouse=True)
+def _validated_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    validate_in_process(monkeypatch)
+
+
+def normalized_pod(pod_id: str = "norm", *, overhead: Native | None = None) -> PodModel:
+    """A koord-prod LS pod, burstable with a 1-CPU limit: the cpu-normalization tier's."""
+    native = Native(cpu_request=500, cpu_limit=1000, memory_limit=512 * MI)
+    containers = (ContainerModel("app", None, native),)
+    return PodModel(pod_id, Kind.NORMALIZED_LS, containers, overhead or Native())
+
+
+def batch_pod(pod_id: str = "batch") -> PodModel:
+    extended = Extended(cpu_request=500, cpu_limit=1000, memory_limit=512 * MI)
+    return PodModel(pod_id, Kind.BATCH_BE, (ContainerModel("app", extended, Native()),))
+
+
+def mid_ls_pod(pod_id: str, *, mid: Extended, native: Native) -> PodModel:
+    """A Mid+LS pod in the burstable tier, with native limits as its webhook would inject."""
+    return PodModel(pod_id, Kind.MID_LS, (ContainerModel("app", mid, native),))
+
+
+async def node_with(
+    tmp_path: Path, flavour: RuntimeFlavour, config: Config, *pods: PodModel
+) -> HistoryNode:
+    node = await start_node(tmp_path, cgroup_version=1, flavour=flavour, config=config)
+    for pod in pods:
+        await node.run_pod(pod)
+        for container in pod.containers:
+            assert await node.create(pod.id, container.name) == []
+    assert node.mismatches() == []
+    return node
+
+
+def quota(node: HistoryNode, pod: PodModel, container: str | None = None) -> int:
+    relpath = (
+        pod.cgroup_parent if container is None else f"{pod.cgroup_parent}/{pod.id}-{container}"
+    )
+    return node.tree.read(relpath)[1]
+
+
+NORMALIZING = Config(ratio="1.2", normalization_tier=True)
+
+
+@pytest.mark.parametrize(
+    "after",
+    [
+        Config(ratio="1.0", normalization_tier=True),
+        Config(ratio=None, normalization_tier=True),
+        Config(ratio="1.2", normalization_tier=False),
+    ],
+    ids=["ratio-1.0", "no-ratio", "tier-removed"],
+)
+def test_scaled_quotas_go_back_to_kubelets_when_normalization_ends(
+    tmp_path: Path, after: Config
+) -> None:
+    """Defect 1: today they stay at ceil(100000 / 1.2) = 83334."""
+    pod = normalized_pod()
+
+    async def scenario() -> HistoryNode:
+        node = await node_with(tmp_path, CONTAINERD_2, NORMALIZING, pod)
+        assert (quota(node, pod), quota(node, pod, "app")) == (83334, 83334)
+        await node.reload(after)
+        await node.stop_plugin()
+        return node
+
+    node = run(scenario())
+    assert (quota(node, pod), quota(node, pod, "app")) == (100_000, 100_000)
+    assert node.mismatches() == []
+
+
+def test_cfs_quota_off_keeps_a_burstable_mid_pod_within_kubelets_pod_limits(
+    tmp_path: Path,
+) -> None:
+    """Defect 2 (containerd 1.7, no pod resources): today the pod gets -1 and 1Gi."""
+    pod = mid_ls_pod(
+        "mid",
+        mid=Extended(cpu_request=500, cpu_limit=1000, memory_limit=1024 * MI),
+        native=Native(cpu_request=500, cpu_limit=500, memory_limit=512 * MI),
+    )
+    assert kubelet_pod(pod) == Values(512, 50_000, 512 * MI)
+
+    async def scenario() -> HistoryNode:
+        node = await node_with(tmp_path, CONTAINERD_1_7, Config(), pod)
+        await node.reload(Config(cfs_quota=False))
+        await node.stop_plugin()
+        return node
+
+    node = run(scenario())
+    _shares, pod_quota, pod_memory = node.tree.read(pod.cgroup_parent)
+    assert 0 < pod_quota <= 50_000
+    assert 0 < pod_memory <= 512 * MI
+    assert node.mismatches() == []
+
+
+def test_a_restart_under_a_looser_configuration_undoes_the_pod_ratchet(tmp_path: Path) -> None:
+    """Defect 3: the pod went down to 100000 under ratio 2 where kubelet allowed 150000.
+
+    containerd 1.7 sends no pod resources, so today the restarted plugin takes the pod
+    cgroup's 100000 for kubelet's limit and keeps it.
+    """
+    pod = mid_ls_pod(
+        "mid",
+        mid=Extended(cpu_request=1000, cpu_limit=2000, memory_limit=1024 * MI),
+        native=Native(cpu_request=1000, cpu_limit=1500, memory_limit=1024 * MI),
+    )
+
+    async def scenario() -> HistoryNode:
+        node = await node_with(tmp_path, CONTAINERD_1_7, Config(ratio="2"), pod)
+        assert quota(node, pod) == 100_000
+        await node.stop_plugin()
+        node.write_config(Config())
+        node.config = Config()
+        await node.start_plugin()
+        await node.stop_plugin()
+        return node
+
+    node = run(scenario())
+    assert quota(node, pod, "app") == 150_000
+    assert quota(node, pod) == 150_000
+    assert node.mismatches() == []
+
+
+def test_a_burst_of_reloads_ends_on_the_last_files_values(tmp_path: Path) -> None:
+    """Defect 4: 60 reloads while the file flips between A (ratio 2) and B (no ratio)."""
+    a, b = Config(ratio="2", normalization_tier=True), Config(normalization_tier=True)
+    pods = (batch_pod(), normalized_pod())
+
+    async def scenario() -> HistoryNode:
+        node = await node_with(tmp_path, CONTAINERD_2, b, *pods)
+        assert node.app is not None
+        reloads = []
+        for i in range(60):
+            node.write_config(b if i % 2 else a)
+            reloads.append(asyncio.create_task(node.app.reload("SIGHUP")))
+            await asyncio.sleep(0)  # the reload starts: back to back, not all at once
+        node.write_config(a)
+        node.config = a
+        reloads.append(asyncio.create_task(node.app.reload("SIGHUP")))
+        await asyncio.gather(*reloads)
+        await node.settle()
+        await node.stop_plugin()
+        return node
+
+    node = run(scenario())
+    batch, normalized = pods
+    assert quota(node, batch, "app") == quota(node, batch) == 50_000
+    assert quota(node, normalized, "app") == quota(node, normalized) == 50_000
+    assert node.mismatches() == []
+
+
+def test_a_resize_of_a_normalized_container_recomputes_its_pod(tmp_path: Path) -> None:
+    """Defect 5: kubelet raises the limit from 1 to 2 CPUs; under ratio 2 the pod is 100000.
+
+    Today the plugin answers the container's UpdateContainer and leaves the pod as
+    kubelet's resize wrote it (200000).
+    """
+    pod = normalized_pod()
+    config = Config(ratio="2", normalization_tier=True)
+
+    async def scenario() -> HistoryNode:
+        node = await node_with(tmp_path, CONTAINERD_2, config, pod)
+        assert quota(node, pod) == 50_000
+        raised = Native(cpu_request=500, cpu_limit=2000, memory_limit=512 * MI)
+        assert await node.resize(pod.id, "app", raised) == []
+        await node.stop_plugin()
+        return node
+
+    node = run(scenario())
+    assert quota(node, pod, "app") == 100_000
+    assert quota(node, pod) == 100_000
+    assert node.mismatches() == []
+
+
+def test_the_pod_level_normalized_quota_includes_the_pod_overhead(tmp_path: Path) -> None:
+    """Defect 6: kubelet's pod quota is 100000 + 25000 of overhead; ratio 1.2 gives 104167.
+
+    Today the plugin scales pod_resources alone (ceil(100000 / 1.2) = 83334).
+    """
+    pod = normalized_pod(overhead=Native(cpu_request=250, cpu_limit=250, memory_limit=64 * MI))
+    assert kubelet_pod(pod).quota == 125_000
+    assert pod_target(pod, NORMALIZING, pod_resources=True).quota == 104_167
+    assert container_target(pod, pod.containers[0], NORMALIZING).quota == 83_334
+
+    async def scenario() -> HistoryNode:
+        node = await node_with(tmp_path, CONTAINERD_2, NORMALIZING, pod)
+        await node.stop_plugin()
+        return node
+
+    node = run(scenario())
+    assert quota(node, pod) == 104_167
+    assert node.mismatches() == []
