@@ -536,16 +536,13 @@ class HistoryNode:
 
 
 def new_app(config_path: Path, state_dir: Path) -> App:
-    """The one place the history tests build an App (the plugin's state directory goes here).
-
-    `state_dir` survives plugin restarts; it is passed on once the App takes it.
-    """
-    del state_dir  # not yet an App argument
+    """The one place the history tests build an App; `state_dir` survives plugin restarts."""
     return App(
         in_process_settings(config_path),
         name="midbatch",
         idx="10",
         config_path=str(config_path),
+        state_dir=state_dir,
     )
 
 
