@@ -343,7 +343,10 @@ class MidBatchPlugin:
         applied = known.applied.get(pod_id)
         if applied is None and not containers:
             return None
-        return PodRecord(Kept(pod.native, applied), containers)
+        # A baseline that is a guess (never read, told, or fixed by the QoS) is not kept:
+        # a restarted plugin must not trust it.
+        sure = pod_id in known.pod_baseline_known
+        return PodRecord(Kept(pod.native, applied) if sure else None, containers)
 
     def _keep_record(self, pod_id: str, before: PodRecord | bool | None = True) -> None:
         """Write (or remove) the pod's record; `before`: what it held, True if not known."""
@@ -439,6 +442,12 @@ class MidBatchPlugin:
                 current,
             )
 
+    def _load_record(self, part: _SyncPart, pod_id: str, uid: str) -> PodRecord | None:
+        record = self.store.load(uid)
+        if record is not None:
+            part.records[pod_id] = record
+        return record
+
     def _take_pod_at_sync(self, part: _SyncPart, pod: api.PodSandbox) -> None:
         """Remember a listed pod with kubelet's values: as this process knew them, as its
         record keeps them, as the runtime tells them, or as its QoS class fixes them."""
@@ -448,8 +457,11 @@ class MidBatchPlugin:
         native: NativeLimits | None
         if old is not None and pod_id in previous.pod_baseline_known:
             native, applied = old.native, previous.applied.get(pod_id)
-        elif pod.uid in part.stored and (record := self.store.load(pod.uid)) is not None:
-            part.records[pod_id] = record
+        elif (
+            pod.uid in part.stored
+            and (record := self._load_record(part, pod_id, pod.uid)) is not None
+            and record.pod is not None
+        ):
             native, applied = record.pod.kubelet, record.pod.applied
         else:
             native = runtime_pod_baseline(pod)

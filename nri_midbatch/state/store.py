@@ -65,7 +65,8 @@ class Kept:
 
 @dataclass(slots=True)
 class PodRecord:
-    pod: Kept
+    #: None: the pod's own baseline is not known for sure (only its containers' are kept).
+    pod: Kept | None
     containers: dict[str, Kept] = field(default_factory=dict)
 
 
@@ -177,7 +178,7 @@ class BaselineStore:
 def _encode(record: PodRecord) -> dict[str, Any]:
     return {
         "format": FORMAT,
-        "pod": _encode_kept(record.pod),
+        "pod": None if record.pod is None else _encode_kept(record.pod),
         "containers": {cid: _encode_kept(kept) for cid, kept in record.containers.items()},
     }
 
@@ -206,7 +207,7 @@ def _decode(data: Any) -> PodRecord:
     if not isinstance(containers, dict):
         raise ValueError("containers is not a map")
     return PodRecord(
-        _decode_kept(data["pod"]),
+        None if data["pod"] is None else _decode_kept(data["pod"]),
         {str(cid): _decode_kept(kept) for cid, kept in containers.items()},
     )
 
