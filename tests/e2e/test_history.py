@@ -20,19 +20,14 @@ from tests.e2e.containerd import Containerd
 from tests.e2e.cri import runtime_pb2 as cri
 from tests.e2e.node import CGROUP_ROOT, NODE, Driver
 from tests.e2e.plugin_process import PluginProcess, wait_until
+from tests.e2e.test_normalization import CONFIG
 from tests.e2e.test_reload import scrape
 from tests.e2e.test_tiers import BE_NATIVE, MIB, SPEC, Pod, labels, run, spec
 
-NORMALIZING = """
-rules: {cpuNormalizationRatio: %s}
-tiers:
-  - {name: batch, priorityClasses: [koord-batch, koord-free], qosClasses: [BE],
-     resources: {cpu: kubernetes.io/batch-cpu, memory: kubernetes.io/batch-memory}}
-  - {name: mid, priorityClasses: [koord-mid], qosClasses: [BE, LS],
-     resources: {cpu: kubernetes.io/mid-cpu, memory: kubernetes.io/mid-memory}}
-  - {name: prod, priorityClasses: [koord-prod, None], qosClasses: [LS, None],
-     calculator: cpu-normalization}
-"""
+
+def normalizing(ratio: str) -> str:
+    """test_normalization's tiers (batch, mid, prod normalized) under another ratio."""
+    return CONFIG.replace("cpuNormalizationRatio: 1.25", f"cpuNormalizationRatio: {ratio}")
 
 
 def kubelet_limits_pod_cgroup(parent: str, shares: int, quota: int, memory: int) -> None:
@@ -124,7 +119,7 @@ def check_status_shows_no_drift(plugin: PluginProcess) -> None:
 def test_ratio_back_to_one_returns_containers_and_pods_to_kubelets_quota(
     containerd: Containerd, tmp_path: Path
 ) -> None:
-    plugin = PluginProcess(tmp_path / "plugin", containerd.nri_socket, config=NORMALIZING % 1.25)
+    plugin = PluginProcess(tmp_path / "plugin", containerd.nri_socket, config=normalizing("1.25"))
     config = tmp_path / "plugin" / "config.yaml"
     native = {
         "cpu_shares": 1536,
@@ -136,7 +131,7 @@ def test_ratio_back_to_one_returns_containers_and_pods_to_kubelets_quota(
         plugin.wait_for("synchronized")
         pod = run_burstable(containerd, "prod", labels("LS", "koord-prod"), {}, native)
         assert NODE.read_values(pod.parent, pod.container_id).quota == 160000  # 200000 / 1.25
-        config.write_text(NODE.plugin_config(NORMALIZING % "1.0"))
+        config.write_text(NODE.plugin_config(normalizing("1.0")))
         wait_for_reload(plugin)
         assert wait_until(lambda: quotas(pod) == (200000, 200000)), quotas(pod)
         assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(
