@@ -188,25 +188,17 @@ class _Runtime(LoopbackRuntime):
         super().__init__(reader, writer)
 
     def _service(self) -> Service:
-        async def register(request: api.RegisterPluginRequest, _ctx: CallContext) -> api.Empty:
-            self.record.registrations.append(request)
-            self.record.registered.set()
-            return api.Empty()
+        """The loopback runtime's service, with UpdateContainers applied before the reply."""
+        service = super()._service()
+        answer = service.methods["UpdateContainers"]
 
-        async def update(
-            request: api.UpdateContainersRequest, _ctx: CallContext
-        ) -> api.UpdateContainersResponse:
-            self.record.updates.extend(request.update)
+        async def update(request: api.UpdateContainersRequest, ctx: CallContext) -> Message:
             self._containerd.apply(request.update)
-            return api.UpdateContainersResponse()
+            reply: Message = await answer.handler(request, ctx)
+            return reply
 
-        return Service(
-            "nri.pkg.api.v1alpha1.Runtime",
-            {
-                "RegisterPlugin": Method(api.RegisterPluginRequest, register),
-                "UpdateContainers": Method(api.UpdateContainersRequest, update),
-            },
-        )
+        methods = {**service.methods, "UpdateContainers": Method(answer.request_type, update)}
+        return Service(service.name, methods)
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,14 @@ kubelet's values under the configuration in force, never looser than kubelet's.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import time
 from pathlib import Path
 
 import pytest
 
+from nri_midbatch.config.settings import Settings
+from nri_midbatch.process import app as app_module
 from tests.oracle.model import MI, Config, ContainerModel, Extended, Kind, Native, PodModel
 from tests.oracle.targets import Values, container_target, kubelet_pod, pod_target
 
@@ -20,6 +24,7 @@ from .history_harness import (
     CONTAINERD_2,
     HistoryNode,
     RuntimeFlavour,
+    in_process_settings,
     start_node,
     validate_in_process,
 )
@@ -149,22 +154,42 @@ def test_a_restart_under_a_looser_configuration_undoes_the_pod_ratchet(tmp_path:
     assert node.mismatches() == []
 
 
-def test_a_burst_of_reloads_ends_on_the_last_files_values(tmp_path: Path) -> None:
-    """Defect 4: 60 reloads while the file flips between A (ratio 2) and B (no ratio)."""
+def test_a_burst_of_reloads_ends_on_the_last_files_values(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Defect 4: 60 reloads while the file flips between A (ratio 2) and B (no ratio).
+
+    Each file is written once the previous reload has read its own, and validating B takes
+    longer the later it is asked (5 ms more each time; the App's child takes 0.3 s, give
+    or take), so loads finish out of order, as they may on a node: the last file must win.
+    """
     a, b = Config(ratio="2", normalization_tier=True), Config(normalization_tier=True)
     pods = (batch_pod(), normalized_pod())
+    loads = itertools.count()
 
     async def scenario() -> HistoryNode:
+        loop = asyncio.get_running_loop()
+        reads: asyncio.Queue[Settings] = asyncio.Queue()
+
+        def validate_b_slowly(path: str | Path) -> Settings:
+            settings = in_process_settings(path)
+            loop.call_soon_threadsafe(reads.put_nowait, settings)
+            if settings.rules.cpu_normalization_ratio is None:
+                time.sleep(0.005 * next(loads))  # a slower validation, in its thread
+            return settings
+
+        monkeypatch.setattr(app_module, "load_settings_file", validate_b_slowly)
         node = await node_with(tmp_path, CONTAINERD_2, b, *pods)
         assert node.app is not None
         reloads = []
-        for i in range(60):
-            node.write_config(b if i % 2 else a)
+        for i in range(61):
+            node.write_config(a if i % 2 == 0 else b)  # 0, 2, ... 60: A
             reloads.append(asyncio.create_task(node.app.reload("SIGHUP")))
-            await asyncio.sleep(0)  # the reload starts: back to back, not all at once
-        node.write_config(a)
+            # Until this reload has read the file (or, if it reads none, has ended).
+            read = asyncio.create_task(reads.get())
+            await asyncio.wait((read, reloads[-1]), return_when=asyncio.FIRST_COMPLETED)
+            read.cancel()
         node.config = a
-        reloads.append(asyncio.create_task(node.app.reload("SIGHUP")))
         await asyncio.gather(*reloads)
         await node.settle()
         await node.stop_plugin()
