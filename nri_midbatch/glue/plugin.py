@@ -247,10 +247,12 @@ class MidBatchPlugin:
         )
         return Plan(failed_containers, failed_pods)
 
-    def applied(self, plan: Plan, failed: Plan | None = None) -> None:
+    def applied(self, plan: Plan, failed: Plan | None = None, *, by_files: bool = False) -> None:
         """Remember that `plan`, less `failed`, is in force, and keep the pods' records.
 
         A change that failed stays planned: the next reload or Synchronize tries it again.
+        `by_files`: the containers' values went into their cgroup files, which the runtime
+        does not know of; their pods' records keep them, as the runtime will not report them.
         """
         known = self.known
         failed_ids = set() if failed is None else {c.container.id for c in failed.containers}
@@ -261,7 +263,7 @@ class MidBatchPlugin:
             if change.container.id in failed_ids or entry is None:
                 continue
             known.set_applied(change.container.id, change.claimed)
-            if not change.container.native_known and change.claimed is not None:
+            if by_files or (not change.container.native_known and change.claimed is not None):
                 known.recorded.add(change.container.id)
             touched.add(entry[0])
         for pod_change in plan.pods:

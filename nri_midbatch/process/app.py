@@ -524,7 +524,7 @@ class App:
             return
         failed = await asyncio.to_thread(self.plugin.write_plan, plan)
         failures = len(failed.containers) + len(failed.pods)
-        self.plugin.applied(plan, failed)
+        self.plugin.applied(plan, failed, by_files=True)
         self._count_followed("cgroup_files", "ok", len(plan.containers) + len(plan.pods) - failures)
         self._count_followed("cgroup_files", "failed", failures)
         if failures:
