@@ -725,12 +725,15 @@ class MidBatchPlugin:
                     for other in known.containers_of(pod.id)
                     if other != container_id
                 ]
-                view = replace(
-                    view,
-                    native=resized_pod_baseline(
-                        view.native, entry[1].native, ctr_view.native, siblings
-                    ),
+                native = resized_pod_baseline(
+                    view.native, entry[1].native, ctr_view.native, siblings
                 )
+                if _newly_limited(view.native, native):
+                    # Kubelet's new pod limit also counts containers not created yet and
+                    # the overhead, which the runtime may not tell: read back from the pod's
+                    # cgroup once kubelet has written it, after the reply.
+                    known.pod_baseline_known.discard(pod.id)
+                view = replace(view, native=native)
                 pod_moved = pod.id in known.pods
                 if pod_moved:
                     known.pods[pod.id] = view
@@ -763,7 +766,9 @@ class MidBatchPlugin:
         old pod quota); lowered after it, once the runtime has applied the container's update.
         The pod's record keeps the new baselines.
         """
-        if self.config.cgroups.pod_level:
+        if self.config.cgroups.pod_level and pod_id not in self.known.pod_baseline_known:
+            self.after_reply.defer(self._follow_resize_later, pod_id)
+        elif self.config.cgroups.pod_level:
             target = self._decide_pod(pod_id, view, "UpdateContainer", refuse=False)
             if target is not None:
                 before = self.known.applied.get(pod_id)
@@ -775,6 +780,15 @@ class MidBatchPlugin:
                 else:
                     self.after_reply.defer(self._set_synchronized_pod, target)
         self.after_reply.defer(self._keep_record, pod_id)
+
+    def _follow_resize_later(self, pod_id: str) -> None:
+        view = self.known.pods.get(pod_id)
+        if view is None:
+            return
+        target = self._decide_pod(pod_id, view, "UpdateContainer", refuse=False)
+        if target is not None:
+            self._set_pod_cgroup(target, "UpdateContainer", refuse=False)
+        self._keep_record(pod_id)
 
     async def update_pod_sandbox(
         self, pod: api.PodSandbox, overhead: api.LinuxResources, resources: api.LinuxResources
@@ -1072,6 +1086,13 @@ def _container_at_sync(
     if view.native_known:
         return view, moved_by(current, view.native), False
     return view, None, False
+
+
+def _newly_limited(before: NativeLimits, after: NativeLimits) -> bool:
+    """Whether a pod's quota or memory limit went from unlimited to a limit."""
+    return (before.cpu_quota is None and after.cpu_quota is not None) or (
+        before.memory_limit is None and after.memory_limit is not None
+    )
 
 
 def _baseline_of(reading: PodCgroupReading, told: NativeLimits) -> NativeLimits:
