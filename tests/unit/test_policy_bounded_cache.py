@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from nri_midbatch.policy.bounded_cache import BoundedCache
 
 
@@ -40,3 +42,28 @@ def test_a_cached_falsy_value_is_told_from_a_miss() -> None:
     assert cache.get("other", missing) is missing
     cache.clear()
     assert (len(cache), cache.bytes, cache.get("none", missing)) == (0, 0, missing)
+
+
+def test_memoize_calls_the_function_once_per_kept_key_and_charges_its_cost() -> None:
+    cache: BoundedCache[str, int] = BoundedCache(max_entries=10, max_bytes=100)
+    calls: list[str] = []
+
+    def length(text: str) -> int:
+        calls.append(text)
+        return len(text)
+
+    cached = cache.memoize(length, cost=lambda key, value: value)
+    assert [cached("abc"), cached("abc"), cached("x" * 101), cached("x" * 101)] == [3, 3, 101, 101]
+    # The 101-byte entry costs more than the whole budget: computed each time, never kept.
+    assert calls == ["abc", "x" * 101, "x" * 101]
+    assert (len(cache), cache.bytes) == (1, 3)
+    cache.clear()
+    assert cached("abc") == 3 and calls[-1] == "abc"
+
+
+def test_memoize_keeps_no_outcome_of_a_call_that_raises() -> None:
+    cache: BoundedCache[str, int] = BoundedCache(max_entries=10, max_bytes=100)
+    cached = cache.memoize(int)
+    with pytest.raises(ValueError):
+        cached("not a number")
+    assert len(cache) == 0 and cached("12") == 12
