@@ -18,7 +18,6 @@ __all__ = ["BoundedCache", "footprint"]
 
 K = TypeVar("K")
 V = TypeVar("V")
-D = TypeVar("D")
 
 #: What the cache itself spends on an entry besides key and value: the ordered dict's
 #: slot and link, and the (value, cost) pair.
@@ -46,13 +45,6 @@ class BoundedCache(Generic[K, V]):
 
     def __len__(self) -> int:
         return len(self._entries)
-
-    def get(self, key: K, default: D) -> V | D:
-        entry = self._entries.get(key)
-        if entry is None:
-            return default
-        self._entries.move_to_end(key)
-        return entry[0]
 
     def put(self, key: K, value: V, cost: int) -> None:
         if cost > self.max_bytes or key in self._entries:

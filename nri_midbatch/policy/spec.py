@@ -223,8 +223,9 @@ def _escape_aware_decoder() -> json.JSONDecoder:
     Only the pure-Python scanner calls `parse_string`; it is used for the rare annotation
     holding a backslash. json offers no supported hook for strings, and parsing JSON here
     would be slower and a second parser to keep right, so this builds on two internals of
-    CPython's json module; test_the_escape_aware_decoder_still_finds_the_json_internals_it_
-    builds_on (tests/unit/test_policy_spec.py) fails if a Python upgrade changes either.
+    CPython's json module. A test in tests/unit/test_policy_spec.py (the escape-aware
+    decoder still finds the json internals it builds on) fails if a Python upgrade
+    changes either.
     """
     decoder = _decoder()
     decoder.parse_string = _scan_string  # type: ignore[attr-defined]
