@@ -327,6 +327,23 @@ invalid configuration, without reading or parsing further:
   refused while they are still a few lines.
 - Values YAML itself cannot read, such as an integer of more than 4,300 digits, make the
   file invalid like any other error.
+
+### Numbers
+
+A number (today only `rules.cpuNormalizationRatio`) is written as a decimal:
+{config_module.DECIMAL_SYNTAX}. That is the one grammar, for plain values and for explicit
+`!!float` / `!!int` tags alike. YAML 1.1, which the configuration is otherwise read as,
+also takes `0x10`, `0o17`, `1_000` and `1:30` (base 60) for numbers, `010` for octal
+eight, and reads `1e300` (an exponent without a dot) as text; here `010` is ten, `1e300`
+is a number, and the others are refused (`must be a decimal number ...`), as are `.inf`,
+`.nan` and a quoted number (`'1.2'`). A plain value that looks like a decimal is a number,
+so quote a name that does.
+
+The value used is exactly the decimal written: `1.15` is 23/20, not the double nearest to
+it. A decimal that no double holds exactly is refused (`... cannot be held exactly as a
+double`) rather than rounded: one with more significant digits than a double keeps
+(`1.23456789012345678`), or beyond a double's range (`1e999`, `1e-999`). Up to 15
+significant digits between 1e-308 and 1e308 are always held.
 """
 
 RELOAD = """\

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import stat
 from collections import Counter
 from collections.abc import Hashable
+from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -213,8 +215,8 @@ class RulesConfig(_Model):
         default=None,
         description="The node's CPU normalization ratio, as Koordinator keeps it in the node "
         "annotation `node.koordinator.sh/cpu-normalization-ratio`. Above 1, every positive "
-        "quota becomes ceil(quota / ratio), computed exactly on the decimal written here; "
-        "ratios up to 1 are not applied. `null`: no scaling.",
+        "quota becomes ceil(quota / ratio), computed exactly on the decimal written here "
+        "(see [numbers](#numbers)); ratios up to 1 are not applied. `null`: no scaling.",
     )
 
 
@@ -422,6 +424,8 @@ def _describe(error: ErrorDetails) -> str:
         message = "unknown key"
     elif kind == "too_short":
         message = "must not be empty"
+    elif kind == "float_type":
+        message = f"must be a decimal number ({DECIMAL_SYNTAX}), not {error['input']!r}"
     elif kind == "string_pattern_mismatch":
         message = _PATTERN_MEANINGS[str(error.get("ctx", {}).get("pattern"))]
     else:
@@ -519,3 +523,46 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[An
 
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+# -- numbers ------------------------------------------------------------------------------
+#: How the configuration writes a number, for error messages and docs.
+DECIMAL_SYNTAX = "digits with an optional sign, fraction and exponent: 2, 1.2, .5, 12e-1, 1e300"
+#: The one grammar of numbers here: a decimal. YAML 1.1, which PyYAML reads, also takes
+#: 0x10, 0o17, 010 (octal), 1_000 and 1:30 (base 60) for numbers, and reads 1e300 (an
+#: exponent without a dot) as text; none of those is what "the decimal written" means.
+_DECIMAL = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?\Z")
+_INTEGER = re.compile(r"[-+]?[0-9]+\Z")
+_INT_TAG, _FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+
+
+def _construct_number(loader: _StrictLoader, node: yaml.ScalarNode) -> int | float:
+    """A decimal as the double that is exactly it (compile reads the ratio back by repr).
+
+    Explicit `!!int` and `!!float` tags come here too, so no other spelling gets in.
+    """
+    text = loader.construct_scalar(node)
+    if not _DECIMAL.match(text):
+        raise yaml.constructor.ConstructorError(
+            None, None, f"{text!r} is not a decimal number ({DECIMAL_SYNTAX})", node.start_mark
+        )
+    value = float(text)
+    # Decimal compares exponents as numbers: no power of ten is built for 1e999999.
+    if Decimal(repr(value)) != Decimal(text):
+        raise yaml.constructor.ConstructorError(
+            None,
+            None,
+            f"{text} cannot be held exactly as a double (any decimal of up to 15 "
+            "significant digits between 1e-308 and 1e308 can)",
+            node.start_mark,
+        )
+    return int(text) if _INTEGER.match(text) else value
+
+
+_StrictLoader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag not in (_INT_TAG, _FLOAT_TAG)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_StrictLoader.add_implicit_resolver(_FLOAT_TAG, _DECIMAL, list("-+.0123456789"))
+_StrictLoader.add_constructor(_INT_TAG, _construct_number)
+_StrictLoader.add_constructor(_FLOAT_TAG, _construct_number)

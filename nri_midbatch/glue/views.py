@@ -14,6 +14,7 @@ from sys import intern
 
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.policy import CgroupValues, ContainerView, NativeLimits, PodView
+from nri_midbatch.policy.bounded_cache import BoundedCache
 
 # An absent optional value reads as 0, which counts as unset here anyway:
 # reading `.value` without HasField gives the same answer for half the cost.
@@ -33,9 +34,12 @@ def current_values(resources: api.LinuxResources) -> CgroupValues:
 # the caches below hold each once, bounded in case a node has many.
 DISTINCT_LIMITS = 1024
 #: Resources longer than this (a large `unified` map, many devices) are read
-#: field by field rather than remembered by their bytes, so that the cache
-#: below holds at most DISTINCT_LIMITS times this many bytes of keys.
+#: field by field rather than remembered by their bytes: no container's usual
+#: resources take more, so longer ones would only crowd the cache.
 MAX_REMEMBERED_RESOURCES_BYTES = 256
+#: The bytes each cache below keyed by the runtime's input may hold (keys, values and
+#: the cache's own share, by bounded_cache.footprint), as well as DISTINCT_LIMITS entries.
+INPUT_CACHE_BYTES = 1024 * 1024
 
 
 def limits_and_values(resources: api.LinuxResources) -> tuple[NativeLimits, CgroupValues]:
@@ -51,9 +55,14 @@ def limits_and_values(resources: api.LinuxResources) -> tuple[NativeLimits, Cgro
     return _remembered_limits_and_values(key)
 
 
-@functools.lru_cache(maxsize=DISTINCT_LIMITS)
-def _remembered_limits_and_values(key: bytes) -> tuple[NativeLimits, CgroupValues]:
+def _limits_and_values_of(key: bytes) -> tuple[NativeLimits, CgroupValues]:
     return _read_limits_and_values(api.LinuxResources.FromString(key))
+
+
+remembered_resources: BoundedCache[bytes, tuple[NativeLimits, CgroupValues]] = BoundedCache(
+    DISTINCT_LIMITS, INPUT_CACHE_BYTES
+)
+_remembered_limits_and_values = remembered_resources.memoize(_limits_and_values_of)
 
 
 def _read_limits_and_values(resources: api.LinuxResources) -> tuple[NativeLimits, CgroupValues]:
@@ -153,8 +162,7 @@ def encode_native_limits(native: NativeLimits) -> str:
     return json.dumps({k: v for k, v in present.items() if v is not None}, separators=(",", ":"))
 
 
-@functools.lru_cache(maxsize=DISTINCT_LIMITS)
-def decode_native_limits(text: str) -> NativeLimits | None:
+def _decoded_native_limits(text: str) -> NativeLimits | None:
     """The remembered limits, or None if the text is not what we write."""
     try:
         data = json.loads(text)
@@ -169,6 +177,14 @@ def decode_native_limits(text: str) -> NativeLimits | None:
             return None
         values.append(value or 0)  # 0: absent, as _native_limits takes it
     return _native_limits(*values)
+
+
+#: Decoded native-limits annotations, by their text: a container brings the text, which
+#: is ours only if nobody else wrote it, and may be as long as its annotations allow.
+native_limits_texts: BoundedCache[str, NativeLimits | None] = BoundedCache(
+    DISTINCT_LIMITS, INPUT_CACHE_BYTES
+)
+decode_native_limits = native_limits_texts.memoize(_decoded_native_limits)
 
 
 def annotated_baseline(container: api.Container) -> NativeLimits | None:

@@ -1,21 +1,39 @@
 """A least-recently-used cache bounded by entries and by bytes.
 
-Pods bring the strings this caches (annotations), so a bound by entries
-alone is no bound on memory: 256 entries of a 250 KB annotation each held
-hundreds of MB. The cost of an entry is the caller's estimate of what it
-keeps alive; an entry costing more than the whole budget is not kept.
+Pods and the runtime bring the strings this caches (annotations, serialized resources), so
+a bound by entries alone is no bound on memory: 256 entries of a 250 KB annotation each
+held hundreds of MB. The cost of an entry is an estimate of what it keeps alive; an entry
+costing more than the whole budget is not kept. Every cache keyed by runtime, pod or
+network input is one of these (tests/unit/test_caches.py holds the package to it).
 """
 
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
-__all__ = ["BoundedCache"]
+__all__ = ["BoundedCache", "footprint"]
 
 K = TypeVar("K")
 V = TypeVar("V")
-D = TypeVar("D")
+
+#: What the cache itself spends on an entry besides key and value: the ordered dict's
+#: slot and link, and the (value, cost) pair.
+_ENTRY_OVERHEAD = 200
+
+
+def footprint(key: object, value: object) -> int:
+    """About what an entry keeps alive: its key, its value and the cache's own share.
+
+    The text a tuple key carries is counted too; an object shared with others (an int, a
+    value instance many entries return) is counted at each use, so the count runs high.
+    """
+    size = sys.getsizeof(key) + sys.getsizeof(value) + _ENTRY_OVERHEAD
+    if isinstance(key, tuple):
+        size += sum(sys.getsizeof(part) for part in key)
+    return size
 
 
 class BoundedCache(Generic[K, V]):
@@ -27,13 +45,6 @@ class BoundedCache(Generic[K, V]):
 
     def __len__(self) -> int:
         return len(self._entries)
-
-    def get(self, key: K, default: D) -> V | D:
-        entry = self._entries.get(key)
-        if entry is None:
-            return default
-        self._entries.move_to_end(key)
-        return entry[0]
 
     def put(self, key: K, value: V, cost: int) -> None:
         if cost > self.max_bytes or key in self._entries:
@@ -47,3 +58,29 @@ class BoundedCache(Generic[K, V]):
     def clear(self) -> None:
         self._entries.clear()
         self.bytes = 0
+
+    def memoize(
+        self, function: Callable[[K], V], cost: Callable[[K, V], int] = footprint
+    ) -> Callable[[K], V]:
+        """`function` with its results kept here, by its argument.
+
+        A plain closure over the entries, not a method call per lookup: it sits on the
+        path of every container decision (see bench/caches.py for what a hit costs).
+        """
+        entries = self._entries
+        found = entries.get
+        move_to_end = entries.move_to_end
+        put = self.put
+
+        def cached(key: K) -> V:
+            entry = found(key)
+            if entry is not None:
+                move_to_end(key)
+                return entry[0]
+            value = function(key)
+            put(key, value, cost(key, value))
+            return value
+
+        cached.__doc__ = function.__doc__
+        cached.__name__ = getattr(function, "__name__", "cached")
+        return cached

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 
+from .bounded_cache import BoundedCache
 from .spec import ContainerSpec
 from .tiers import Tier
 from .trace import Field, NeverLoosen, Normalized, PodSum, QuotaDisabled, Step, ValueFrom
@@ -46,13 +47,27 @@ class Rules:
 # A node's specs repeat a few dozen quantities, so decision after decision computes the
 # same values and steps: each distinct one is built once, as building a frozen dataclass
 # (object.__setattr__ per field) costs more than the rest of the formula. 1,024 of each
-# hold well under 1 MB. Every CgroupValues a decision returns is one of these shared
-# instances (`shared_values`): the plugin holds them until after its replies, and a
-# fresh object each would leave the heap fragmented once freed.
+# hold well under 1 MB: their keys are ints and the names of the configuration's
+# resources. Every CgroupValues a decision returns is one of these shared instances
+# (`shared_values`): the plugin holds them until after its replies, and a fresh object
+# each would leave the heap fragmented once freed.
 _DISTINCT = 1024
 _value_from = lru_cache(maxsize=_DISTINCT)(ValueFrom)
-_pod_sum = lru_cache(maxsize=_DISTINCT)(PodSum)
 shared_values = lru_cache(maxsize=_DISTINCT)(CgroupValues)
+#: A pod-sum step may name a container of the pod's annotation, which its author chose
+#: and may make as long as the annotation: these are bounded in bytes as well.
+POD_SUM_CACHE_BYTES = 1024 * 1024
+#: PodSum's fields, in order.
+_PodSumKey = tuple[Field, int, str, int, int, str | None]
+pod_sum_cache: BoundedCache[_PodSumKey, PodSum] = BoundedCache(_DISTINCT, POD_SUM_CACHE_BYTES)
+
+
+def _new_pod_sum(key: _PodSumKey) -> PodSum:
+    return PodSum(*key)
+
+
+_pod_sum = pod_sum_cache.memoize(_new_pod_sum)
+
 # An enum member read through its class costs ten times a module global.
 _SHARES, _QUOTA, _MEMORY = Field.CPU_SHARES, Field.CPU_QUOTA, Field.MEMORY_LIMIT
 
@@ -106,12 +121,12 @@ def pod_values(
     cpu, memory_name = tier.cpu_resource, tier.memory_resource
     requests = sum(_positive(entry.requests, cpu) for entry in containers.values())
     shares = milli_cpu_to_shares(requests)
-    trace.append(_pod_sum(_SHARES, shares, cpu, requests, len(containers)))
+    trace.append(_pod_sum((_SHARES, shares, cpu, requests, len(containers), None)))
 
     if rules.cfs_quota:
         total, unlimited_by = _pod_limit_sum(containers, cpu)
         quota = milli_cpu_to_quota(total)
-        trace.append(_pod_sum(_QUOTA, quota, cpu, total, len(containers), unlimited_by))
+        trace.append(_pod_sum((_QUOTA, quota, cpu, total, len(containers), unlimited_by)))
     else:
         quota = _quota_disabled(trace)
     quota = _never_loosen_quota(normalize(quota, rules, trace), native, trace)
@@ -119,7 +134,7 @@ def pod_values(
     total, unlimited_by = _pod_limit_sum(containers, memory_name)
     # Koordinator would write 0 for a spec listing no containers; that means unlimited here.
     memory = total or UNLIMITED
-    trace.append(_pod_sum(_MEMORY, memory, memory_name, total, len(containers), unlimited_by))
+    trace.append(_pod_sum((_MEMORY, memory, memory_name, total, len(containers), unlimited_by)))
     memory = _never_loosen_memory(memory, native, trace)
     return shared_values(shares, quota, memory)
 

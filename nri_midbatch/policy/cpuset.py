@@ -11,9 +11,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from functools import lru_cache
 
-__all__ = ["RESOURCE_STATUS_ANNOTATION", "bound_cpuset"]
+from .bounded_cache import BoundedCache
+
+__all__ = [
+    "RESOURCE_STATUS_ANNOTATION",
+    "RESOURCE_STATUS_CACHE_BYTES",
+    "RESOURCE_STATUS_CACHE_ENTRIES",
+    "bound_cpuset",
+    "resource_status_cache",
+]
 
 RESOURCE_STATUS_ANNOTATION = "scheduling.koordinator.sh/resource-status"
 
@@ -24,9 +31,7 @@ def bound_cpuset(annotations: Mapping[str, str]) -> str | None:
     return None if text is None else _cpuset(text)
 
 
-# Each pod's annotation is read at every decision of the pod; the texts are few per node.
-@lru_cache(maxsize=256)
-def _cpuset(text: str) -> str | None:
+def _parsed_cpuset(text: str) -> str | None:
     # Go's encoding/json into ResourceStatus{CPUSet string `json:"cpuset"`}: the field name
     # matches case-insensitively and the last one written wins. Any error makes koordlet's
     # GetCPUSetFromPod fail, and the pod is then treated as not bound.
@@ -44,3 +49,13 @@ def _cpuset(text: str) -> str | None:
             return None
         cpuset = value
     return cpuset or None
+
+
+# Each pod's annotation is read at every decision of the pod; the texts are few per node
+# and short (a cpuset and NUMA hints), but a pod author may write up to 256 KB of them.
+RESOURCE_STATUS_CACHE_ENTRIES = 256
+RESOURCE_STATUS_CACHE_BYTES = 1024 * 1024
+resource_status_cache: BoundedCache[str, str | None] = BoundedCache(
+    RESOURCE_STATUS_CACHE_ENTRIES, RESOURCE_STATUS_CACHE_BYTES
+)
+_cpuset = resource_status_cache.memoize(_parsed_cpuset)

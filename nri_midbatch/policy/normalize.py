@@ -4,8 +4,9 @@ koordlet scales the CFS quota the runtime set for a pod of QoS LS or without a Q
 unless the pod is bound to a cpuset: a positive quota becomes ceil(quota / ratio) when the
 node's ratio is above 1. It only ever lowers a quota, so never-loosen has nothing to do, and it
 sets nothing else: shares and the memory limit stay as kubelet set them. Which pods it takes
-is the tier's business (priority and QoS), so a Mid+LS pod, which the mid tier already scales
-with the same ratio, is scaled once.
+is the tier's business (priority and QoS), so a Mid+LS pod, which the mid tier takes first, is
+never scaled twice: the mid formula divides by the same ratio when the pod's spec has mid
+entries, and without them nothing scales the pod at all (docs/koordinator.md).
 """
 
 from __future__ import annotations

@@ -17,8 +17,6 @@ import string
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import Enum, auto
-from functools import lru_cache
 
 from .bounded_cache import BoundedCache
 from .quantity import INT64_MAX, INT64_MIN, QuantityError, quantity_value
@@ -96,13 +94,6 @@ SPEC_CACHE_BYTES = 4 * 1024 * 1024
 QUANTITY_CACHE_TEXT = 64
 
 
-class _Missing(Enum):
-    MISSING = auto()
-
-
-_MISSING = _Missing.MISSING  # read once: a member read through its class is slow
-
-
 spec_cache: BoundedCache[str, ExtendedSpec | SpecError | None] = BoundedCache(
     SPEC_CACHE_ENTRIES, SPEC_CACHE_BYTES
 )
@@ -132,17 +123,12 @@ def _field(key: str) -> str:
     return key.translate(_GO_FOLD)
 
 
-def load_spec(text: str) -> ExtendedSpec | SpecError | None:
-    """parse_spec with the outcome (error included) cached per annotation string."""
-    cached = spec_cache.get(text, _MISSING)
-    if cached is not _MISSING:
-        return cached
+def _outcome(text: str) -> ExtendedSpec | SpecError | None:
+    """parse_spec's outcome, an error included."""
     try:
-        outcome: ExtendedSpec | SpecError | None = parse_spec(text)
+        return parse_spec(text)
     except SpecError as error:
-        outcome = error
-    spec_cache.put(text, outcome, _footprint(text, outcome))
-    return outcome
+        return error
 
 
 def _footprint(text: str, outcome: ExtendedSpec | SpecError | None) -> int:
@@ -168,6 +154,9 @@ def _footprint(text: str, outcome: ExtendedSpec | SpecError | None) -> int:
 _ENTRY_BYTES = sys.getsizeof(ContainerSpec({}, {}))
 #: Every value is in int64's range; none takes more than its extremes.
 _VALUE_BYTES = max(sys.getsizeof(INT64_MAX), sys.getsizeof(INT64_MIN))
+
+#: parse_spec with the outcome (error included) cached per annotation string.
+load_spec = spec_cache.memoize(_outcome, _footprint)
 
 
 def parse_spec(text: str) -> ExtendedSpec | None:
@@ -232,7 +221,11 @@ def _escape_aware_decoder() -> json.JSONDecoder:
     """A decoder whose string values remember whether they were written with escapes.
 
     Only the pure-Python scanner calls `parse_string`; it is used for the rare annotation
-    holding a backslash.
+    holding a backslash. json offers no supported hook for strings, and parsing JSON here
+    would be slower and a second parser to keep right, so this builds on two internals of
+    CPython's json module. A test in tests/unit/test_policy_spec.py (the escape-aware
+    decoder still finds the json internals it builds on) fails if a Python upgrade
+    changes either.
     """
     decoder = _decoder()
     decoder.parse_string = _scan_string  # type: ignore[attr-defined]
@@ -321,8 +314,13 @@ def _parse_quantity_int(text: str) -> int | QuantityError:
 
 # Parsing one takes about 20 us (exact fractions), and a node's specs repeat a few
 # dozen quantities ("1k", "512Mi"): each is parsed once. Keys are at most
-# QUANTITY_CACHE_TEXT characters, so the cache holds well under 1 MB.
-_cached_quantity_int = lru_cache(maxsize=1024)(_parse_quantity_int)
+# QUANTITY_CACHE_TEXT characters, so the entries bound holds first, at about 300 KB.
+QUANTITY_CACHE_ENTRIES = 1024
+QUANTITY_CACHE_BYTES = 1024 * 1024
+quantity_cache: BoundedCache[str, int | QuantityError] = BoundedCache(
+    QUANTITY_CACHE_ENTRIES, QUANTITY_CACHE_BYTES
+)
+_cached_quantity_int = quantity_cache.memoize(_parse_quantity_int)
 
 
 def _json_type(value: object) -> str:

@@ -149,8 +149,8 @@ def test_unknown_key_rejected_with_its_path(text: str, path: str) -> None:
             "rules.cpuNormalizationRatio: Input should be greater",
         ),
         ("rules: {cpuNormalizationRatio: -1.5}", "cpuNormalizationRatio: Input should be greater"),
-        ("rules: {cpuNormalizationRatio: .inf}", "cpuNormalizationRatio: Input should be a finite"),
-        ("rules: {cpuNormalizationRatio: '1.2'}", "cpuNormalizationRatio: Input should be a valid"),
+        ("rules: {cpuNormalizationRatio: .inf}", "cpuNormalizationRatio: must be a decimal"),
+        ("rules: {cpuNormalizationRatio: '1.2'}", "cpuNormalizationRatio: must be a decimal"),
         ("rules: {cfsQuota: 'no'}", "rules.cfsQuota: Input should be a valid boolean"),
         ("failurePolicy: ignore", "failurePolicy: Input should be 'Ignore' or 'Fail'"),
         ("cgroups: {driver: systemD}", "cgroups.driver: Input should be"),
@@ -379,3 +379,67 @@ def test_the_calculators_a_tier_may_name_are_the_policys() -> None:
     from nri_midbatch.policy.calculators import CALCULATORS
 
     assert set(get_args(_Calculator)) == set(CALCULATORS)
+
+
+def ratio_of(written: str) -> Fraction | None:
+    """The ratio the policy gets from `rules.cpuNormalizationRatio: <written>`."""
+    config = load_config_text(f"rules: {{cpuNormalizationRatio: {written}}}", "node.yaml")
+    return compile_policy(config).rules.cpu_normalization_ratio
+
+
+@pytest.mark.parametrize(
+    ("written", "exactly"),
+    [
+        ("1.2", Fraction(6, 5)),
+        ("1.15", Fraction(23, 20)),
+        ("2", Fraction(2)),
+        (".5", Fraction(1, 2)),
+        ("1.", Fraction(1)),
+        ("+1.5", Fraction(3, 2)),
+        ("12e-1", Fraction(6, 5)),
+        ("1e3", Fraction(1000)),  # YAML 1.1 reads an exponent without a dot as text
+        ("1e300", Fraction(10**300)),
+        ("5e-324", Fraction(5, 10**324)),  # the least double, as written
+        ("1.2000000000000002", Fraction(12000000000000002, 10**16)),  # 17 digits, a double
+        ("010", Fraction(10)),  # a decimal ten, not YAML 1.1's octal eight
+        ("!!float 1.25", Fraction(5, 4)),
+    ],
+)
+def test_a_ratio_written_as_a_decimal_is_that_decimal_exactly(
+    written: str, exactly: Fraction
+) -> None:
+    assert ratio_of(written) == exactly
+
+
+@pytest.mark.parametrize(
+    ("written", "message"),
+    [
+        # Not decimals, though YAML 1.1 reads them as numbers:
+        ("0x10", "must be a decimal number (digits with an optional sign, fraction and exponent"),
+        ("0o17", "not '0o17'"),
+        ("1_000", "not '1_000'"),
+        ("1:30", "not '1:30'"),  # base 60
+        (".inf", "not '.inf'"),
+        (".nan", "not '.nan'"),
+        ("'1.2'", "must be a decimal number"),
+        ("!!float 0x10", "'0x10' is not a decimal number"),
+        ("!!int 0x10", "'0x10' is not a decimal number"),
+        # Decimals no double holds exactly, so that the ratio would not be the one written:
+        ("1.23456789012345678", "1.23456789012345678 cannot be held exactly as a double"),
+        ("1e999", "1e999 cannot be held exactly as a double"),
+        ("1e-999", "1e-999 cannot be held exactly as a double"),
+        ("1e-999999999999", "1e-999999999999 cannot be held exactly"),
+    ],
+)
+def test_a_ratio_not_written_as_an_exact_decimal_is_refused_with_the_grammar(
+    written: str, message: str
+) -> None:
+    error = rejected(f"rules: {{cpuNormalizationRatio: {written}}}")
+    assert message in error
+
+
+def test_a_ratio_written_with_an_exponent_survives_the_effective_configuration() -> None:
+    for written in ("1e300", "5e-324", "1.2000000000000002"):
+        config = load_config_text(f"rules: {{cpuNormalizationRatio: {written}}}", "node.yaml")
+        again = load_config_text(effective_config_yaml(config), "effective")
+        assert again == config

@@ -416,4 +416,4 @@ def test_shared_value_steps_equal_new_ones(
     assert str(shared) == str(ValueFrom(field, value, kind, resource, amount))
     assert calculate.shared_values(value, amount, None) == CgroupValues(value, amount, None)
     pod_sum = PodSum(field, value, resource, amount, 3, kind)
-    assert calculate._pod_sum(field, value, resource, amount, 3, kind) == pod_sum
+    assert calculate._pod_sum((field, value, resource, amount, 3, kind)) == pod_sum

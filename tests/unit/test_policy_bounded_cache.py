@@ -2,41 +2,66 @@
 
 from __future__ import annotations
 
+import pytest
+
 from nri_midbatch.policy.bounded_cache import BoundedCache
 
 
+class Memoized:
+    """A function memoized in `cache`, each key costing `costs[key]` (1 unless listed)."""
+
+    def __init__(self, cache: BoundedCache[str, str | None], costs: dict[str, int]) -> None:
+        self.cache = cache
+        self.calls: list[str] = []
+        self.cached = cache.memoize(self._compute, cost=lambda key, value: costs.get(key, 1))
+
+    def _compute(self, key: str) -> str | None:
+        self.calls.append(key)
+        return None if key == "none" else key.upper()
+
+    def kept(self, key: str) -> bool:
+        """Whether `key` was answered from the cache (it is kept, and touched, either way)."""
+        calls = len(self.calls)
+        self.cached(key)
+        return len(self.calls) == calls
+
+
 def test_bytes_bound_evicts_the_least_recently_used() -> None:
-    cache: BoundedCache[str, int] = BoundedCache(max_entries=10, max_bytes=100)
-    cache.put("a", 1, 40)
-    cache.put("b", 2, 40)
-    assert cache.get("a", None) == 1  # "b" is now the least recently used
-    cache.put("c", 3, 40)
-    assert (cache.get("a", None), cache.get("b", None), cache.get("c", None)) == (1, None, 3)
-    assert (len(cache), cache.bytes) == (2, 80)
+    memo = Memoized(BoundedCache(max_entries=10, max_bytes=100), {"a": 40, "b": 40, "c": 40})
+    assert [memo.cached(key) for key in "aba"] == ["A", "B", "A"]  # "b" is now the oldest
+    memo.cached("c")
+    assert (len(memo.cache), memo.cache.bytes) == (2, 80)
+    assert (memo.kept("a"), memo.kept("c"), memo.kept("b")) == (True, True, False)
 
 
 def test_entries_bound_holds_for_cheap_entries() -> None:
-    cache: BoundedCache[int, int] = BoundedCache(max_entries=3, max_bytes=10**9)
+    memo = Memoized(BoundedCache(max_entries=3, max_bytes=10**9), {})
     for n in range(10):
-        cache.put(n, n, 1)
-    assert len(cache) == 3
-    assert [cache.get(n, None) for n in range(10)] == [None] * 7 + [7, 8, 9]
+        memo.cached(str(n))
+    assert len(memo.cache) == 3
+    assert [memo.kept(str(n)) for n in (7, 8, 9)] == [True, True, True]
+    assert memo.kept("0") is False
 
 
 def test_an_entry_above_the_whole_budget_is_not_kept_and_evicts_nothing() -> None:
+    memo = Memoized(BoundedCache(max_entries=10, max_bytes=100), {"small": 10, "huge": 101})
+    assert (memo.cached("small"), memo.cached("huge")) == ("SMALL", "HUGE")
+    assert (len(memo.cache), memo.cache.bytes) == (1, 10)
+    assert (memo.kept("small"), memo.kept("huge")) == (True, False)
+
+
+def test_a_cached_none_is_told_from_a_miss_and_clear_empties() -> None:
+    memo = Memoized(BoundedCache(max_entries=10, max_bytes=100), {})
+    assert memo.cached("none") is None
+    assert memo.kept("none") is True
+    memo.cache.clear()
+    assert (len(memo.cache), memo.cache.bytes) == (0, 0)
+    assert memo.kept("none") is False
+
+
+def test_memoize_keeps_no_outcome_of_a_call_that_raises() -> None:
     cache: BoundedCache[str, int] = BoundedCache(max_entries=10, max_bytes=100)
-    cache.put("small", 1, 10)
-    cache.put("huge", 2, 101)
-    assert cache.get("huge", None) is None
-    assert cache.get("small", None) == 1
-    assert cache.bytes == 10
-
-
-def test_a_cached_falsy_value_is_told_from_a_miss() -> None:
-    cache: BoundedCache[str, None] = BoundedCache(max_entries=10, max_bytes=100)
-    cache.put("none", None, 1)
-    missing = object()
-    assert cache.get("none", missing) is None
-    assert cache.get("other", missing) is missing
-    cache.clear()
-    assert (len(cache), cache.bytes, cache.get("none", missing)) == (0, 0, missing)
+    cached = cache.memoize(int)
+    with pytest.raises(ValueError):
+        cached("not a number")
+    assert len(cache) == 0 and cached("12") == 12

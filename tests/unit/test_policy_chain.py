@@ -522,3 +522,79 @@ def test_every_decisions_values_are_one_shared_instance_per_distinct_value() -> 
         first, second = decide(p, c, used), decide(replace(p, name="other"), c, used)
         assert first.values is not None
         assert first.values is second.values, (first.values, first.trace)
+
+
+# -- where koordlet's CPUNormalization does otherwise (docs/koordinator.md) -----------------
+
+
+def test_mid_ls_without_mid_entries_is_not_scaled_at_all() -> None:
+    """The mid tier takes the pod and finds nothing to compute; the prod tier never sees it.
+
+    koordlet's CPUNormalization, which filters on QoS only, would scale its kubelet quota.
+    """
+    ctr = ContainerView(id="c0", name="main", native=KUBELET_QUOTA)
+    # No spec: left as kubelet set it, quota 200000 and all.
+    unlisted = decide(pod("LS", "koord-mid"), ctr, NORMALIZING)
+    assert (unlisted.tier, unlisted.values) == ("mid", None)
+    # Listed with batch entries only: the mid formulas find no mid-cpu limit (quota -1),
+    # never-loosen keeps kubelet's 200000, unscaled.
+    listed = decide(pod("LS", "koord-mid", batch_spec(main=("500", "1k", "2Gi"))), ctr, NORMALIZING)
+    assert (listed.tier, listed.values) == ("mid", CgroupValues(2, 200_000, GI))
+    for decision in (unlisted, listed):
+        assert not any("cpuNormalizationRatio" in line for line in render(decision.trace))
+
+
+def test_an_ls_pod_bound_to_a_cpuset_is_not_scaled_at_pod_level_either() -> None:
+    """koordlet's reconciler scales it, after CPUSetAllocator unset its quota; we leave it."""
+    status = {"scheduling.koordinator.sh/resource-status": '{"cpuset": "2-3"}'}
+    bound = PodView("u", "default", "web", {QOS: "LS"}, status, "", native=KUBELET_QUOTA)
+    decision = decide_pod(bound, NORMALIZING)
+    assert (decision.tier, decision.values) == ("prod", None)
+    assert "bound to cpuset 2-3" in render(decision.trace)[-1]
+
+
+def test_a_pod_whose_kubelet_quota_is_unlimited_stays_unlimited_at_any_ratio() -> None:
+    """A pod with a container without a CPU limit has no pod quota from kubelet.
+
+    koordlet's reconciler writes the sum of the limits it finds (a partial sum) as the pod's
+    quota, even at ratio 1.0; here the pod's own quota is what is scaled, and it has none.
+    """
+    for ratio in ("1.0", "1.2"):
+        config = policy(
+            f"rules: {{cpuNormalizationRatio: {ratio}}}\ntiers: [{{name: prod, priorityClasses: "
+            "[koord-prod, None], qosClasses: [LS, None], calculator: cpu-normalization}]"
+        )
+        unlimited = pod("LS", native=NativeLimits(memory_limit=GI))
+        decision = decide_pod(unlimited, config)
+        assert (decision.tier, decision.values) == ("prod", None)
+
+
+def test_a_ratio_change_below_a_hundredth_still_changes_the_quota() -> None:
+    """koordlet ignores a ratio change below 0.01; the configured ratio is always the one used."""
+    values = []
+    for ratio in ("1.2", "1.205"):
+        config = policy(
+            f"rules: {{cpuNormalizationRatio: {ratio}}}\ntiers: [{{name: prod, priorityClasses: "
+            "[koord-prod], qosClasses: [LS], calculator: cpu-normalization}]"
+        )
+        ctr = ContainerView("c0", "main", KUBELET_QUOTA)
+        values.append(decide(pod("LS", "koord-prod"), ctr, config).values)
+    # ceil(200000 / 1.2) and ceil(200000 / 1.205)
+    assert values == [CgroupValues(None, 166_667, None), CgroupValues(None, 165_976, None)]
+
+
+def test_a_quota_with_a_50ms_period_is_scaled_in_its_own_period() -> None:
+    """kubelet with --cpu-cfs-quota-period=50ms gives 1 CPU a quota of 50000 per 50000 us.
+
+    koordlet's reconciler takes the quota from the CPU limit with a 100000 us period and
+    would write ceil(100000 / ratio) into the 50 ms period: twice the CPU meant.
+    """
+    ctr = ContainerView("c0", "main", NativeLimits(cpu_quota=50_000, cpu_period=50_000))
+    decision = decide(pod("LS", "koord-prod"), ctr, NORMALIZING)
+    assert decision.values == CgroupValues(None, 41_667, None)  # ceil(50000 / 1.2)
+
+
+def test_a_limit_below_nano_resolution_keeps_its_sign() -> None:
+    """apimachinery reads -1e-10 as -1n (Value() -1), a limit <= 0: no quota, not 1000."""
+    decision = decide(pod("BE", "koord-batch", batch_spec(main=("1e-10", "-1e-10", None))))
+    assert decision.values == CgroupValues(2, -1, -1)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import json
+import json.decoder
+import json.scanner
 import tracemalloc
 
 import pytest
@@ -181,15 +183,15 @@ def test_a_spec_costing_more_than_the_whole_bound_is_not_cached() -> None:
 
 def test_long_quantity_texts_are_not_cached() -> None:
     """Each could be an annotation's worth; only texts a real quantity can have are kept."""
-    info = spec_module._cached_quantity_int.cache_info
+    cache = spec_module.quantity_cache
     long_text = "1" * (spec_module.QUANTITY_CACHE_TEXT + 1)
-    before = info().currsize
+    before = len(cache)
     for n in range(3):
         with pytest.raises(SpecError):
             parse_spec(f'{{"containers": {{"a": {{"limits": {{"{CPU}": "{long_text}{n}x"}}}}}}}}')
-    assert info().currsize == before
+    assert len(cache) == before
     parse_spec(f'{{"containers": {{"a": {{"limits": {{"{CPU}": "12345m"}}}}}}}}')
-    assert info().currsize <= before + 1
+    assert len(cache) <= before + 1
 
 
 def test_field_names_match_case_insensitively_as_in_go() -> None:
@@ -250,3 +252,28 @@ def test_escapes_elsewhere_are_decoded() -> None:
 def test_an_array_is_not_an_object() -> None:
     with pytest.raises(SpecError, match="not an array"):
         parse_spec('{"containers": []}')
+
+
+def test_the_escape_aware_decoder_still_finds_the_json_internals_it_builds_on() -> None:
+    """Fails on a Python whose json module no longer works as the escape-aware decoder needs.
+
+    policy/spec.py gives a decoder its own `parse_string` and rebuilds `scan_once` with
+    json.scanner.py_make_scanner, the pure-Python scanner, which reads `parse_string` when it
+    is made (the C scanner does not call it). Both are internals of CPython's json module.
+    """
+    made = getattr(json.scanner, "py_make_scanner", None)
+    assert callable(made), "json.scanner.py_make_scanner is gone"
+    # json.decoder.scanstring(text, index after the opening quote, strict) -> (value, end)
+    value, end = json.decoder.scanstring('"1\\u006b" tail', 1, True)  # type: ignore[attr-defined]
+    assert (value, end) == ("1k", 9), "json.decoder.scanstring changed its contract"
+    document = spec_module._ESCAPE_AWARE.decode(
+        '{"k\\u0065y": {"plain": "1k", "escaped": "1\\u006b", "list": ["a", "\\n"]}}'
+    )
+    assert document == [("key", [("plain", "1k"), ("escaped", "1k"), ("list", ["a", "\n"])])]
+    inner = dict(document[0][1])
+    assert type(inner["plain"]) is str, "unescaped strings must stay plain str"
+    assert type(inner["escaped"]) is spec_module._Escaped, (
+        "the pure-Python scanner no longer calls the decoder's parse_string: escaped "
+        "quantities would be read as Go never reads them"
+    )
+    assert [type(item) for item in inner["list"]] == [str, spec_module._Escaped]

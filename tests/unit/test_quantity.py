@@ -130,6 +130,11 @@ def test_error_says_what_is_wrong() -> None:
         ("-500m", -1, -500),
         ("-1n", -1, -1),
         ("-0.1m", -1, -1),
+        # Below nano resolution: ParseQuantity rounds the magnitude up to 1n and puts the
+        # sign back (apimachinery quantity.go), so -1e-10 is -1n, Value() -1, not +1.
+        ("1e-10", 1, 1),
+        ("-1e-10", -1, -1),
+        ("-1.5e-10", -1, -1),
         ("0", 0, 0),
     ],
 )
