@@ -202,6 +202,8 @@ class Session:
         #: What the wire layer refused or ignored on connections now closed.
         self._refused_before = 0
         self._ignored_before = 0
+        #: Connections dropped because the runtime broke the protocol.
+        self.protocol_disconnects = 0
         #: The Synchronize being received: chunks are handed to the plugin as they come.
         self._sync_pods = 0
         self._sync_containers = 0
@@ -247,6 +249,7 @@ class Session:
             self._conn = None
             self._refused_before += conn.refused
             self._ignored_before += conn.ignored
+            self.protocol_disconnects += conn.broken_by_peer
             self._drop_sync_buffer()
             self._advance(Step.CLOSE)
         return conn.close_reason or "closed"

@@ -329,6 +329,13 @@ class App:
             {("refused",): refused, ("ignored",): ignored},
         )
         yield (
+            "nri_midbatch_runtime_protocol_disconnects",
+            "Connections to the runtime dropped because it broke the protocol (framing garbage,"
+            " or a flood of messages to refuse or ignore); the plugin then registers again",
+            (),
+            {(): self.session.protocol_disconnects},
+        )
+        yield (
             "nri_midbatch_metrics_bind_failures",
             "Attempts to serve metrics and health that found the address taken",
             (),

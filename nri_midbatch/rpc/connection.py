@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import select
+import time
 from collections.abc import Callable, Mapping
 from typing import TypeVar, cast
 
@@ -50,8 +51,13 @@ class MuxConnection:
         client_conn: int = RUNTIME_SERVICE_CONN,
         name: str = "nri",
         on_idle: Callable[[], None] | None = None,
+        max_violations_per_second: int = wire.MAX_VIOLATIONS_PER_SECOND,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """on_idle: called when the last request in progress has been answered."""
+        """on_idle: called when the last request in progress has been answered.
+
+        max_violations_per_second, clock: the flood bound (see wire.connection).
+        """
         self._reader = reader
         self._writer = writer
         self._services = services
@@ -63,6 +69,8 @@ class MuxConnection:
             },
             server_conn=server_conn,
             client_conn=client_conn,
+            max_violations_per_second=max_violations_per_second,
+            clock=clock,
         )
         self._handlers: set[asyncio.Task[None]] = set()
         self._closed = asyncio.Event()
@@ -72,6 +80,9 @@ class MuxConnection:
         self._serving = 0
         self._on_idle = on_idle
         self.close_reason: str | None = None
+        #: The connection was dropped because the peer broke the protocol
+        #: (framing garbage, or a flood of refused or ignored messages).
+        self.broken_by_peer = False
         #: Times the reader gave the event loop a turn in the middle of a read.
         self.yields = 0
         #: Writes to the peer so far: each may have woken a runtime thread onto
@@ -98,6 +109,7 @@ class MuxConnection:
                 self._dispatching = False
         except RemoteProtocolError as exc:
             reason = f"protocol error: {exc}"
+            self.broken_by_peer = True
             self._log.warning("dropping connection", reason=reason)
         except (ConnectionError, OSError) as exc:
             reason = f"socket error: {exc}"

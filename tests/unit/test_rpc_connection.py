@@ -37,6 +37,9 @@ SERVICE = "test.Echo"
 RUNTIME = "test.Runtime"
 KV: TypeAlias = ttrpc_pb2.KeyValue
 
+#: A flood bound no test of other bounds reaches: these tests flood on purpose.
+FLOODS = 1_000_000
+
 
 class Handlers:
     """The service under test; records what the handlers saw."""
@@ -751,7 +754,9 @@ def test_a_flood_of_tiny_messages_does_not_starve_a_request_before_it() -> None:
     async def scenario() -> tuple[RecordingWriter, MuxConnection]:
         reader = asyncio.StreamReader()
         writer = RecordingWriter()
-        conn = MuxConnection(reader, writer, {SERVICE: Handlers().service()})  # type: ignore[arg-type]
+        conn = MuxConnection(
+            reader, writer, {SERVICE: Handlers().service()}, max_violations_per_second=FLOODS
+        )  # type: ignore[arg-type]
         task = asyncio.create_task(conn.run())
         echo = ttrpc_pb2.Request(
             service=SERVICE, method="Echo", payload=KV(key="first").SerializeToString()
@@ -799,7 +804,9 @@ def test_replies_the_peer_does_not_read_stop_the_reading() -> None:
     async def scenario() -> None:
         reader = asyncio.StreamReader()
         writer = BlockedWriter()
-        conn = MuxConnection(reader, writer, {SERVICE: Handlers().service()})  # type: ignore[arg-type]
+        conn = MuxConnection(
+            reader, writer, {SERVICE: Handlers().service()}, max_violations_per_second=FLOODS
+        )  # type: ignore[arg-type]
         task = asyncio.create_task(conn.run())
         flood = b"".join(HEADER.pack(0, 2, MessageType.REQUEST, 0) for _ in range(1000))
         reader.feed_data(struct.pack(">II", 1, len(flood)) + flood)
@@ -821,7 +828,9 @@ def test_a_flood_of_bad_messages_logs_once_and_counts() -> None:
     async def scenario() -> MuxConnection:
         reader = asyncio.StreamReader()
         writer = RecordingWriter()
-        conn = MuxConnection(reader, writer, {SERVICE: Handlers().service()})  # type: ignore[arg-type]
+        conn = MuxConnection(
+            reader, writer, {SERVICE: Handlers().service()}, max_violations_per_second=FLOODS
+        )  # type: ignore[arg-type]
         task = asyncio.create_task(conn.run())
         refused = b"".join(HEADER.pack(0, 2, MessageType.REQUEST, 0) for _ in range(1000))
         stray = b"".join(HEADER.pack(0, 7, MessageType.RESPONSE, 0) for _ in range(1000))
