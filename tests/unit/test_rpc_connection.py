@@ -755,8 +755,11 @@ def test_a_flood_of_tiny_messages_does_not_starve_a_request_before_it() -> None:
         reader = asyncio.StreamReader()
         writer = RecordingWriter()
         conn = MuxConnection(
-            reader, writer, {SERVICE: Handlers().service()}, max_violations_per_second=FLOODS
-        )  # type: ignore[arg-type]
+            reader,
+            writer,  # type: ignore[arg-type]
+            {SERVICE: Handlers().service()},
+            max_violations_per_second=FLOODS,
+        )
         task = asyncio.create_task(conn.run())
         echo = ttrpc_pb2.Request(
             service=SERVICE, method="Echo", payload=KV(key="first").SerializeToString()
@@ -805,8 +808,11 @@ def test_replies_the_peer_does_not_read_stop_the_reading() -> None:
         reader = asyncio.StreamReader()
         writer = BlockedWriter()
         conn = MuxConnection(
-            reader, writer, {SERVICE: Handlers().service()}, max_violations_per_second=FLOODS
-        )  # type: ignore[arg-type]
+            reader,
+            writer,  # type: ignore[arg-type]
+            {SERVICE: Handlers().service()},
+            max_violations_per_second=FLOODS,
+        )
         task = asyncio.create_task(conn.run())
         flood = b"".join(HEADER.pack(0, 2, MessageType.REQUEST, 0) for _ in range(1000))
         reader.feed_data(struct.pack(">II", 1, len(flood)) + flood)
@@ -829,8 +835,11 @@ def test_a_flood_of_bad_messages_logs_once_and_counts() -> None:
         reader = asyncio.StreamReader()
         writer = RecordingWriter()
         conn = MuxConnection(
-            reader, writer, {SERVICE: Handlers().service()}, max_violations_per_second=FLOODS
-        )  # type: ignore[arg-type]
+            reader,
+            writer,  # type: ignore[arg-type]
+            {SERVICE: Handlers().service()},
+            max_violations_per_second=FLOODS,
+        )
         task = asyncio.create_task(conn.run())
         refused = b"".join(HEADER.pack(0, 2, MessageType.REQUEST, 0) for _ in range(1000))
         stray = b"".join(HEADER.pack(0, 7, MessageType.RESPONSE, 0) for _ in range(1000))
