@@ -30,6 +30,7 @@ from nri_midbatch.nri.lifecycle import Phase, Step, transition
 from nri_midbatch.rpc.connection import MuxConnection
 from nri_midbatch.rpc.errors import ConnectionClosed, RpcError
 from nri_midbatch.rpc.service import CallContext, Method, Service
+from nri_midbatch.wire.ratelimit import RateLimit
 from nri_midbatch.wire.status import Code
 
 log = structlog.get_logger(__name__)
@@ -49,6 +50,10 @@ DEFAULT_UPDATE_TIMEOUT = 10.0
 #: sends the last chunk from growing the buffer without end.
 MAX_SYNC_BYTES = 64 << 20
 MAX_SYNC_OBJECTS = 65_536
+#: A warning the runtime can provoke at will (a StateChange with an event id we
+#: do not know) is logged at most this many times a minute; the next line after
+#: the minute says how many were left out.
+WARNINGS_PER_MINUTE = 5
 
 _in_event_handler: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "nri_in_event_handler", default=False
@@ -187,14 +192,20 @@ class Session:
         on_state: Callable[[SessionState], None] | None = None,
         on_idle: Callable[[], None] | None = None,
         recorders: Sequence[CallRecorder] = (),
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """on_idle: called when the runtime's requests in progress have all been answered."""
+        """on_idle: called when the runtime's requests in progress have all been answered.
+
+        clock: seconds, for the bounds kept per second or per minute (flood, warnings).
+        """
         self._plugin = plugin
         self._on_idle = on_idle
         self._recorders = tuple(recorders)
         self._name = name
         self._idx = idx
         self._registration_timeout = registration_timeout
+        self._clock = clock
+        self._warnings: RateLimit[str] = RateLimit(WARNINGS_PER_MINUTE, 60.0, clock=clock)
         self.state = SessionState()
         if on_state is not None:
             self.state._listeners.append(on_state)
@@ -232,6 +243,7 @@ class Session:
             {PLUGIN_SERVICE: self._service()},
             name=f"{self._idx}-{self._name}",
             on_idle=self._on_idle,
+            clock=self._clock,
         )
         self._conn = conn
         self._configured.clear()
@@ -594,13 +606,19 @@ class Session:
         try:
             kind = Event(request.event)
         except ValueError:
-            self._log.warning("unknown event in StateChange", event_id=request.event)
+            self._warn("unknown event in StateChange", event_id=request.event)
             return api.Empty()
         if kind in POD_EVENTS:
             await self._plugin.pod_event(kind, request.pod)
         else:
             await self._plugin.container_event(kind, request.pod, request.container)
         return api.Empty()
+
+    def _warn(self, message: str, **fields: object) -> None:
+        """Log a warning the runtime can repeat without end, within WARNINGS_PER_MINUTE."""
+        suppressed = self._warnings.admit(message)
+        if suppressed is not None:
+            self._log.warning(message, **fields, suppressed_before=suppressed)
 
     async def _validate(
         self, _request: api.ValidateContainerAdjustmentRequest

@@ -6,8 +6,10 @@ Reference §4.1, §4.2, §4.5, §4.6 and checklist items 12-20.
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import pytest
+from structlog.testing import capture_logs
 
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.api import ttrpc_pb2
@@ -464,6 +466,40 @@ def test_state_change_with_unknown_event_is_acknowledged() -> None:
     run(scenario())
 
 
+def test_unknown_state_change_events_are_warned_of_a_few_times_a_minute() -> None:
+    """Issue 24: 149 bytes of warning per message, without a limit; now 5 a minute, then a count."""
+    now = [0.0]
+
+    async def scenario() -> None:
+        session = Session(RecordingPlugin(), "midbatch", "10", clock=lambda: now[0])
+        peer, task = await registered_raw(session)
+        stream = itertools.count(3, 2)
+        for event_id in range(100, 1100):
+            request = api.StateChangeEvent(event=event_id)
+            peer.send_request(1, next(stream), PLUGIN_SERVICE, "StateChange", request)
+            _, response = await peer.read_response(1)
+            assert not response.HasField("status")  # acknowledged all the same
+        now[0] = 60.0
+        peer.send_request(
+            1, next(stream), PLUGIN_SERVICE, "StateChange", api.StateChangeEvent(event=99)
+        )
+        await peer.read_response(1)
+        peer.close()
+        await task
+
+    with capture_logs() as logs:
+        run(scenario())
+    warnings = [line for line in logs if line["event"] == "unknown event in StateChange"]
+    assert [(w["event_id"], w["suppressed_before"]) for w in warnings] == [
+        (100, 0),
+        (101, 0),
+        (102, 0),
+        (103, 0),
+        (104, 0),
+        (99, 995),
+    ]
+
+
 def test_unimplemented_plugin_method_triggers_the_go_fallback_status() -> None:
     async def scenario() -> None:
         async with loopback(RecordingPlugin()) as lb:
@@ -761,7 +797,8 @@ def test_event_before_configure_and_second_configure_are_refused() -> None:
     run(scenario())
 
 
-def test_event_between_split_synchronize_chunks_is_refused() -> None:
+def test_create_container_between_split_synchronize_chunks_is_served() -> None:
+    """Issue 24: it was refused with status 9; NRI's Go stub serves it, and so do we."""
     plugin = RecordingPlugin()
 
     async def scenario() -> None:
@@ -772,14 +809,19 @@ def test_event_between_split_synchronize_chunks_is_refused() -> None:
         _, response = await peer.read_response(1)
         assert api.SynchronizeResponse.FromString(response.payload).more
         assert session.state.phase.value == "synchronizing"
-        peer.send_request(1, 5, PLUGIN_SERVICE, "StopContainer", api.StopContainerRequest())
+        create = api.CreateContainerRequest(pod=pod("q"), container=container("c", "q"))
+        peer.send_request(1, 5, PLUGIN_SERVICE, "CreateContainer", create)
         _, response = await peer.read_response(1)
-        assert response.status.code == Code.FAILED_PRECONDITION
-        peer.send_request(1, 7, PLUGIN_SERVICE, "Synchronize", api.SynchronizeRequest())
+        assert not response.HasField("status")
+        assert plugin.created == [("q", "c")]
+        assert session.state.phase.value == "synchronizing"  # the sync goes on
+        last = api.SynchronizeRequest(pods=[pod("r")])
+        peer.send_request(1, 7, PLUGIN_SERVICE, "Synchronize", last)
         _, response = await peer.read_response(1)
         assert not response.HasField("status")
         assert session.state.phase.value == "ready"
-        assert [len(p) for p, _ in plugin.syncs] == [1]
+        # Both chunks made one Synchronize; the event was no part of it.
+        assert [[p.id for p in pods] for pods, _ in plugin.syncs] == [["p", "r"]]
         peer.close()
         await task
 
