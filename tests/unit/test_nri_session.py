@@ -15,6 +15,7 @@ from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.api import ttrpc_pb2
 from nri_midbatch.nri import session as session_module
 from nri_midbatch.nri.events import Event
+from nri_midbatch.nri.lifecycle import Phase
 from nri_midbatch.nri.session import (
     PLUGIN_SERVICE,
     RUNTIME_SERVICE,
@@ -808,18 +809,19 @@ def test_create_container_between_split_synchronize_chunks_is_served() -> None:
         peer.send_request(1, 3, PLUGIN_SERVICE, "Synchronize", chunk)
         _, response = await peer.read_response(1)
         assert api.SynchronizeResponse.FromString(response.payload).more
-        assert session.state.phase.value == "synchronizing"
+        phases = [session.state.phase]
         create = api.CreateContainerRequest(pod=pod("q"), container=container("c", "q"))
         peer.send_request(1, 5, PLUGIN_SERVICE, "CreateContainer", create)
         _, response = await peer.read_response(1)
         assert not response.HasField("status")
         assert plugin.created == [("q", "c")]
-        assert session.state.phase.value == "synchronizing"  # the sync goes on
+        phases.append(session.state.phase)  # the sync goes on
         last = api.SynchronizeRequest(pods=[pod("r")])
         peer.send_request(1, 7, PLUGIN_SERVICE, "Synchronize", last)
         _, response = await peer.read_response(1)
         assert not response.HasField("status")
-        assert session.state.phase.value == "ready"
+        phases.append(session.state.phase)
+        assert phases == [Phase.SYNCHRONIZING, Phase.SYNCHRONIZING, Phase.READY]
         # Both chunks made one Synchronize; the event was no part of it.
         assert [[p.id for p in pods] for pods, _ in plugin.syncs] == [["p", "r"]]
         peer.close()
