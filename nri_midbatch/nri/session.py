@@ -41,8 +41,9 @@ RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
 #: The runtime waits 5 s for RegisterPlugin by default; waiting a little longer
 #: ourselves avoids giving up on a busy runtime that would still accept us.
 DEFAULT_REGISTRATION_TIMEOUT = 6.0
-#: UpdateContainers without a deadline of its own: a runtime that never answers
-#: must not hold the caller (or a pending-call slot) for ever.
+#: How long UpdateContainers waits for the runtime's answer (the one deadline of
+#: the call): a runtime that never answers must not hold the caller, a reload
+#: say, or a pending-call slot, for ever. The runtime's own request timeout is 2 s.
 DEFAULT_UPDATE_TIMEOUT = 10.0
 #: A Synchronize split into `more=true` chunks is buffered until its last chunk.
 #: Runtimes split at 4 MiB per chunk; these bounds hold 16 full chunks, and far
