@@ -55,7 +55,7 @@ from nri_midbatch.glue.views import (
     set_resources,
     synchronized_view,
 )
-from nri_midbatch.nri.events import Event
+from nri_midbatch.nri.events import Event, handles
 from nri_midbatch.nri.session import RuntimeInfo
 from nri_midbatch.policy import (
     CgroupValues,
@@ -117,17 +117,6 @@ class _SyncPart:
 
 
 class MidBatchPlugin:
-    events = frozenset(
-        {
-            Event.RUN_POD_SANDBOX,
-            Event.CREATE_CONTAINER,
-            Event.UPDATE_CONTAINER,
-            # Only to forget what is gone, so a reload reaches live workloads only.
-            Event.REMOVE_CONTAINER,
-            Event.REMOVE_POD_SANDBOX,
-        }
-    )
-
     def __init__(
         self,
         config: Settings,
@@ -293,7 +282,7 @@ class MidBatchPlugin:
             )
 
     async def synchronize(
-        self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container]
+        self, pods: Sequence[api.PodSandbox] = (), containers: Sequence[api.Container] = ()
     ) -> api.SynchronizeResponse:
         """The whole Synchronize: what `synchronize_part` took in, then `pods` and `containers`."""
         self.synchronize_part(pods, containers, first=False)
@@ -517,16 +506,9 @@ class MidBatchPlugin:
         self.counters.count_adjusted("UpdateContainer", fields=set_fields(values))
         return [container_update(container.id, values)]
 
-    async def stop_container(
-        self, pod: api.PodSandbox, container: api.Container
-    ) -> Sequence[api.ContainerUpdate]:
-        return []
-
-    async def update_pod_sandbox(
-        self, pod: api.PodSandbox, overhead: api.LinuxResources, resources: api.LinuxResources
-    ) -> None:
-        return None
-
+    # Removals are handled only to forget what is gone, so a reload reaches live
+    # workloads only.
+    @handles(Event.RUN_POD_SANDBOX, Event.REMOVE_POD_SANDBOX)
     async def pod_event(self, event: Event, pod: api.PodSandbox) -> None:
         if event == Event.REMOVE_POD_SANDBOX:
             self.known.remove_pod(pod.id)
@@ -539,6 +521,7 @@ class MidBatchPlugin:
                 if target is not None:
                     self._set_pod_cgroup(target, "RunPodSandbox", refuse=self._fail)
 
+    @handles(Event.REMOVE_CONTAINER)
     async def container_event(
         self, event: Event, pod: api.PodSandbox, container: api.Container
     ) -> None:

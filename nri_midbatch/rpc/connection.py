@@ -21,7 +21,7 @@ import structlog
 from google.protobuf.message import Message
 
 from nri_midbatch.rpc.errors import ConnectionClosed, RpcError, error_status
-from nri_midbatch.rpc.service import CallContext, Method, Service
+from nri_midbatch.rpc.service import CallContext, Service
 from nri_midbatch.wire import connection as wire
 from nri_midbatch.wire.errors import LocalProtocolError, RemoteProtocolError
 from nri_midbatch.wire.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN
@@ -201,9 +201,10 @@ class MuxConnection:
     def _on_event(self, event: wire.Event[_Outcome]) -> None:
         match event:
             case wire.Request():
-                method = self._services[event.envelope.service].methods[event.envelope.method]
                 self._serving += 1
-                task = asyncio.create_task(self._serve(event, method))
+                task = asyncio.create_task(
+                    self._serve(event, self._services[event.envelope.service])
+                )
                 self._handlers.add(task)
                 task.add_done_callback(self._handlers.discard)
             case wire.CallSucceeded():
@@ -231,7 +232,7 @@ class MuxConnection:
 
     # -- serving -------------------------------------------------------------
 
-    async def _serve(self, event: wire.Request, method: Method) -> None:
+    async def _serve(self, event: wire.Request, service: Service) -> None:
         request = event.envelope
         timeout = request.timeout_nano / 1e9 if request.timeout_nano > 0 else None
         metadata: dict[str, tuple[str, ...]] = {}
@@ -242,7 +243,7 @@ class MuxConnection:
         )
         try:
             async with asyncio.timeout(timeout):
-                reply = await method.handler(event.message, context)
+                reply = await service.call(event.message, context)
         except Exception as exc:  # a handler's failure costs one reply, not the connection
             if not isinstance(exc, RpcError | TimeoutError):
                 self._log.exception("handler failed", method=request.method)

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import traceback
 
 import pytest
+from google.protobuf.message import Message
 from structlog.testing import capture_logs
 
 from nri_midbatch.api import nri_pb2 as api
@@ -22,6 +24,7 @@ from nri_midbatch.nri.session import (
     RegistrationError,
     Session,
 )
+from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.wire.status import Code
 
@@ -67,12 +70,12 @@ def test_register_plugin_carries_name_and_idx() -> None:
             assert registration.plugin_name == "midbatch"
             assert registration.plugin_idx == "42"
             assert registration.NRI_version == "v0.12.2"
-            assert configured.events == 0x3FFF
+            assert configured.events == 0x1FFF
             assert list(synced.update) == []
             assert not synced.more
             state = lb.session.state
             assert (state.registered, state.configured, state.synchronized) == (True, True, True)
-            assert state.events == 0x3FFF
+            assert state.events == 0x1FFF
             config, info = plugin.configs[0]
             assert config == "some: config"
             assert (info.name, info.version, info.nri_version) == (
@@ -208,10 +211,10 @@ def test_no_configure_within_registration_timeout() -> None:
         ("some-runtime", "v9.0.0", "", 0x7FF),
         ("", "", "", 0x7FF),
         ("containerd", "v2.1.4", "", 0x7FF),
-        ("containerd", "v2.2.0", "", 0x3FFF),
-        ("cri-o", "1.34.0", "", 0x3FFF),
-        ("containerd", "v2.4.0", "v0.12.0", 0x3FFF),
-        ("some-runtime", "", "v0.12.0", 0x3FFF),
+        ("containerd", "v2.2.0", "", 0x1FFF),
+        ("cri-o", "1.34.0", "", 0x1FFF),
+        ("containerd", "v2.4.0", "v0.12.0", 0x1FFF),
+        ("some-runtime", "", "v0.12.0", 0x1FFF),
     ],
 )
 def test_configure_mask_fits_the_runtime(
@@ -451,6 +454,73 @@ def test_every_state_change_event_reaches_the_plugin() -> None:
             assert plugin.container_events == [(kind, "p2", "c2") for *_, kind in CONTAINER_RPCS]
 
     run(scenario())
+
+
+def test_an_event_the_plugin_does_not_handle_gets_an_empty_reply() -> None:
+    """As from the Go stub: a runtime may call any method; only defined handlers run."""
+    plugin = RecordingPlugin({Event.CREATE_CONTAINER, Event.REMOVE_CONTAINER})
+
+    async def scenario() -> None:
+        async with loopback(plugin) as lb:
+            configured, _ = await lb.runtime.start()
+            assert configured.events == Event.CREATE_CONTAINER.bit | Event.REMOVE_CONTAINER.bit
+            ctr = container("c", "p")
+            stopped = await lb.runtime.call(
+                "StopContainer",
+                api.StopContainerRequest(pod=pod("p"), container=ctr),
+                api.StopContainerResponse,
+            )
+            assert stopped == api.StopContainerResponse()
+            started = api.StartContainerRequest(pod=pod("p"), container=ctr)
+            await lb.runtime.call("StartContainer", started, api.StartContainerResponse)
+            await lb.runtime.call(
+                "RemoveContainer",
+                api.RemoveContainerRequest(pod=pod("p"), container=ctr),
+                api.RemoveContainerResponse,
+            )
+            assert plugin.stopped == []
+            assert plugin.container_events == [(Event.REMOVE_CONTAINER, "p", "c")]
+
+    run(scenario())
+
+
+def test_a_failing_handler_traceback_names_the_methods_it_went_through() -> None:
+    """Named bound methods, not closures (it read _serve, run, run, run, handle, ...)."""
+    failures: list[BaseException] = []
+
+    class Failing(RecordingPlugin):
+        async def create_container(
+            self, pod: api.PodSandbox, container: api.Container
+        ) -> api.CreateContainerResponse:
+            raise ValueError("no")
+
+    class Call:
+        def replied(self, response: Message) -> None:
+            pass
+
+        def failed(self, error: BaseException) -> None:
+            failures.append(error)
+
+    class Recorder:
+        def begin(self, method: str, request: Message) -> Call:
+            return Call()
+
+    async def scenario() -> None:
+        (plugin_reader, plugin_writer), (rt_reader, rt_writer) = await socketpair_streams()
+        runtime = LoopbackRuntime(rt_reader, rt_writer)
+        session = Session(Failing(), "midbatch", "10", recorders=[Recorder()])
+        task = asyncio.create_task(session.run(plugin_reader, plugin_writer))
+        await runtime.start()
+        request = api.CreateContainerRequest(pod=pod("p"), container=container("c", "p"))
+        with pytest.raises(RpcError):
+            await runtime.call("CreateContainer", request, api.CreateContainerResponse)
+        await runtime.close()
+        await asyncio.gather(task, return_exceptions=True)
+
+    run(scenario())
+    (error,) = failures
+    frames = [frame.name for frame in traceback.extract_tb(error.__traceback__)]
+    assert frames == ["_serve", "_around", "_create_container", "create_container"]
 
 
 def test_state_change_with_unknown_event_is_acknowledged() -> None:
