@@ -83,8 +83,6 @@ class MuxConnection:
         #: The connection was dropped because the peer broke the protocol
         #: (framing garbage, or a flood of refused or ignored messages).
         self.broken_by_peer = False
-        #: Times the reader gave the event loop a turn in the middle of a read.
-        self.yields = 0
         #: Writes to the peer so far: each may have woken a runtime thread onto
         #: this process's core, which deferred work then gives way to (after_reply.py).
         self.writes = 0
@@ -131,7 +129,6 @@ class MuxConnection:
             if handled % MESSAGES_PER_TURN == 0:
                 self._write(b"".join(answers))
                 answers.clear()
-                self.yields += 1
                 await asyncio.sleep(0)
                 # Replies pile up in the transport if the peer does not read
                 # them; stop reading until it does (asyncio's high-water mark).
@@ -169,14 +166,6 @@ class MuxConnection:
         except (OSError, ValueError):  # closed under us: nothing to wait for
             return False
         return bool(readable)
-
-    @property
-    def is_closed(self) -> bool:
-        return self._closed.is_set()
-
-    @property
-    def dropped_frames(self) -> int:
-        return self._wire.dropped_frames
 
     def _shutdown(self, reason: str) -> None:
         if self._closed.is_set():

@@ -339,10 +339,6 @@ class Connection(Generic[T]):
     def pending_calls(self) -> int:
         return len(self._pending)
 
-    @property
-    def dropped_frames(self) -> int:
-        return self._mux.dropped_frames
-
 
 # Field 2 (payload), wire type 2 (length-delimited): the tag of Response.payload.
 _PAYLOAD_TAG = b"\x12"
