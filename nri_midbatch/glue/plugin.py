@@ -58,7 +58,7 @@ from nri_midbatch.glue.views import (
     runtime_pod_baseline,
     set_resources,
 )
-from nri_midbatch.nri.events import Event
+from nri_midbatch.nri.events import Event, handles
 from nri_midbatch.nri.session import RuntimeInfo
 from nri_midbatch.policy import (
     CgroupValues,
@@ -135,17 +135,6 @@ class _SyncPart:
 
 
 class MidBatchPlugin:
-    events = frozenset(
-        {
-            Event.RUN_POD_SANDBOX,
-            Event.CREATE_CONTAINER,
-            Event.UPDATE_CONTAINER,
-            # Only to forget what is gone, so a reload reaches live workloads only.
-            Event.REMOVE_CONTAINER,
-            Event.REMOVE_POD_SANDBOX,
-        }
-    )
-
     def __init__(
         self,
         config: Settings,
@@ -475,7 +464,7 @@ class MidBatchPlugin:
         known.set_applied(pod_id, applied)
 
     async def synchronize(
-        self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container]
+        self, pods: Sequence[api.PodSandbox] = (), containers: Sequence[api.Container] = ()
     ) -> api.SynchronizeResponse:
         """The whole Synchronize: what `synchronize_part` took in, then `pods` and `containers`."""
         self.synchronize_part(pods, containers, first=False)
@@ -816,11 +805,9 @@ class MidBatchPlugin:
         known.pod_baseline_known.add(pod.id)
         self._follow_resize(pod.id, view)
 
-    async def stop_container(
-        self, pod: api.PodSandbox, container: api.Container
-    ) -> Sequence[api.ContainerUpdate]:
-        return []
-
+    # Removals are handled only to forget what is gone, so a reload reaches live
+    # workloads only.
+    @handles(Event.RUN_POD_SANDBOX, Event.REMOVE_POD_SANDBOX)
     async def pod_event(self, event: Event, pod: api.PodSandbox) -> None:
         if event == Event.REMOVE_POD_SANDBOX:
             self.known.remove_pod(pod.id)
@@ -843,6 +830,7 @@ class MidBatchPlugin:
         if target is not None:
             self._set_pod_cgroup(target, "RunPodSandbox", refuse=self._fail)
 
+    @handles(Event.REMOVE_CONTAINER)
     async def container_event(
         self, event: Event, pod: api.PodSandbox, container: api.Container
     ) -> None:

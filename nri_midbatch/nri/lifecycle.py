@@ -1,15 +1,18 @@
 """The session's lifecycle as one table: which step is legal in which phase, and where it leads.
 
-Reference §4.1 and §4.2, read as transitions:
+The runtime's side is containerd/nri pkg/adaptation (adaptation.go, plugin.go); the Go
+stub's (pkg/stub/stub.go) is what a plugin is expected to accept. Read as transitions:
 - the runtime may send Configure before our RegisterPlugin reply arrives, so
   Configure is legal while connecting, and the reply is legal once configured;
 - Configure comes once per registration; a second one is refused;
 - Synchronize (possibly split into `more=true` chunks) follows Configure;
   runtimes before NRI v0.7 never send it to pre-launched plugins, so events
   are legal once configured, and a runtime may synchronize again;
-- events never arrive between the chunks of a split Synchronize: the runtime
-  adds a plugin to its list only after the sync;
-- the runtime never sends Shutdown (§4.7); answering it is harmless anywhere.
+- an event between the chunks of a split Synchronize is served, as the Go stub
+  serves it (it only collects chunks, and checks nothing else): the runtime adds
+  a plugin to its list after the sync, so none should come, but one that does is
+  not the plugin's to refuse;
+- the runtime never sends Shutdown; answering it is harmless anywhere.
 
 A step missing from the table is illegal in that phase: the request gets
 FAILED_PRECONDITION, and the phase stays as it was.
@@ -65,6 +68,7 @@ TRANSITIONS: dict[tuple[Phase, Step], Phase] = {
     (P.CONFIGURED, S.SYNC_FAILED): P.CONFIGURED,
     (P.READY, S.SYNC_FAILED): P.CONFIGURED,
     (P.CONFIGURED, S.EVENT): P.CONFIGURED,
+    (P.SYNCHRONIZING, S.EVENT): P.SYNCHRONIZING,
     (P.READY, S.EVENT): P.READY,
     **{(p, S.SHUTDOWN): p for p in Phase if p is not P.CLOSED},
     **{(p, S.CLOSE): P.CLOSED for p in Phase},

@@ -25,11 +25,19 @@ from google.protobuf.message import Message
 
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.nri import version as nri_version
-from nri_midbatch.nri.events import POD_EVENTS, Event, mask
+from nri_midbatch.nri.events import (
+    HANDLER_NAMES,
+    POD_EVENTS,
+    Event,
+    declared,
+    handled_events,
+    mask,
+)
 from nri_midbatch.nri.lifecycle import Phase, Step, transition
 from nri_midbatch.rpc.connection import MuxConnection
 from nri_midbatch.rpc.errors import ConnectionClosed, RpcError
-from nri_midbatch.rpc.service import CallContext, Method, Service
+from nri_midbatch.rpc.service import CallContext, Handler, Method, Service
+from nri_midbatch.wire.ratelimit import RateLimit
 from nri_midbatch.wire.status import Code
 
 log = structlog.get_logger(__name__)
@@ -40,8 +48,9 @@ RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
 #: The runtime waits 5 s for RegisterPlugin by default; waiting a little longer
 #: ourselves avoids giving up on a busy runtime that would still accept us.
 DEFAULT_REGISTRATION_TIMEOUT = 6.0
-#: UpdateContainers without a deadline of its own: a runtime that never answers
-#: must not hold the caller (or a pending-call slot) for ever.
+#: How long UpdateContainers waits for the runtime's answer (the one deadline of
+#: the call): a runtime that never answers must not hold the caller, a reload
+#: say, or a pending-call slot, for ever. The runtime's own request timeout is 2 s.
 DEFAULT_UPDATE_TIMEOUT = 10.0
 #: A Synchronize split into `more=true` chunks is buffered until its last chunk.
 #: Runtimes split at 4 MiB per chunk; these bounds hold 16 full chunks, and far
@@ -49,6 +58,10 @@ DEFAULT_UPDATE_TIMEOUT = 10.0
 #: sends the last chunk from growing the buffer without end.
 MAX_SYNC_BYTES = 64 << 20
 MAX_SYNC_OBJECTS = 65_536
+#: A warning the runtime can provoke at will (a StateChange with an event id we
+#: do not know) is logged at most this many times a minute; the next line after
+#: the minute says how many were left out.
+WARNINGS_PER_MINUTE = 5
 
 _in_event_handler: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "nri_in_event_handler", default=False
@@ -74,10 +87,13 @@ class RuntimeInfo:
 
 
 class Plugin(Protocol):
-    """The plugin logic a session drives."""
+    """What every plugin a session drives defines.
 
-    #: Events the plugin wants; the session drops those the runtime cannot send.
-    events: frozenset[Event]
+    Its event handlers are its own choice: it handles an event by defining the
+    method for it (nri.events: `HANDLER_NAMES`, or `pod_event` / `container_event`
+    marked with `handles`), and the session subscribes to exactly those. The
+    signatures are below (`CreateContainer` ...).
+    """
 
     async def configure(self, config: str, runtime: RuntimeInfo) -> None: ...
 
@@ -92,36 +108,21 @@ class Plugin(Protocol):
         """
         ...
 
-    async def synchronize(
-        self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container]
-    ) -> api.SynchronizeResponse:
-        """The reply to the whole Synchronize (the parts taken in, then these): its updates."""
+    async def synchronize(self) -> api.SynchronizeResponse:
+        """The reply to the whole Synchronize, from the parts taken in: its updates."""
         ...
 
-    async def create_container(
-        self, pod: api.PodSandbox, container: api.Container
-    ) -> api.CreateContainerResponse: ...
 
-    async def update_container(
-        self, pod: api.PodSandbox, container: api.Container, resources: api.LinuxResources
-    ) -> Sequence[api.ContainerUpdate]: ...
-
-    async def stop_container(
-        self, pod: api.PodSandbox, container: api.Container
-    ) -> Sequence[api.ContainerUpdate]: ...
-
-    async def update_pod_sandbox(
-        self,
-        pod: api.PodSandbox,
-        overhead: api.LinuxResources,
-        resources: api.LinuxResources,
-    ) -> None: ...
-
-    async def pod_event(self, event: Event, pod: api.PodSandbox) -> None: ...
-
-    async def container_event(
-        self, event: Event, pod: api.PodSandbox, container: api.Container
-    ) -> None: ...
+CreateContainer = Callable[[api.PodSandbox, api.Container], Awaitable[api.CreateContainerResponse]]
+UpdateContainer = Callable[
+    [api.PodSandbox, api.Container, api.LinuxResources], Awaitable[Sequence[api.ContainerUpdate]]
+]
+StopContainer = Callable[[api.PodSandbox, api.Container], Awaitable[Sequence[api.ContainerUpdate]]]
+UpdatePodSandbox = Callable[
+    [api.PodSandbox, api.LinuxResources, api.LinuxResources], Awaitable[None]
+]
+PodEvent = Callable[[Event, api.PodSandbox], Awaitable[None]]
+ContainerEvent = Callable[[Event, api.PodSandbox, api.Container], Awaitable[None]]
 
 
 class RecordedCall(Protocol):
@@ -187,14 +188,26 @@ class Session:
         on_state: Callable[[SessionState], None] | None = None,
         on_idle: Callable[[], None] | None = None,
         recorders: Sequence[CallRecorder] = (),
+        clock: Callable[[], float] = time.monotonic,
+        enforce_lifecycle: bool = True,
     ) -> None:
-        """on_idle: called when the runtime's requests in progress have all been answered."""
+        """on_idle: called when the runtime's requests in progress have all been answered.
+
+        clock: seconds, for the bounds kept per second or per minute (flood, warnings).
+        enforce_lifecycle: False for replay, whose recording may start anywhere in a
+        session: requests the lifecycle table does not allow are then served anyway.
+        Raises TypeError for a plugin that handles no event.
+        """
         self._plugin = plugin
+        self._handlers = _Handlers.of(plugin)
+        self._enforce_lifecycle = enforce_lifecycle
         self._on_idle = on_idle
         self._recorders = tuple(recorders)
         self._name = name
         self._idx = idx
         self._registration_timeout = registration_timeout
+        self._clock = clock
+        self._warnings: RateLimit[str] = RateLimit(WARNINGS_PER_MINUTE, 60.0, clock=clock)
         self.state = SessionState()
         if on_state is not None:
             self.state._listeners.append(on_state)
@@ -202,14 +215,14 @@ class Session:
         #: What the wire layer refused or ignored on connections now closed.
         self._refused_before = 0
         self._ignored_before = 0
+        #: Connections dropped because the runtime broke the protocol.
+        self.protocol_disconnects = 0
         #: The Synchronize being received: chunks are handed to the plugin as they come.
         self._sync_pods = 0
         self._sync_containers = 0
         self._sync_bytes = 0
         self._sync_started: float | None = None
         self._configured = asyncio.Event()
-        #: False once replay drives the service directly (see `service`).
-        self._enforce_lifecycle = True
         self._log = log.bind(plugin=f"{idx}-{name}")
 
     # -- running -------------------------------------------------------------
@@ -227,9 +240,10 @@ class Session:
         conn = MuxConnection(
             reader,
             writer,
-            {PLUGIN_SERVICE: self._service()},
+            {PLUGIN_SERVICE: self.service()},
             name=f"{self._idx}-{self._name}",
             on_idle=self._on_idle,
+            clock=self._clock,
         )
         self._conn = conn
         self._configured.clear()
@@ -247,6 +261,7 @@ class Session:
             self._conn = None
             self._refused_before += conn.refused
             self._ignored_before += conn.ignored
+            self.protocol_disconnects += conn.broken_by_peer
             self._drop_sync_buffer()
             self._advance(Step.CLOSE)
         return conn.close_reason or "closed"
@@ -361,115 +376,52 @@ class Session:
     # -- the Plugin service --------------------------------------------------
 
     def service(self) -> Service:
-        """The Plugin service for replay, which calls it without a socket.
+        """The Plugin service: the table of handlers, each a method of the session.
 
-        A recording may start anywhere in a session, so the lifecycle rules,
-        which guard a live connection, do not apply here.
+        Every call goes through `_around` (recording, the lifecycle table); replay
+        calls it without a socket (see `enforce_lifecycle`).
         """
-        self._enforce_lifecycle = False
-        return self._service()
-
-    def _service(self) -> Service:
-        def event_with_context(
-            request_type: type[Message],
-            handler: Callable[[Any, CallContext], Awaitable[Message]],
-        ) -> Method:
-            async def run(request: Any, ctx: CallContext) -> Message:
-                _in_event_handler.set(True)
-                return await handler(request, ctx)
-
-            return Method(request_type, run)
-
-        def event(
-            request_type: type[Message], handler: Callable[[Any], Awaitable[Message]]
-        ) -> Method:
-            return event_with_context(request_type, lambda request, _ctx: handler(request))
-
-        def pod_event(
-            request_type: type[Message], response_type: type[Message], kind: Event
-        ) -> Method:
-            async def handle(request: Any) -> Message:
-                await self._plugin.pod_event(kind, request.pod)
-                return response_type()
-
-            return event(request_type, handle)
-
-        def container_event(
-            request_type: type[Message], response_type: type[Message], kind: Event
-        ) -> Method:
-            async def handle(request: Any) -> Message:
-                await self._plugin.container_event(kind, request.pod, request.container)
-                return response_type()
-
-            return event(request_type, handle)
-
         methods = {
-            "Configure": event(api.ConfigureRequest, self._configure),
-            "Synchronize": event_with_context(api.SynchronizeRequest, self._synchronize),
-            "Shutdown": event(api.Empty, self._shutdown),
-            "CreateContainer": event(api.CreateContainerRequest, self._create_container),
-            "UpdateContainer": event(api.UpdateContainerRequest, self._update_container),
-            "StopContainer": event(api.StopContainerRequest, self._stop_container),
-            "UpdatePodSandbox": event(api.UpdatePodSandboxRequest, self._update_pod_sandbox),
-            "StateChange": event(api.StateChangeEvent, self._state_change),
-            "ValidateContainerAdjustment": event(
+            "Configure": Method(api.ConfigureRequest, self._configure),
+            "Synchronize": Method(api.SynchronizeRequest, self._synchronize),
+            "Shutdown": Method(api.Empty, self._shutdown),
+            "CreateContainer": Method(api.CreateContainerRequest, self._create_container),
+            "UpdateContainer": Method(api.UpdateContainerRequest, self._update_container),
+            "StopContainer": Method(api.StopContainerRequest, self._stop_container),
+            "UpdatePodSandbox": Method(api.UpdatePodSandboxRequest, self._update_pod_sandbox),
+            "StateChange": Method(api.StateChangeEvent, self._state_change),
+            "ValidateContainerAdjustment": Method(
                 api.ValidateContainerAdjustmentRequest, self._validate
             ),
-            "RunPodSandbox": pod_event(
-                api.RunPodSandboxRequest, api.RunPodSandboxResponse, Event.RUN_POD_SANDBOX
-            ),
-            "StopPodSandbox": pod_event(
-                api.StopPodSandboxRequest, api.StopPodSandboxResponse, Event.STOP_POD_SANDBOX
-            ),
-            "RemovePodSandbox": pod_event(
-                api.RemovePodSandboxRequest,
-                api.RemovePodSandboxResponse,
-                Event.REMOVE_POD_SANDBOX,
-            ),
-            "PostUpdatePodSandbox": pod_event(
-                api.PostUpdatePodSandboxRequest,
-                api.PostUpdatePodSandboxResponse,
-                Event.POST_UPDATE_POD_SANDBOX,
-            ),
-            "PostCreateContainer": container_event(
-                api.PostCreateContainerRequest,
-                api.PostCreateContainerResponse,
-                Event.POST_CREATE_CONTAINER,
-            ),
-            "StartContainer": container_event(
-                api.StartContainerRequest, api.StartContainerResponse, Event.START_CONTAINER
-            ),
-            "PostStartContainer": container_event(
-                api.PostStartContainerRequest,
-                api.PostStartContainerResponse,
-                Event.POST_START_CONTAINER,
-            ),
-            "PostUpdateContainer": container_event(
-                api.PostUpdateContainerRequest,
-                api.PostUpdateContainerResponse,
-                Event.POST_UPDATE_CONTAINER,
-            ),
-            "RemoveContainer": container_event(
-                api.RemoveContainerRequest, api.RemoveContainerResponse, Event.REMOVE_CONTAINER
-            ),
         }
-        methods = {name: self._guarded(name, m) for name, m in methods.items()}
-        for recorder in self._recorders:
-            methods = {name: _recorded(recorder, name, m) for name, m in methods.items()}
-        return Service(PLUGIN_SERVICE, methods)
+        for name, (request_type, _, _) in _POD_RPCS.items():
+            methods[name] = Method(request_type, self._pod_rpc)
+        for name, (request_type, _, _) in _CONTAINER_RPCS.items():
+            methods[name] = Method(request_type, self._container_rpc)
+        return Service(PLUGIN_SERVICE, methods, around=self._around)
 
-    def _guarded(self, name: str, method: Method) -> Method:
-        """`method`, refused with a status when the lifecycle table does not allow it now."""
-        step = _METHOD_STEPS.get(name, Step.EVENT)
-
-        async def run(request: Any, ctx: CallContext) -> Message:
+    async def _around(self, handler: Handler, request: Any, ctx: CallContext) -> Message:
+        """Every call: recorded, checked against the lifecycle table, then handled."""
+        # Begun in the call's own task, so a recorder can tie what the plugin
+        # publishes during the call to this call.
+        calls = [recorder.begin(ctx.method, request) for recorder in self._recorders]
+        try:
+            step = _METHOD_STEPS.get(ctx.method, Step.EVENT)
             if step is not None:
-                self._advance(step, name)
-            return await method.handler(request, ctx)
+                self._advance(step, ctx.method)
+            _in_event_handler.set(True)
+            response = await handler(request, ctx)
+        except BaseException as exc:
+            for call in calls:
+                call.failed(exc)
+            raise
+        for call in calls:
+            call.replied(response)
+        return response
 
-        return Method(method.request_type, run)
-
-    async def _configure(self, request: api.ConfigureRequest) -> api.ConfigureResponse:
+    async def _configure(
+        self, request: api.ConfigureRequest, _ctx: CallContext
+    ) -> api.ConfigureResponse:
         self._check(Step.CONFIGURE)  # refuse a second Configure up front
         runtime = RuntimeInfo(
             name=request.runtime_name,
@@ -482,7 +434,7 @@ class Session:
             else None,
             request_timeout=request.request_timeout / 1000 if request.request_timeout else None,
         )
-        events = mask(self._plugin.events) & runtime.valid_events
+        events = mask(self._handlers.events) & runtime.valid_events
         if events == 0:
             # Zero would mean "everything" to the runtime.
             raise RpcError(Code.FAILED_PRECONDITION, "no event this runtime supports is wanted")
@@ -537,7 +489,7 @@ class Session:
         self.state.sync_pods, self.state.sync_containers = self._sync_pods, self._sync_containers
         self._reset_sync_counts()
         try:
-            response = await self._plugin.synchronize((), ())
+            response = await self._plugin.synchronize()
         except BaseException:
             self._advance(Step.SYNC_FAILED)
             raise
@@ -558,54 +510,176 @@ class Session:
         self._sync_bytes = 0
         self._sync_started = None
 
-    async def _shutdown(self, _request: api.Empty) -> api.Empty:
+    async def _shutdown(self, _request: api.Empty, _ctx: CallContext) -> api.Empty:
         self._log.info("runtime asked us to shut down")
         return api.Empty()
 
+    # Each event's handler answers what the Go stub answers for a plugin that
+    # does not handle it: an empty reply.
+
     async def _create_container(
-        self, request: api.CreateContainerRequest
+        self, request: api.CreateContainerRequest, _ctx: CallContext
     ) -> api.CreateContainerResponse:
-        return await self._plugin.create_container(request.pod, request.container)
+        if self._handlers.create_container is None:
+            return api.CreateContainerResponse()
+        return await self._handlers.create_container(request.pod, request.container)
 
     async def _update_container(
-        self, request: api.UpdateContainerRequest
+        self, request: api.UpdateContainerRequest, _ctx: CallContext
     ) -> api.UpdateContainerResponse:
-        updates = await self._plugin.update_container(
+        if self._handlers.update_container is None:
+            return api.UpdateContainerResponse()
+        updates = await self._handlers.update_container(
             request.pod, request.container, request.linux_resources
         )
         return api.UpdateContainerResponse(update=updates)
 
-    async def _stop_container(self, request: api.StopContainerRequest) -> api.StopContainerResponse:
-        updates = await self._plugin.stop_container(request.pod, request.container)
+    async def _stop_container(
+        self, request: api.StopContainerRequest, _ctx: CallContext
+    ) -> api.StopContainerResponse:
+        if self._handlers.stop_container is None:
+            return api.StopContainerResponse()
+        updates = await self._handlers.stop_container(request.pod, request.container)
         return api.StopContainerResponse(update=updates)
 
     async def _update_pod_sandbox(
-        self, request: api.UpdatePodSandboxRequest
+        self, request: api.UpdatePodSandboxRequest, _ctx: CallContext
     ) -> api.UpdatePodSandboxResponse:
-        await self._plugin.update_pod_sandbox(
-            request.pod, request.overhead_linux_resources, request.linux_resources
-        )
+        if self._handlers.update_pod_sandbox is not None:
+            await self._handlers.update_pod_sandbox(
+                request.pod, request.overhead_linux_resources, request.linux_resources
+            )
         return api.UpdatePodSandboxResponse()
 
-    async def _state_change(self, request: api.StateChangeEvent) -> api.Empty:
+    async def _pod_rpc(self, request: Any, ctx: CallContext) -> Message:
+        """RunPodSandbox, StopPodSandbox, ...: the dedicated RPCs of NRI v0.12."""
+        _, response_type, kind = _POD_RPCS[ctx.method]
+        await self._pod_event(kind, request.pod)
+        return response_type()
+
+    async def _container_rpc(self, request: Any, ctx: CallContext) -> Message:
+        """PostCreateContainer, StartContainer, ...: the dedicated RPCs of NRI v0.12."""
+        _, response_type, kind = _CONTAINER_RPCS[ctx.method]
+        await self._container_event(kind, request.pod, request.container)
+        return response_type()
+
+    async def _state_change(self, request: api.StateChangeEvent, _ctx: CallContext) -> api.Empty:
+        """The same events as the dedicated RPCs, from runtimes before NRI v0.12."""
         try:
             kind = Event(request.event)
         except ValueError:
-            self._log.warning("unknown event in StateChange", event_id=request.event)
+            self._warn("unknown event in StateChange", event_id=request.event)
             return api.Empty()
         if kind in POD_EVENTS:
-            await self._plugin.pod_event(kind, request.pod)
+            await self._pod_event(kind, request.pod)
         else:
-            await self._plugin.container_event(kind, request.pod, request.container)
+            await self._container_event(kind, request.pod, request.container)
         return api.Empty()
 
+    async def _pod_event(self, kind: Event, pod: api.PodSandbox) -> None:
+        if self._handlers.pod_event is not None and kind in self._handlers.events:
+            await self._handlers.pod_event(kind, pod)
+
+    async def _container_event(
+        self, kind: Event, pod: api.PodSandbox, container: api.Container
+    ) -> None:
+        if self._handlers.container_event is not None and kind in self._handlers.events:
+            await self._handlers.container_event(kind, pod, container)
+
+    def _warn(self, message: str, **fields: object) -> None:
+        """Log a warning the runtime can repeat without end, within WARNINGS_PER_MINUTE."""
+        suppressed = self._warnings.admit(message)
+        if suppressed is not None:
+            self._log.warning(message, **fields, suppressed_before=suppressed)
+
     async def _validate(
-        self, _request: api.ValidateContainerAdjustmentRequest
+        self, _request: api.ValidateContainerAdjustmentRequest, _ctx: CallContext
     ) -> api.ValidateContainerAdjustmentResponse:
         # We never subscribe to validation; should a runtime ask anyway, an
         # error here would fail the container, so approve.
         return api.ValidateContainerAdjustmentResponse(reject=False)
 
+
+@dataclass(frozen=True, slots=True)
+class _Handlers:
+    """The event handlers a plugin defines (None: it does not handle that event)."""
+
+    events: frozenset[Event]
+    create_container: CreateContainer | None
+    update_container: UpdateContainer | None
+    stop_container: StopContainer | None
+    update_pod_sandbox: UpdatePodSandbox | None
+    pod_event: PodEvent | None
+    container_event: ContainerEvent | None
+
+    @classmethod
+    def of(cls, plugin: Plugin) -> _Handlers:
+        """Raises TypeError for a plugin that handles no event (nri.events.handled_events)."""
+
+        def defined(name: str) -> Any:
+            handler = getattr(plugin, name, None)
+            return handler if callable(handler) else None
+
+        def marked(name: str) -> Any:
+            return defined(name) if declared(getattr(plugin, name, None)) else None
+
+        return cls(
+            events=handled_events(plugin),
+            create_container=defined(HANDLER_NAMES[Event.CREATE_CONTAINER]),
+            update_container=defined(HANDLER_NAMES[Event.UPDATE_CONTAINER]),
+            stop_container=defined(HANDLER_NAMES[Event.STOP_CONTAINER]),
+            update_pod_sandbox=defined(HANDLER_NAMES[Event.UPDATE_POD_SANDBOX]),
+            pod_event=marked("pod_event"),
+            container_event=marked("container_event"),
+        )
+
+
+#: The dedicated RPCs of events only taken note of: request, response, event.
+_POD_RPCS: dict[str, tuple[type[Message], type[Message], Event]] = {
+    "RunPodSandbox": (api.RunPodSandboxRequest, api.RunPodSandboxResponse, Event.RUN_POD_SANDBOX),
+    "StopPodSandbox": (
+        api.StopPodSandboxRequest,
+        api.StopPodSandboxResponse,
+        Event.STOP_POD_SANDBOX,
+    ),
+    "RemovePodSandbox": (
+        api.RemovePodSandboxRequest,
+        api.RemovePodSandboxResponse,
+        Event.REMOVE_POD_SANDBOX,
+    ),
+    "PostUpdatePodSandbox": (
+        api.PostUpdatePodSandboxRequest,
+        api.PostUpdatePodSandboxResponse,
+        Event.POST_UPDATE_POD_SANDBOX,
+    ),
+}
+_CONTAINER_RPCS: dict[str, tuple[type[Message], type[Message], Event]] = {
+    "PostCreateContainer": (
+        api.PostCreateContainerRequest,
+        api.PostCreateContainerResponse,
+        Event.POST_CREATE_CONTAINER,
+    ),
+    "StartContainer": (
+        api.StartContainerRequest,
+        api.StartContainerResponse,
+        Event.START_CONTAINER,
+    ),
+    "PostStartContainer": (
+        api.PostStartContainerRequest,
+        api.PostStartContainerResponse,
+        Event.POST_START_CONTAINER,
+    ),
+    "PostUpdateContainer": (
+        api.PostUpdateContainerRequest,
+        api.PostUpdateContainerResponse,
+        Event.POST_UPDATE_CONTAINER,
+    ),
+    "RemoveContainer": (
+        api.RemoveContainerRequest,
+        api.RemoveContainerResponse,
+        Event.REMOVE_CONTAINER,
+    ),
+}
 
 #: The lifecycle step each method takes before its handler runs; None: the
 #: handler takes its own steps. Every other method is an event.
@@ -614,19 +688,3 @@ _METHOD_STEPS: dict[str, Step | None] = {
     "Synchronize": None,
     "Shutdown": Step.SHUTDOWN,
 }
-
-
-def _recorded(recorder: CallRecorder, name: str, method: Method) -> Method:
-    async def run(request: Any, ctx: CallContext) -> Message:
-        # Begun in the call's own task, so the recorder can tie what the
-        # plugin publishes during the call to this call.
-        call = recorder.begin(name, request)
-        try:
-            response = await method.handler(request, ctx)
-        except BaseException as exc:
-            call.failed(exc)
-            raise
-        call.replied(response)
-        return response
-
-    return Method(method.request_type, run)

@@ -50,6 +50,9 @@ class LoopbackRuntime:
         self.record = RuntimeRecord()
         self.request_timeout = request_timeout
         self._failed_updates = frozenset(failed_updates)
+        #: Cleared, UpdateContainers is taken in (and recorded) but never answered.
+        self.answering_updates = asyncio.Event()
+        self.answering_updates.set()
         self.conn = MuxConnection(
             reader,
             writer,
@@ -70,6 +73,7 @@ class LoopbackRuntime:
             request: api.UpdateContainersRequest, _ctx: CallContext
         ) -> api.UpdateContainersResponse:
             self.record.updates.extend(request.update)
+            await self.answering_updates.wait()
             failed = [u for u in request.update if u.container_id in self._failed_updates]
             return api.UpdateContainersResponse(failed=failed)
 

@@ -28,6 +28,7 @@ from nri_midbatch.glue.views import container_update
 from nri_midbatch.nri.runner import run_external, run_prelaunched
 from nri_midbatch.nri.session import (
     DEFAULT_REGISTRATION_TIMEOUT,
+    DEFAULT_UPDATE_TIMEOUT,
     CallRecorder,
     Session,
     SessionState,
@@ -42,8 +43,10 @@ from nri_midbatch.process.heap import LARGE_SYNC, freeze_survivors
 from nri_midbatch.process.record import Recorder, note_decision
 from nri_midbatch.process.reload import FileWatch
 from nri_midbatch.process.status import StatusServer
+from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.state.plan import Plan, split_pods
 from nri_midbatch.state.store import BaselineStore
+from nri_midbatch.wire.status import Code
 
 __all__ = ["App"]
 
@@ -54,9 +57,6 @@ RELOAD_INTERVAL = 1.0
 METRICS_RETRY_SECONDS = 5.0
 #: Bind errors that may go away: another process holds the port, or the address is not up yet.
 _PASSING_BIND_ERRORS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL})
-#: How long a reload waits for the runtime to answer UpdateContainers before it writes
-#: the containers' cgroup files itself (the runtime's own request timeout is 2 s).
-UPDATE_CONTAINERS_TIMEOUT = 10.0
 #: Reload results and invalid-input reasons are exposed from the start, at 0:
 #: Prometheus's increase() misses the first rise of a series it did not have,
 #: and the alerts in examples/monitoring/ use increase().
@@ -80,7 +80,7 @@ class App:
         log_level: str = "info",
         reload_interval: float = RELOAD_INTERVAL,
         registration_timeout: float = DEFAULT_REGISTRATION_TIMEOUT,
-        update_containers_timeout: float = UPDATE_CONTAINERS_TIMEOUT,
+        update_containers_timeout: float = DEFAULT_UPDATE_TIMEOUT,
         state_dir: Path | None = None,
         status_socket: Path | None = None,
     ) -> None:
@@ -363,6 +363,13 @@ class App:
             {("refused",): refused, ("ignored",): ignored},
         )
         yield (
+            "nri_midbatch_runtime_protocol_disconnects",
+            "Connections to the runtime dropped because it broke the protocol (framing garbage,"
+            " or a flood of messages to refuse or ignore); the plugin then registers again",
+            (),
+            {(): self.session.protocol_disconnects},
+        )
+        yield (
             "nri_midbatch_metrics_bind_failures",
             "Attempts to serve metrics and health that found the address taken",
             (),
@@ -484,13 +491,14 @@ class App:
             await self._write_files(raised)
             updates = [container_update(c.container.id, c.values) for c in plan.containers]
             try:
-                # Bounded here whatever the transport does: a runtime that never
-                # answers must not hold the reload, and with it the watch, for good.
-                async with asyncio.timeout(self._update_containers_timeout):
-                    failed = await self.session.update_containers(updates)
+                # A runtime that never answers must not hold the reload, and with
+                # it the watch, for good: the call's deadline ends the wait.
+                failed = await self.session.update_containers(
+                    updates, timeout=self._update_containers_timeout
+                )
             except Exception as exc:  # a lost connection must not lose the pass
                 self._count_followed("update_containers", "failed", len(updates))
-                if isinstance(exc, TimeoutError):
+                if isinstance(exc, RpcError) and exc.code is Code.DEADLINE_EXCEEDED:
                     error = f"no answer within {self._update_containers_timeout:g} s"
                 else:
                     error = str(exc) or type(exc).__name__

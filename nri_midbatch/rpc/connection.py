@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import select
+import time
 from collections.abc import Callable, Mapping
 from typing import TypeVar, cast
 
@@ -20,7 +21,7 @@ import structlog
 from google.protobuf.message import Message
 
 from nri_midbatch.rpc.errors import ConnectionClosed, RpcError, error_status
-from nri_midbatch.rpc.service import CallContext, Method, Service
+from nri_midbatch.rpc.service import CallContext, Service
 from nri_midbatch.wire import connection as wire
 from nri_midbatch.wire.errors import LocalProtocolError, RemoteProtocolError
 from nri_midbatch.wire.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN
@@ -50,8 +51,13 @@ class MuxConnection:
         client_conn: int = RUNTIME_SERVICE_CONN,
         name: str = "nri",
         on_idle: Callable[[], None] | None = None,
+        max_violations_per_second: int = wire.MAX_VIOLATIONS_PER_SECOND,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """on_idle: called when the last request in progress has been answered."""
+        """on_idle: called when the last request in progress has been answered.
+
+        max_violations_per_second, clock: the flood bound (see wire.connection).
+        """
         self._reader = reader
         self._writer = writer
         self._services = services
@@ -63,6 +69,8 @@ class MuxConnection:
             },
             server_conn=server_conn,
             client_conn=client_conn,
+            max_violations_per_second=max_violations_per_second,
+            clock=clock,
         )
         self._handlers: set[asyncio.Task[None]] = set()
         self._closed = asyncio.Event()
@@ -72,8 +80,9 @@ class MuxConnection:
         self._serving = 0
         self._on_idle = on_idle
         self.close_reason: str | None = None
-        #: Times the reader gave the event loop a turn in the middle of a read.
-        self.yields = 0
+        #: The connection was dropped because the peer broke the protocol
+        #: (framing garbage, or a flood of refused or ignored messages).
+        self.broken_by_peer = False
         #: Writes to the peer so far: each may have woken a runtime thread onto
         #: this process's core, which deferred work then gives way to (after_reply.py).
         self.writes = 0
@@ -98,6 +107,7 @@ class MuxConnection:
                 self._dispatching = False
         except RemoteProtocolError as exc:
             reason = f"protocol error: {exc}"
+            self.broken_by_peer = True
             self._log.warning("dropping connection", reason=reason)
         except (ConnectionError, OSError) as exc:
             reason = f"socket error: {exc}"
@@ -119,7 +129,6 @@ class MuxConnection:
             if handled % MESSAGES_PER_TURN == 0:
                 self._write(b"".join(answers))
                 answers.clear()
-                self.yields += 1
                 await asyncio.sleep(0)
                 # Replies pile up in the transport if the peer does not read
                 # them; stop reading until it does (asyncio's high-water mark).
@@ -158,14 +167,6 @@ class MuxConnection:
             return False
         return bool(readable)
 
-    @property
-    def is_closed(self) -> bool:
-        return self._closed.is_set()
-
-    @property
-    def dropped_frames(self) -> int:
-        return self._wire.dropped_frames
-
     def _shutdown(self, reason: str) -> None:
         if self._closed.is_set():
             return
@@ -189,9 +190,10 @@ class MuxConnection:
     def _on_event(self, event: wire.Event[_Outcome]) -> None:
         match event:
             case wire.Request():
-                method = self._services[event.envelope.service].methods[event.envelope.method]
                 self._serving += 1
-                task = asyncio.create_task(self._serve(event, method))
+                task = asyncio.create_task(
+                    self._serve(event, self._services[event.envelope.service])
+                )
                 self._handlers.add(task)
                 task.add_done_callback(self._handlers.discard)
             case wire.CallSucceeded():
@@ -219,7 +221,7 @@ class MuxConnection:
 
     # -- serving -------------------------------------------------------------
 
-    async def _serve(self, event: wire.Request, method: Method) -> None:
+    async def _serve(self, event: wire.Request, service: Service) -> None:
         request = event.envelope
         timeout = request.timeout_nano / 1e9 if request.timeout_nano > 0 else None
         metadata: dict[str, tuple[str, ...]] = {}
@@ -230,7 +232,7 @@ class MuxConnection:
         )
         try:
             async with asyncio.timeout(timeout):
-                reply = await method.handler(event.message, context)
+                reply = await service.call(event.message, context)
         except Exception as exc:  # a handler's failure costs one reply, not the connection
             if not isinstance(exc, RpcError | TimeoutError):
                 self._log.exception("handler failed", method=request.method)

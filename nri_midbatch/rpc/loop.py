@@ -39,10 +39,6 @@ def loop_factory(choice: str | None = None) -> LoopFactory | None:
     return factory
 
 
-def loop_name(factory: LoopFactory | None) -> str:
-    return "asyncio" if factory is None else "uvloop"
-
-
 def run(main: Coroutine[Any, Any, T], factory: LoopFactory | None = None) -> T:
     """asyncio.run(main) on the loop `factory` makes (None: asyncio's)."""
     with asyncio.Runner(loop_factory=factory) as runner:

@@ -24,6 +24,9 @@ class CallContext:
 
 
 Handler = Callable[[Any, CallContext], Awaitable[Message]]
+#: Runs a handler for every method of a service: what all its calls share
+#: (checks, recording) in one named frame, not a wrapper closure per method.
+Around = Callable[[Handler, Any, CallContext], Awaitable[Message]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,3 +39,11 @@ class Method:
 class Service:
     name: str
     methods: Mapping[str, Method]
+    around: Around | None = None
+
+    def call(self, request: Any, context: CallContext) -> Awaitable[Message]:
+        """Serve `request` to `context.method`'s handler (through `around`, if any)."""
+        handler = self.methods[context.method].handler
+        if self.around is None:
+            return handler(request, context)
+        return self.around(handler, request, context)

@@ -327,7 +327,10 @@ async def replay_each(
     """
     collector = _Collector()
     plugin = MidBatchPlugin(settings_of(config), dry_run=True, on_decision=note_decision)
-    session = Session(plugin, "midbatch", "10", recorders=(collector,))
+    # In process, a recording that starts anywhere in a session is served as it comes.
+    session = Session(
+        plugin, "midbatch", "10", recorders=(collector,), enforce_lifecycle=via_socket
+    )
     drive = _through_socket if via_socket else _in_process
     async with drive(session) as call:
         configured = False
@@ -359,11 +362,10 @@ async def _in_process(session: Session) -> AsyncIterator[Caller]:
     service = session.service()
 
     async def call(method: str, request: Message) -> Reply:
-        handler = service.methods[method].handler
         context = CallContext(PLUGIN_SERVICE, method, 0, None, request.ByteSize())
         try:
             # A task per call, as the connection runs them: each call gets its own context.
-            return await asyncio.ensure_future(handler(request, context)), None
+            return await asyncio.ensure_future(service.call(request, context)), None
         except Exception as exc:
             code, message = error_status(exc)
             return None, (int(code), message)

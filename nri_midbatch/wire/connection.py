@@ -12,23 +12,26 @@ whatever we send is returned as bytes for the caller to write. It owns:
 - the pending-call table and what a reply must look like: a call ends as
   `CallSucceeded` (a decoded reply) or `CallFailed` (a status), whatever the
   peer sends on its stream. Nothing the peer sends raises, except framing
-  garbage after which the stream is lost (`RemoteProtocolError`).
+  garbage after which the stream is lost, and a flood of messages it has to
+  refuse or ignore (`RemoteProtocolError` both).
 
 The asyncio layer (`nri_midbatch.rpc.connection`) moves bytes and runs handlers.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
 from nri_midbatch.api import rpc_status_pb2, ttrpc_pb2
-from nri_midbatch.wire.errors import LocalProtocolError
+from nri_midbatch.wire.errors import LocalProtocolError, RemoteProtocolError
 from nri_midbatch.wire.mux import MuxDecoder, frame_ttrpc
+from nri_midbatch.wire.ratelimit import RateLimit
 from nri_midbatch.wire.status import Code
 from nri_midbatch.wire.ttrpc import (
     Message as TtrpcMessage,
@@ -44,12 +47,21 @@ from nri_midbatch.wire.ttrpc import (
 T = TypeVar("T")
 
 #: Requests passed on and not yet answered. A runtime calls its plugins one at a
-#: time under a global lock (reference §4.3), so a handful is already a lot;
-#: beyond this the peer gets RESOURCE_EXHAUSTED, not a task each.
+#: time under a global lock (containerd/nri pkg/adaptation/adaptation.go), so a
+#: handful is already a lot; beyond this the peer gets RESOURCE_EXHAUSTED, not a
+#: task each.
 MAX_REQUESTS_IN_FLIGHT = 256
 #: Our own calls awaiting a reply. Each has a deadline; this caps what a peer
 #: that never answers can make us hold even so.
 MAX_PENDING_CALLS = 64
+#: Messages refused or ignored per second before the connection is dropped. A
+#: runtime breaks no rule in normal work (an unknown method is refused once,
+#: then it falls back to StateChange), while one 16 MiB frame of empty messages
+#: holds 1.6 million of them, several seconds of work that would hold up the
+#: next real request past its deadline. Past this the peer is treated as
+#: broken, as HTTP/2 servers treat an empty-frame flood; the plugin registers
+#: again on a new connection.
+MAX_VIOLATIONS_PER_SECOND = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +128,8 @@ class Connection(Generic[T]):
         client_conn: int,
         max_requests_in_flight: int = MAX_REQUESTS_IN_FLIGHT,
         max_pending_calls: int = MAX_PENDING_CALLS,
+        max_violations_per_second: int = MAX_VIOLATIONS_PER_SECOND,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         #: service -> method -> request type: what we serve.
         self._methods = methods
@@ -131,6 +145,10 @@ class Connection(Generic[T]):
         self._stream_ids = StreamIds()
         self._in_flight: set[int] = set()
         self._pending: dict[int, _Call[T]] = {}
+        self._max_violations = max_violations_per_second
+        self._violations: RateLimit[None] = RateLimit(
+            max_violations_per_second, 1.0, clock=clock, max_keys=1
+        )
 
     # -- receiving -----------------------------------------------------------
 
@@ -139,14 +157,29 @@ class Connection(Generic[T]):
         self._frames.extend(self._mux.feed(data))
 
     def next_event(self) -> Event[T] | None:
-        """The effect of the next received message, or None until more bytes arrive."""
+        """The effect of the next received message, or None until more bytes arrive.
+
+        Raises RemoteProtocolError once the peer has sent more than
+        `max_violations_per_second` messages in a second that were refused or ignored.
+        """
         while True:
             if self._draining is not None:
                 message = self._decoders[self._draining].next_event()
                 if message is not None:
                     if self._draining == self._server_conn:
-                        return self._on_request(message)
-                    return self._on_reply(message)
+                        event = self._on_request(message)
+                    else:
+                        event = self._on_reply(message)
+                    if (
+                        isinstance(event, Refused | Dropped)
+                        and self._violations.admit(None) is None
+                    ):
+                        raise RemoteProtocolError(
+                            f"more than {self._max_violations} messages refused or ignored "
+                            "in one second: a flood",
+                            status_hint=Code.RESOURCE_EXHAUSTED,
+                        )
+                    return event
                 self._draining = None
             if not self._frames:
                 return None
@@ -305,10 +338,6 @@ class Connection(Generic[T]):
     @property
     def pending_calls(self) -> int:
         return len(self._pending)
-
-    @property
-    def dropped_frames(self) -> int:
-        return self._mux.dropped_frames
 
 
 # Field 2 (payload), wire type 2 (length-delimited): the tag of Response.payload.

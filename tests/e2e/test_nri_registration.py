@@ -66,7 +66,8 @@ def test_containerd_restart_leads_to_a_fresh_registration(
 
         watcher = threading.Thread(target=watch_socket)
         watcher.start()
-        time.sleep(1.0)  # let the plugin notice and back off against the stale socket
+        # The plugin has noticed and waits out the stale socket before containerd is back.
+        plugin.wait_for("connection to runtime lost", after=first)
         containerd.start()
         watcher.join(timeout=20)
         plugin.wait_for("registered", after=first + 1, timeout=10)

@@ -18,8 +18,8 @@ from google.protobuf.message import Message
 
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.api import ttrpc_pb2
-from nri_midbatch.nri.events import Event
-from nri_midbatch.nri.session import RuntimeInfo, Session
+from nri_midbatch.nri.events import CONTAINER_EVENTS, HANDLER_NAMES, POD_EVENTS, Event, handles
+from nri_midbatch.nri.session import ContainerEvent, PodEvent, RuntimeInfo, Session
 from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
 from nri_midbatch.wire import mux
 from nri_midbatch.wire.ttrpc import Message as TtrpcMessage
@@ -27,7 +27,8 @@ from nri_midbatch.wire.ttrpc import MessageDecoder, MessageType, OversizedMessag
 
 T = TypeVar("T")
 
-ALL_EVENTS: frozenset[Event] = frozenset(Event)
+#: Every event a plugin can handle: validation is the runtime's to ask of validators only.
+ALL_EVENTS: frozenset[Event] = frozenset(Event) - {Event.VALIDATE_CONTAINER_ADJUSTMENT}
 
 #: Upper bound for any single await in a test: a hang fails instead of blocking. Generous,
 #: as up to 8 processes share a 2-core machine; a passing test never waits it out.
@@ -122,7 +123,11 @@ EventHook = Callable[[Event], Awaitable[None]]
 
 
 class RecordingPlugin:
-    """Implements session.Plugin; records every call."""
+    """Implements session.Plugin, handling `events` only; records every call.
+
+    The handlers of other events are taken away, so the session sees a plugin
+    that defines just those (nri.events.handled_events).
+    """
 
     def __init__(
         self,
@@ -132,7 +137,27 @@ class RecordingPlugin:
         create_response: api.CreateContainerResponse | None = None,
         on_event: EventHook | None = None,
     ) -> None:
-        self.events = frozenset(events)
+        wanted = frozenset(events)
+        for event, name in HANDLER_NAMES.items():
+            if event not in wanted:
+                setattr(self, name, None)
+
+        # Functions of this instance, not bound methods: `handles` marks them,
+        # and a bound method takes no attributes.
+        async def pod_event(event: Event, pod: api.PodSandbox) -> None:
+            self.pod_events.append((event, pod.id))
+            await self._hook(event)
+
+        async def container_event(
+            event: Event, pod: api.PodSandbox, container: api.Container
+        ) -> None:
+            self.container_events.append((event, pod.id, container.id))
+            await self._hook(event)
+
+        self.pod_event: PodEvent = handles(*(wanted & POD_EVENTS))(pod_event)
+        self.container_event: ContainerEvent = handles(*(wanted & CONTAINER_EVENTS))(
+            container_event
+        )
         self.sync_updates = list(sync_updates)
         self.create_response = create_response or api.CreateContainerResponse()
         self.on_event = on_event
@@ -157,11 +182,9 @@ class RecordingPlugin:
         self._parts[0].extend(pods)
         self._parts[1].extend(containers)
 
-    async def synchronize(
-        self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container]
-    ) -> api.SynchronizeResponse:
+    async def synchronize(self) -> api.SynchronizeResponse:
         parts, self._parts = self._parts, ([], [])
-        self.syncs.append(([*parts[0], *pods], [*parts[1], *containers]))
+        self.syncs.append(parts)
         return api.SynchronizeResponse(update=self.sync_updates)
 
     async def create_container(
@@ -187,16 +210,6 @@ class RecordingPlugin:
         self, pod: api.PodSandbox, overhead: api.LinuxResources, resources: api.LinuxResources
     ) -> None:
         self.pod_updates.append((pod.id, overhead, resources))
-
-    async def pod_event(self, event: Event, pod: api.PodSandbox) -> None:
-        self.pod_events.append((event, pod.id))
-        await self._hook(event)
-
-    async def container_event(
-        self, event: Event, pod: api.PodSandbox, container: api.Container
-    ) -> None:
-        self.container_events.append((event, pod.id, container.id))
-        await self._hook(event)
 
     async def _hook(self, event: Event) -> None:
         if self.on_event is not None:

@@ -6,7 +6,9 @@ import asyncio
 import itertools
 import os
 import socket
+from collections.abc import MutableMapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -16,10 +18,13 @@ from nri_midbatch.api import rpc_status_pb2, ttrpc_pb2
 from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import Config
 from nri_midbatch.nri.runner import Backoff, run_external, run_prelaunched
-from nri_midbatch.nri.session import Session
+from nri_midbatch.nri.session import PLUGIN_SERVICE, Session
 from nri_midbatch.nri.testing import LoopbackRuntime
 from nri_midbatch.process.app import App
-from nri_midbatch.wire.ttrpc import MessageType
+from nri_midbatch.wire import mux
+from nri_midbatch.wire.connection import MAX_VIOLATIONS_PER_SECOND
+from nri_midbatch.wire.mux import MAX_FRAME_PAYLOAD
+from nri_midbatch.wire.ttrpc import HEADER, MessageDecoder, MessageType
 
 from .nri_fixtures import RawPeer, RecordingPlugin, run
 
@@ -68,6 +73,7 @@ class FakeRuntime:
         self.max_live = 0
         self.idle = asyncio.Event()
         self.idle.set()
+        self.flood_answers = b""
 
     async def start(self) -> None:
         self.server = await asyncio.start_unix_server(self._handle, path=str(self.path))
@@ -95,7 +101,10 @@ class FakeRuntime:
         self.max_live = max(self.max_live, self.live)
         self.idle.clear()
         try:
-            if self.behaviour == "normal":
+            if self.behaviour == "flood" and self.accepted == 1:
+                await self._flood(RawPeer(reader, writer))
+                return
+            if self.behaviour in ("normal", "flood"):
                 runtime = LoopbackRuntime(reader, writer)
                 self.runtimes.append(runtime)
                 await runtime.start(registration_timeout=STEP)
@@ -116,6 +125,21 @@ class FakeRuntime:
             if self.live == 0:
                 self.idle.set()
 
+    async def _flood(self, peer: RawPeer) -> None:
+        """Register and configure the plugin, then send issue 24's flood and a real request."""
+        message, _ = await peer.read_request(2)
+        peer.send_response(2, message.stream_id, api.Empty())
+        configure = api.ConfigureRequest(runtime_name="containerd", runtime_version="v2.3.0")
+        peer.send_request(1, 1, PLUGIN_SERVICE, "Configure", configure)
+        await peer.read_response(1)
+        # One 16 MiB mux frame of empty ttrpc requests (1.67 million of them).
+        count = MAX_FRAME_PAYLOAD // HEADER.size
+        empty = b"".join(HEADER.pack(0, 2 * i + 3, MessageType.REQUEST, 0) for i in range(count))
+        peer.write(mux.HEADER.pack(1, len(empty)) + empty)
+        peer.send_request(1, 2 * count + 3, PLUGIN_SERVICE, "CreateContainer", api.Empty())
+        self.flood_answers = await peer.read_eof()  # the plugin hangs up
+        peer.close()
+
     async def close(self) -> None:
         await self.drop_connections()
         if self.server is not None:
@@ -132,6 +156,13 @@ def socket_path(tmp_path: Path) -> Path:
 async def next_sync(runtime: FakeRuntime, timeout: float = STEP) -> LoopbackRuntime:
     async with asyncio.timeout(timeout):
         return await runtime.synced.get()
+
+
+async def logged(logs: list[MutableMapping[str, Any]], event: str) -> None:
+    """Return once `event` is among the captured log lines (the runner got that far)."""
+    async with asyncio.timeout(STEP):
+        while not any(line["event"] == event for line in logs):
+            await asyncio.sleep(0.01)
 
 
 async def stop_runner(stop: asyncio.Event, task: asyncio.Task[None]) -> None:
@@ -245,14 +276,47 @@ def test_reconnects_when_dropped_on_the_same_socket(tmp_path: Path) -> None:
     run(scenario())
 
 
+def test_a_flood_of_empty_messages_drops_the_connection_and_the_plugin_registers_again(
+    tmp_path: Path,
+) -> None:
+    """Issue 24: served one by one, the flood delayed the next request by 11.9 s."""
+    path = socket_path(tmp_path)
+    plugin = RecordingPlugin()
+
+    async def scenario() -> None:
+        fake = FakeRuntime(path, "flood")
+        await fake.start()
+        session = Session(plugin, "midbatch", "50")
+        stop = asyncio.Event()
+        task = asyncio.create_task(run_external(session, str(path), stop, FAST))
+        again = await next_sync(fake)  # the second connection: a whole new registration
+        assert len(again.record.registrations) == 1
+        assert fake.accepted == 2
+        assert len(plugin.configs) == 2
+        # At most the bound's worth was answered before the plugin gave up on the peer.
+        answered = [
+            m
+            for _, p in mux.MuxDecoder(frozenset({1})).feed(fake.flood_answers)
+            for m in MessageDecoder().feed(p)
+        ]
+        assert 0 < len(answered) <= MAX_VIOLATIONS_PER_SECOND
+        assert session.protocol_violations()[0] == MAX_VIOLATIONS_PER_SECOND
+        assert session.protocol_disconnects == 1
+        await stop_runner(stop, task)
+        await fake.close()
+
+    run(scenario())
+
+
 def test_connects_once_the_socket_appears(tmp_path: Path) -> None:
     path = socket_path(tmp_path)
 
     async def scenario() -> None:
         session = Session(RecordingPlugin(), "midbatch", "50")
         stop = asyncio.Event()
-        task = asyncio.create_task(run_external(session, str(path), stop, NEVER))
-        await asyncio.sleep(0.15)
+        with capture_logs() as logs:
+            task = asyncio.create_task(run_external(session, str(path), stop, NEVER))
+            await logged(logs, "waiting for the runtime's NRI socket")
         assert not task.done()
         fake = FakeRuntime(path)
         await fake.start()
@@ -286,8 +350,9 @@ def test_stale_socket_file_without_listener_is_retried(tmp_path: Path) -> None:
         dead.close()
         session = Session(RecordingPlugin(), "midbatch", "50")
         stop = asyncio.Event()
-        task = asyncio.create_task(run_external(session, str(path), stop, FAST))
-        await asyncio.sleep(0.15)
+        with capture_logs() as logs:
+            task = asyncio.create_task(run_external(session, str(path), stop, FAST))
+            await logged(logs, "cannot connect to runtime")
         assert not task.done()
         path.unlink()
         fake = FakeRuntime(path)

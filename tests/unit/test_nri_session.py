@@ -6,19 +6,25 @@ Reference §4.1, §4.2, §4.5, §4.6 and checklist items 12-20.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import traceback
 
 import pytest
+from google.protobuf.message import Message
+from structlog.testing import capture_logs
 
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.api import ttrpc_pb2
 from nri_midbatch.nri import session as session_module
 from nri_midbatch.nri.events import Event
+from nri_midbatch.nri.lifecycle import Phase
 from nri_midbatch.nri.session import (
     PLUGIN_SERVICE,
     RUNTIME_SERVICE,
     RegistrationError,
     Session,
 )
+from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.wire.status import Code
 
@@ -64,12 +70,12 @@ def test_register_plugin_carries_name_and_idx() -> None:
             assert registration.plugin_name == "midbatch"
             assert registration.plugin_idx == "42"
             assert registration.NRI_version == "v0.12.2"
-            assert configured.events == 0x3FFF
+            assert configured.events == 0x1FFF
             assert list(synced.update) == []
             assert not synced.more
             state = lb.session.state
             assert (state.registered, state.configured, state.synchronized) == (True, True, True)
-            assert state.events == 0x3FFF
+            assert state.events == 0x1FFF
             config, info = plugin.configs[0]
             assert config == "some: config"
             assert (info.name, info.version, info.nri_version) == (
@@ -205,10 +211,10 @@ def test_no_configure_within_registration_timeout() -> None:
         ("some-runtime", "v9.0.0", "", 0x7FF),
         ("", "", "", 0x7FF),
         ("containerd", "v2.1.4", "", 0x7FF),
-        ("containerd", "v2.2.0", "", 0x3FFF),
-        ("cri-o", "1.34.0", "", 0x3FFF),
-        ("containerd", "v2.4.0", "v0.12.0", 0x3FFF),
-        ("some-runtime", "", "v0.12.0", 0x3FFF),
+        ("containerd", "v2.2.0", "", 0x1FFF),
+        ("cri-o", "1.34.0", "", 0x1FFF),
+        ("containerd", "v2.4.0", "v0.12.0", 0x1FFF),
+        ("some-runtime", "", "v0.12.0", 0x1FFF),
     ],
 )
 def test_configure_mask_fits_the_runtime(
@@ -450,6 +456,73 @@ def test_every_state_change_event_reaches_the_plugin() -> None:
     run(scenario())
 
 
+def test_an_event_the_plugin_does_not_handle_gets_an_empty_reply() -> None:
+    """As from the Go stub: a runtime may call any method; only defined handlers run."""
+    plugin = RecordingPlugin({Event.CREATE_CONTAINER, Event.REMOVE_CONTAINER})
+
+    async def scenario() -> None:
+        async with loopback(plugin) as lb:
+            configured, _ = await lb.runtime.start()
+            assert configured.events == Event.CREATE_CONTAINER.bit | Event.REMOVE_CONTAINER.bit
+            ctr = container("c", "p")
+            stopped = await lb.runtime.call(
+                "StopContainer",
+                api.StopContainerRequest(pod=pod("p"), container=ctr),
+                api.StopContainerResponse,
+            )
+            assert stopped == api.StopContainerResponse()
+            started = api.StartContainerRequest(pod=pod("p"), container=ctr)
+            await lb.runtime.call("StartContainer", started, api.StartContainerResponse)
+            await lb.runtime.call(
+                "RemoveContainer",
+                api.RemoveContainerRequest(pod=pod("p"), container=ctr),
+                api.RemoveContainerResponse,
+            )
+            assert plugin.stopped == []
+            assert plugin.container_events == [(Event.REMOVE_CONTAINER, "p", "c")]
+
+    run(scenario())
+
+
+def test_a_failing_handler_traceback_names_the_methods_it_went_through() -> None:
+    """Named bound methods, not closures (it read _serve, run, run, run, handle, ...)."""
+    failures: list[BaseException] = []
+
+    class Failing(RecordingPlugin):
+        async def create_container(
+            self, pod: api.PodSandbox, container: api.Container
+        ) -> api.CreateContainerResponse:
+            raise ValueError("no")
+
+    class Call:
+        def replied(self, response: Message) -> None:
+            pass
+
+        def failed(self, error: BaseException) -> None:
+            failures.append(error)
+
+    class Recorder:
+        def begin(self, method: str, request: Message) -> Call:
+            return Call()
+
+    async def scenario() -> None:
+        (plugin_reader, plugin_writer), (rt_reader, rt_writer) = await socketpair_streams()
+        runtime = LoopbackRuntime(rt_reader, rt_writer)
+        session = Session(Failing(), "midbatch", "10", recorders=[Recorder()])
+        task = asyncio.create_task(session.run(plugin_reader, plugin_writer))
+        await runtime.start()
+        request = api.CreateContainerRequest(pod=pod("p"), container=container("c", "p"))
+        with pytest.raises(RpcError):
+            await runtime.call("CreateContainer", request, api.CreateContainerResponse)
+        await runtime.close()
+        await asyncio.gather(task, return_exceptions=True)
+
+    run(scenario())
+    (error,) = failures
+    frames = [frame.name for frame in traceback.extract_tb(error.__traceback__)]
+    assert frames == ["_serve", "_around", "_create_container", "create_container"]
+
+
 def test_state_change_with_unknown_event_is_acknowledged() -> None:
     plugin = RecordingPlugin()
 
@@ -462,6 +535,40 @@ def test_state_change_with_unknown_event_is_acknowledged() -> None:
             assert plugin.container_events == []
 
     run(scenario())
+
+
+def test_unknown_state_change_events_are_warned_of_a_few_times_a_minute() -> None:
+    """Issue 24: 149 bytes of warning per message, without a limit; now 5 a minute, then a count."""
+    now = [0.0]
+
+    async def scenario() -> None:
+        session = Session(RecordingPlugin(), "midbatch", "10", clock=lambda: now[0])
+        peer, task = await registered_raw(session)
+        stream = itertools.count(3, 2)
+        for event_id in range(100, 1100):
+            request = api.StateChangeEvent(event=event_id)
+            peer.send_request(1, next(stream), PLUGIN_SERVICE, "StateChange", request)
+            _, response = await peer.read_response(1)
+            assert not response.HasField("status")  # acknowledged all the same
+        now[0] = 60.0
+        peer.send_request(
+            1, next(stream), PLUGIN_SERVICE, "StateChange", api.StateChangeEvent(event=99)
+        )
+        await peer.read_response(1)
+        peer.close()
+        await task
+
+    with capture_logs() as logs:
+        run(scenario())
+    warnings = [line for line in logs if line["event"] == "unknown event in StateChange"]
+    assert [(w["event_id"], w["suppressed_before"]) for w in warnings] == [
+        (100, 0),
+        (101, 0),
+        (102, 0),
+        (103, 0),
+        (104, 0),
+        (99, 995),
+    ]
 
 
 def test_unimplemented_plugin_method_triggers_the_go_fallback_status() -> None:
@@ -761,7 +868,8 @@ def test_event_before_configure_and_second_configure_are_refused() -> None:
     run(scenario())
 
 
-def test_event_between_split_synchronize_chunks_is_refused() -> None:
+def test_create_container_between_split_synchronize_chunks_is_served() -> None:
+    """Issue 24: it was refused with status 9; NRI's Go stub serves it, and so do we."""
     plugin = RecordingPlugin()
 
     async def scenario() -> None:
@@ -771,15 +879,21 @@ def test_event_between_split_synchronize_chunks_is_refused() -> None:
         peer.send_request(1, 3, PLUGIN_SERVICE, "Synchronize", chunk)
         _, response = await peer.read_response(1)
         assert api.SynchronizeResponse.FromString(response.payload).more
-        assert session.state.phase.value == "synchronizing"
-        peer.send_request(1, 5, PLUGIN_SERVICE, "StopContainer", api.StopContainerRequest())
-        _, response = await peer.read_response(1)
-        assert response.status.code == Code.FAILED_PRECONDITION
-        peer.send_request(1, 7, PLUGIN_SERVICE, "Synchronize", api.SynchronizeRequest())
+        phases = [session.state.phase]
+        create = api.CreateContainerRequest(pod=pod("q"), container=container("c", "q"))
+        peer.send_request(1, 5, PLUGIN_SERVICE, "CreateContainer", create)
         _, response = await peer.read_response(1)
         assert not response.HasField("status")
-        assert session.state.phase.value == "ready"
-        assert [len(p) for p, _ in plugin.syncs] == [1]
+        assert plugin.created == [("q", "c")]
+        phases.append(session.state.phase)  # the sync goes on
+        last = api.SynchronizeRequest(pods=[pod("r")])
+        peer.send_request(1, 7, PLUGIN_SERVICE, "Synchronize", last)
+        _, response = await peer.read_response(1)
+        assert not response.HasField("status")
+        phases.append(session.state.phase)
+        assert phases == [Phase.SYNCHRONIZING, Phase.SYNCHRONIZING, Phase.READY]
+        # Both chunks made one Synchronize; the event was no part of it.
+        assert [[p.id for p in pods] for pods, _ in plugin.syncs] == [["p", "r"]]
         peer.close()
         await task
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import struct
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -25,8 +26,22 @@ KV = ttrpc_pb2.KeyValue
 METHODS = {SERVICE: {"Echo": KV, "Empty": api.Empty}}
 
 
-def connection(**kwargs: int) -> wire.Connection[str]:
-    return wire.Connection(METHODS, server_conn=1, client_conn=2, **kwargs)
+def connection(
+    *,
+    max_requests_in_flight: int = wire.MAX_REQUESTS_IN_FLIGHT,
+    max_pending_calls: int = wire.MAX_PENDING_CALLS,
+    max_violations_per_second: int = wire.MAX_VIOLATIONS_PER_SECOND,
+    clock: Callable[[], float] = lambda: 0.0,
+) -> wire.Connection[str]:
+    return wire.Connection(
+        METHODS,
+        server_conn=1,
+        client_conn=2,
+        max_requests_in_flight=max_requests_in_flight,
+        max_pending_calls=max_pending_calls,
+        max_violations_per_second=max_violations_per_second,
+        clock=clock,
+    )
 
 
 def events(conn: wire.Connection[str]) -> list[wire.Event[str]]:
@@ -122,13 +137,49 @@ def test_requests_in_flight_are_bounded() -> None:
 
 def test_messages_are_cut_one_at_a_time() -> None:
     """A frame packed with many messages is not decoded all at once (the reader yields between)."""
-    conn = connection()
+    conn = connection(max_violations_per_second=10_000)
     flood = b"".join(HEADER.pack(0, 2, MessageType.REQUEST, 0) for _ in range(10_000))
     conn.receive_data(struct.pack(">II", 1, len(flood)) + flood)
     first = conn.next_event()
     assert isinstance(first, wire.Refused)
     assert conn._decoders[1].buffered == len(flood) - HEADER.size
     assert len(events(conn)) == 9_999
+
+
+def empty_requests_frame(count: int) -> bytes:
+    """One mux frame of `count` empty ttrpc requests on odd, increasing stream ids."""
+    flood = b"".join(HEADER.pack(0, 2 * i + 1, MessageType.REQUEST, 0) for i in range(count))
+    return struct.pack(">II", 1, len(flood)) + flood
+
+
+def test_a_flood_of_refused_messages_is_a_protocol_error_after_the_bound() -> None:
+    """Issue 24: one 16 MiB frame of empty messages; the connection gives up after 100, not 1.6M."""
+    conn = connection()
+    count = ((1 << 24) - 8) // HEADER.size  # as many as the largest accepted frame holds
+    conn.receive_data(empty_requests_frame(count))
+    refused = []
+    with pytest.raises(RemoteProtocolError, match="more than 100 messages refused or ignored"):
+        while (event := conn.next_event()) is not None:
+            refused.append(event)
+    assert len(refused) == wire.MAX_VIOLATIONS_PER_SECOND == 100
+    assert all(isinstance(e, wire.Refused) and e.code == Code.UNIMPLEMENTED for e in refused)
+
+
+def test_refusals_spread_over_seconds_are_not_a_flood() -> None:
+    now = [0.0]
+    conn = connection(max_violations_per_second=10, clock=lambda: now[0])
+    for second in range(5):
+        now[0] = float(second)
+        conn.receive_data(request(2 * second + 1, method="Nope"))
+        conn.receive_data(empty_requests_frame(0))
+        batch = [request(1000 + 20 * second + 2 * i + 1, method="Nope") for i in range(9)]
+        conn.receive_data(b"".join(batch))
+        answered = events(conn)
+        assert len(answered) == 10  # ten a second: at the bound, never past it
+        assert all(isinstance(e, wire.Refused) for e in answered)
+    conn.receive_data(request(5001, method="Nope"))  # the eleventh in the last second
+    with pytest.raises(RemoteProtocolError):
+        events(conn)
 
 
 # ---------------------------------------------------------------------------
