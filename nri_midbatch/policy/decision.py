@@ -87,9 +87,7 @@ def decide_pod(pod: PodView, policy: Policy, pod_class: PodClass | None = None) 
 
     `pod_class`: as for decide_container, where the pod's containers are decided too.
     """
-    return _decide(
-        pod, None, policy, classify_pod(pod, policy) if pod_class is None else pod_class
-    )
+    return _decide(pod, None, policy, classify_pod(pod, policy) if pod_class is None else pod_class)
 
 
 def decide_container(

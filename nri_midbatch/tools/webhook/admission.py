@@ -132,6 +132,8 @@ class Answer:
     namespace: str = ""
     name: str = ""
     error: str | None = None
+    #: The review spent its budget and was answered by `over_budget`.
+    over_budget: bool = False
 
 
 def handle(body: bytes, endpoint: Endpoint, policy: Policy, budget: Budget = UNLIMITED) -> Answer:
@@ -143,12 +145,14 @@ def handle(body: bytes, endpoint: Endpoint, policy: Policy, budget: Budget = UNL
         if error.uid is not None:
             reply["uid"] = error.uid
         return Answer(400, reply, uid=error.uid, error=str(error))
+    spent = None
     try:
         verdict = _dispatch(request, endpoint, policy, budget)
     except PodError as error:
         verdict = Verdict(False, message=f"cannot admit: {error}", code=400, reason="BadRequest")
-    except OverBudget as spent:
-        verdict = over_budget(endpoint, request.operation, spent)
+    except OverBudget as error:
+        spent = error
+        verdict = over_budget(endpoint, request.operation, error)
     obj = request.raw.get("object")
     metadata = obj.get("metadata") if isinstance(obj, dict) else None
     name = ""
@@ -162,6 +166,7 @@ def handle(body: bytes, endpoint: Endpoint, policy: Policy, budget: Budget = UNL
         request.operation,
         request.namespace,
         name,
+        over_budget=spent is not None,
     )
 
 
