@@ -70,7 +70,7 @@ REVIEW_GRACE = 1.0
 #: reviews that may wait for one.
 REVIEW_WORKERS, REVIEW_WAITING = 4, 16
 #: Larger bodies have a worker of their own: they never hold up the normal ones, and the
-#: memory a large review parses into (about ten times its body) is held by one at a time.
+#: memory a large review parses into (about twenty times its body) is held by one at a time.
 LARGE_BODY_BYTES = 256 * 1024
 LARGE_WORKERS, LARGE_WAITING = 1, 2
 _ENDPOINTS: dict[str, Endpoint] = {"/mutate": "mutate", "/validate": "validate"}
