@@ -213,17 +213,13 @@ class WebhookServer:
         self.policy = compile_policy(config)
 
     @staticmethod
-    def _decide(
-        policy: Policy, endpoint: Endpoint, body: bytes, budget: Budget
-    ) -> tuple[Answer, float]:
-        """In a worker: the answer, and how long it took to decide."""
-        started = time.perf_counter()
+    def _decide(policy: Policy, endpoint: Endpoint, body: bytes, budget: Budget) -> Answer:
+        """In a worker."""
         try:
-            answer = handle(body, endpoint, policy, budget)
+            return handle(body, endpoint, policy, budget)
         except Exception:  # handle() never raises; this keeps a bug from dropping the call
             log.exception("admission handler failed", endpoint=endpoint)
-            answer = Answer(500, {"error": "internal error"})
-        return answer, time.perf_counter() - started
+            return Answer(500, {"error": "internal error"})
 
     def _record(self, endpoint: Endpoint, answer: Answer, elapsed: float) -> None:
         """On the loop (the metrics are not shared between threads): count and log."""
@@ -236,8 +232,10 @@ class WebhookServer:
 
     async def _review(self, endpoint: Endpoint, body: bytes) -> Response:
         policy = self.policy  # the one in force when the review arrived, whatever reloads
+        # The duration includes the wait for a worker: the API server waits for it too.
+        started = time.perf_counter()
         try:
-            answer, elapsed = await self.pool.run(
+            answer = await self.pool.run(
                 len(body), lambda budget: self._decide(policy, endpoint, body, budget)
             )
         except (Busy, Abandoned) as shed:
@@ -252,7 +250,7 @@ class WebhookServer:
             )
             # The API server applies the webhook's failure policy to either.
             return Response.text(503 if busy else 504, str(shed))
-        self._record(endpoint, answer, elapsed)
+        self._record(endpoint, answer, time.perf_counter() - started)
         return Response(answer.status, json.dumps(answer.body).encode(), "application/json")
 
     def _handle(self, request: Request) -> Response | Coroutine[Any, Any, Response]:
