@@ -9,7 +9,8 @@ launches that measure only the first two, whose medians are reported):
    (RunPodSandbox, CreateContainer, later RemoveContainer and RemovePodSandbox);
 4. the same with 8 requests in flight;
 5. memory: 100,000 more pod lifecycles, resident memory sampled as they go;
-then, in this process with the plugin stopped, the policy core alone.
+then, in this process with the plugin stopped, the policy core alone, and the admission
+webhook's decision (bench/webhook.py). `--only-webhook` runs that last part alone.
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ class Options:
     sync_containers_per_pod: int = 10
     sync_chunk_max: int = MAX_MESSAGE
     decisions: int = 200_000
+    webhook_reviews: int = 2000
+    only_webhook: bool = False
     launches: int = 3
     live_pods: int = 100
     check_every: int = 64
@@ -94,6 +97,16 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     parser.add_argument("--sync-containers-per-pod", type=int)
     parser.add_argument(
         "--decisions", type=int, help="decide_container calls per policy figure (0: none)"
+    )
+    parser.add_argument(
+        "--webhook-reviews",
+        type=int,
+        help="admission reviews per pod size and endpoint (0: no webhook figures)",
+    )
+    parser.add_argument(
+        "--only-webhook",
+        action="store_true",
+        help="only the webhook's admission figures: no plugin process",
     )
     parser.add_argument(
         "--launches",
@@ -141,6 +154,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         # Small chunks, so that the quick run still exercises split Synchronize.
         opts.sync_chunk_max = 256 * 1024
         opts.decisions, opts.launches, opts.live_pods = 20_000, 1, 20
+        opts.webhook_reviews = 100
         opts.check_every = 8
     for name in (
         "events",
@@ -149,14 +163,18 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         "sync_pods",
         "sync_containers_per_pod",
         "decisions",
+        "webhook_reviews",
         "launches",
     ):
         value = getattr(args, name)
         if value is not None:
-            if value < 1 and name != "decisions":
+            if value < 1 and name not in ("decisions", "webhook_reviews"):
                 parser.error(f"--{name.replace('_', '-')} must be positive")
             setattr(opts, name, value)
     opts.json_path = args.json_path or None
+    opts.only_webhook = args.only_webhook
+    if opts.only_webhook and not opts.webhook_reviews:
+        parser.error("--only-webhook needs --webhook-reviews of at least 1")
     opts.profile = args.profile
     return opts
 
@@ -409,6 +427,9 @@ class Bench:
     # -- phases ----------------------------------------------------------------
 
     def run(self) -> Results:
+        if self.opts.only_webhook:
+            self.webhook()
+            return self.results
         node = SyncNode.build(self.opts, self.cgroup_root)
         applier = ReplyApplier(node.container_dirs)
         try:
@@ -417,6 +438,8 @@ class Bench:
             applier.close()
         if self.opts.decisions:
             self.decisions()
+        if self.opts.webhook_reviews:
+            self.webhook()
         return self.results
 
     def phases(self, node: SyncNode, applier: ReplyApplier) -> None:
@@ -796,6 +819,36 @@ class Bench:
         r = self.results
         r.add("decide_container, spec cached (per s)", warm, "/s", "> 50,000/s", warm > 50_000)
         r.add("decide_container, every spec new (per s)", cold, "/s", "", None)
+
+    def webhook(self) -> None:
+        from bench.webhook import admission
+
+        measured = admission(self.opts.webhook_reviews)
+        r = self.results
+        for containers, endpoints in measured["sizes"].items():
+            noun = "container" if containers == 1 else "containers"
+            for endpoint, seconds in endpoints.items():
+                ms = sorted(x * 1000 for x in seconds)
+                label = f"admission /{endpoint}, {containers} {noun}"
+                r.add(f"{label} p50", _percentile(ms, 50), "ms")
+                r.add(f"{label} p99", _percentile(ms, 99), "ms")
+        largest = measured["largest"]
+        # No target: beyond the review budget (2 s) the server answers as the failure
+        # policy says instead; this is how far from it the largest review is.
+        for endpoint in ("mutate", "validate"):
+            r.add(
+                f"admission /{endpoint}, largest body ({largest['containers']:,} containers)",
+                largest[endpoint],
+                "s",
+            )
+        r.details["webhook"] = {
+            "reviews_per_size": self.opts.webhook_reviews,
+            "largest": largest,
+            "sizes_ms": {
+                str(c): {e: [round(x * 1000, 4) for x in s] for e, s in endpoints.items()}
+                for c, endpoints in measured["sizes"].items()
+            },
+        }
 
     def kinds(self) -> dict[str, Kind]:
         token = workload.TOKEN

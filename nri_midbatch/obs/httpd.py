@@ -17,18 +17,20 @@ The bounds, per server:
   of at most `max_body` bytes, sent with a Content-Length (no chunked bodies).
 
 Handlers are plain functions called on the server's loop; they must be quick and must not block
-(a metrics scrape or one admission review). The loop runs in its own thread, so a wedged plugin
-loop can still be reported by `/healthz`.
+(a metrics scrape). One with slow work returns an awaitable instead, which the connection awaits
+while the loop serves the others (the webhook's reviews, run in worker threads). The loop runs
+in its own thread, so a wedged plugin loop can still be reported by `/healthz`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
 
@@ -87,7 +89,7 @@ class Response:
         return cls(status, (text + "\n").encode(), close=close)
 
 
-Handler = Callable[[Request], Response]
+Handler = Callable[[Request], Response | Awaitable[Response]]
 
 
 class _Refused(Exception):
@@ -243,7 +245,7 @@ class BoundedHTTPServer:
                 self._on_drop("bad_request")
                 await self._write(writer, request)
                 return
-            response = self._answer(request)
+            response = await self._answer(request)
             close = response.close or not request.keep_alive
             await self._write(writer, response, close)
             connection.answered += 1
@@ -253,9 +255,10 @@ class BoundedHTTPServer:
             async with asyncio.timeout(self.deadline):
                 request = await self._read_request(reader)
 
-    def _answer(self, request: Request) -> Response:
+    async def _answer(self, request: Request) -> Response:
         try:
-            return self._handler(request)
+            response = self._handler(request)
+            return await response if inspect.isawaitable(response) else response
         except Exception:  # a handler bug must not take the server down
             log.exception("unexpected error answering a request", path=request.path)
             return Response.text(500, "internal error", close=True)

@@ -141,6 +141,13 @@ class WebhookMetrics:
             r,
             buckets=WEBHOOK_BUCKETS,
         )
+        self.shed = Counter(
+            "nri_midbatch_webhook_requests_shed",
+            "AdmissionReviews not decided in full: over_budget (answered as the failure policy "
+            "says), busy (503, every worker taken), abandoned (504, no answer by the deadline)",
+            ["endpoint", "reason"],
+            r,
+        )
         self.certificate_reloads = Counter(
             "nri_midbatch_webhook_certificate_reloads",
             "Changed TLS certificate and key files: loaded (ok) or kept the previous (failed)",
@@ -151,6 +158,8 @@ class WebhookMetrics:
             self.review_duration.labels(endpoint)
             for result in ("allowed", "denied", "patched", "error"):
                 self.reviews.labels(endpoint, result)
+            for reason in ("over_budget", "busy", "abandoned"):
+                self.shed.labels(endpoint, reason)
         for result in ("ok", "failed"):
             self.certificate_reloads.labels(result)
         self.dropped = connections_dropped("nri_midbatch_webhook_connections_dropped", r)

@@ -82,9 +82,12 @@ def classify_pod(pod: PodView, policy: Policy) -> PodClass:
     )
 
 
-def decide_pod(pod: PodView, policy: Policy) -> Decision:
-    """Pod-level values, for the pod cgroup written at RunPodSandbox."""
-    return _decide(pod, None, policy, classify_pod(pod, policy))
+def decide_pod(pod: PodView, policy: Policy, pod_class: PodClass | None = None) -> Decision:
+    """Pod-level values, for the pod cgroup written at RunPodSandbox.
+
+    `pod_class`: as for decide_container, where the pod's containers are decided too.
+    """
+    return _decide(pod, None, policy, classify_pod(pod, policy) if pod_class is None else pod_class)
 
 
 def decide_container(

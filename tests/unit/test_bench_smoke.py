@@ -58,6 +58,14 @@ FIGURES = (
     "RSS growth over the last",
     "decide_container, spec cached",
     "decide_container, every spec new",
+    *(
+        f"admission /{endpoint}, {size} p{pct}"
+        for endpoint in ("mutate", "validate")
+        for size in ("1 container", "10 containers", "100 containers")
+        for pct in (50, 99)
+    ),
+    "admission /mutate, largest body",
+    "admission /validate, largest body",
 )
 
 

@@ -4,7 +4,8 @@ Kubelet passes neither spec.priority nor extended resources to the runtime, and 
 webhook writes only batch resources into the extended-resource spec annotation. This webhook
 writes the priority-class label and every tier's resources (batch and mid) at pod creation,
 from the same configuration and policy core as the plugin, and rejects pods the tiers cannot
-serve. `admission` decides (pure), `server` serves HTTPS.
+serve. `admission` decides (pure, within a `budget`), `pool` runs the decisions in bounded
+worker threads, `server` serves HTTPS.
 """
 
 from .admission import Answer, Verdict, classify, derive_spec, handle, mutate, validate

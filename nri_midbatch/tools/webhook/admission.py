@@ -14,6 +14,11 @@ as failed and applies the webhook's failurePolicy. A well-formed review whose ob
 read (not a Pod, a field of the wrong shape) gets an explicit denial with code 400 and the
 reason, echoing the uid, so the user sees why instead of the failure policy deciding silently.
 
+Linear in the number of containers: the pod is read once, its spec derived once, and the
+node's policy classifies it (parsing the spec) once for all its containers. A review also
+carries a time budget (budget.py), checked as the containers are walked; a review that spends
+it is answered as the webhook's failure policy would decide (`over_budget`).
+
 Longer than the house's 400 lines: mutation and validation share the classification and
 the walk over every container's resources, and stay pure together.
 """
@@ -24,10 +29,13 @@ import base64
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
+from functools import lru_cache
 from typing import Any, Literal
 
 from nri_midbatch.policy import (
     ContainerView,
+    Decision,
     ErrorKind,
     PodView,
     Policy,
@@ -35,12 +43,15 @@ from nri_midbatch.policy import (
     QoSClass,
     Source,
     Tier,
+    classify_pod,
     decide_container,
     decide_pod,
 )
 from nri_midbatch.policy.classes import forbidden_combination, priority_class_from_value
+from nri_midbatch.policy.quantity import Format, Quantity
 
 from . import jsonpatch
+from .budget import UNLIMITED, Budget, OverBudget
 from .jsonpatch import Op
 from .pods import PodError, PodFacts, cgroup_parent, read_pod
 
@@ -55,10 +66,14 @@ __all__ = [
     "derive_spec",
     "handle",
     "mutate",
+    "over_budget",
     "validate",
 ]
 
 ADMISSION_API_VERSION = "admission.k8s.io/v1"
+#: A denial lists at most this many of the node's errors (one per container at worst), then
+#: how many more there are: the message stays short whatever the pod's size.
+MAX_LISTED_ERRORS = 10
 Endpoint = Literal["mutate", "validate"]
 
 
@@ -117,10 +132,12 @@ class Answer:
     namespace: str = ""
     name: str = ""
     error: str | None = None
+    #: The review spent its budget and was answered by `over_budget`.
+    over_budget: bool = False
 
 
-def handle(body: bytes, endpoint: Endpoint, policy: Policy) -> Answer:
-    """Answer one AdmissionReview; never raises for any input."""
+def handle(body: bytes, endpoint: Endpoint, policy: Policy, budget: Budget = UNLIMITED) -> Answer:
+    """Answer one AdmissionReview; never raises for any input; stops when `budget` is spent."""
     try:
         request = _read_review(body)
     except ReviewError as error:
@@ -128,10 +145,14 @@ def handle(body: bytes, endpoint: Endpoint, policy: Policy) -> Answer:
         if error.uid is not None:
             reply["uid"] = error.uid
         return Answer(400, reply, uid=error.uid, error=str(error))
+    spent = None
     try:
-        verdict = _dispatch(request, endpoint, policy)
+        verdict = _dispatch(request, endpoint, policy, budget)
     except PodError as error:
         verdict = Verdict(False, message=f"cannot admit: {error}", code=400, reason="BadRequest")
+    except OverBudget as error:
+        spent = error
+        verdict = over_budget(endpoint, request.operation, error)
     obj = request.raw.get("object")
     metadata = obj.get("metadata") if isinstance(obj, dict) else None
     name = ""
@@ -145,6 +166,7 @@ def handle(body: bytes, endpoint: Endpoint, policy: Policy) -> Answer:
         request.operation,
         request.namespace,
         name,
+        over_budget=spent is not None,
     )
 
 
@@ -198,7 +220,27 @@ def _read_review(body: bytes) -> _Request:
     )
 
 
-def _dispatch(request: _Request, endpoint: Endpoint, policy: Policy) -> Verdict:
+def over_budget(endpoint: Endpoint, operation: str, spent: OverBudget) -> Verdict:
+    """The answer to a review that spent its budget: what the API server would decide on a
+    timeout under the failure policies of examples/kubernetes/webhook, said explicitly and
+    at once. Only validation of CREATE fails closed; the rest admit the pod unchanged.
+    """
+    what = f"nri-midbatch webhook: {spent}"
+    if endpoint == "validate" and operation == "CREATE":
+        return Verdict(
+            False,
+            message=f"{what}; pod creation is refused (validation fails closed)",
+            code=504,
+            reason="Timeout",
+        )
+    if endpoint == "validate":
+        return Verdict(True, warnings=(f"{what}; the update is admitted unchecked",))
+    return Verdict(
+        True, warnings=(f"{what}; the pod is admitted without its tier label and resources",)
+    )
+
+
+def _dispatch(request: _Request, endpoint: Endpoint, policy: Policy, budget: Budget) -> Verdict:
     raw = request.raw
     if raw.get("subResource"):
         # pods/status, pods/resize, ...: not the object whose labels the node reads.
@@ -208,15 +250,17 @@ def _dispatch(request: _Request, endpoint: Endpoint, policy: Policy) -> Verdict:
         raise PodError(f"request.operation {raw.get('operation')!r} is not an admission operation")
     if request.operation in ("DELETE", "CONNECT"):
         return Verdict(True)
-    pod = read_pod(raw.get("object"), request.namespace, "request.object")
+    pod = read_pod(raw.get("object"), request.namespace, "request.object", budget)
     if request.operation == "UPDATE":
         if endpoint == "mutate":
             # Koordinator writes the annotation at creation only, and validation keeps the
             # label and annotation immutable: an UPDATE is never mutated.
             return Verdict(True)
-        old = read_pod(raw.get("oldObject"), request.namespace, "request.oldObject")
+        old = read_pod(raw.get("oldObject"), request.namespace, "request.oldObject", budget)
         return validate_update(old, pod, policy)
-    return mutate(pod, policy) if endpoint == "mutate" else validate(pod, policy)
+    if endpoint == "mutate":
+        return mutate(pod, policy, budget)
+    return validate(pod, policy, budget)
 
 
 def _check_kind(raw: Mapping[str, Any]) -> None:
@@ -274,7 +318,9 @@ def tier_resources(policy: Policy) -> tuple[str, ...]:
     )
 
 
-def derive_spec(pod: PodFacts, resources: tuple[str, ...]) -> dict[str, Any] | None:
+def derive_spec(
+    pod: PodFacts, resources: tuple[str, ...], budget: Budget = UNLIMITED
+) -> dict[str, Any] | None:
     """The extended-resource spec a pod's containers call for, or None when they name none.
 
     Like Koordinator's webhook: app containers only, containers without the resources left
@@ -283,8 +329,11 @@ def derive_spec(pod: PodFacts, resources: tuple[str, ...]) -> dict[str, Any] | N
     """
     containers: dict[str, Any] = {}
     for container in pod.containers:
-        limits = {n: str(container.limits[n]) for n in resources if n in container.limits}
-        requests = {n: str(container.requests[n]) for n in resources if n in container.requests}
+        budget.check()
+        limits = {n: _canonical(container.limits[n]) for n in resources if n in container.limits}
+        requests = {
+            n: _canonical(container.requests[n]) for n in resources if n in container.requests
+        }
         for name, limit in limits.items():
             requests.setdefault(name, limit)
         entry: dict[str, Any] = {}
@@ -297,6 +346,20 @@ def derive_spec(pod: PodFacts, resources: tuple[str, ...]) -> dict[str, Any] | N
     return {"containers": containers} if containers else None
 
 
+def _canonical(quantity: Quantity) -> str:
+    return _canonical_form(quantity.amount, quantity.format)
+
+
+@lru_cache(maxsize=1024)
+def _canonical_form(amount: Fraction, form: Format) -> str:
+    """Kubernetes' canonical text of a quantity; cached, as a pod's quantities repeat.
+
+    Keyed by amount and format, not by Quantity: quantities compare by amount alone, but
+    "1Ki" and "1024" are written differently.
+    """
+    return str(Quantity(amount, form))
+
+
 def encode_spec(spec: Mapping[str, Any]) -> str:
     """Go's json.Marshal form: keys sorted, no spaces (what Koordinator's webhook writes)."""
     return json.dumps(spec, sort_keys=True, separators=(",", ":"))
@@ -305,7 +368,7 @@ def encode_spec(spec: Mapping[str, Any]) -> str:
 # -- mutation ------------------------------------------------------------------
 
 
-def mutate(pod: PodFacts, policy: Policy) -> Verdict:
+def mutate(pod: PodFacts, policy: Policy, budget: Budget = UNLIMITED) -> Verdict:
     found = classify(pod, policy)
     warnings: list[str] = []
     settings = policy.classifier.settings
@@ -317,7 +380,8 @@ def mutate(pod: PodFacts, policy: Policy) -> Verdict:
     tier = found.tier
     if tier is None or found.priority is None:
         return Verdict(True, warnings=tuple(warnings))
-    unusable = node_errors(pod, found, policy)
+    spec = derive_spec(pod, tier_resources(policy), budget)
+    unusable = node_errors(pod, found, spec, policy, budget)
     if unusable:
         # Validation denies the pod; a patch would only carry the values to a node that
         # refuses them.
@@ -333,7 +397,6 @@ def mutate(pod: PodFacts, policy: Policy) -> Verdict:
     )
     if not tier.cpu_resource:  # its calculator reads no extended resources: no spec to write
         return Verdict(True, tuple(ops), warnings=tuple(warnings), tier=tier.name)
-    spec = derive_spec(pod, tier_resources(policy))
     key = settings.spec_annotation
     current = pod.annotations.get(key)
     if spec is None:
@@ -369,14 +432,21 @@ def _load(text: str) -> object:
         return _UNREADABLE
 
 
-def node_errors(pod: PodFacts, found: Classification, policy: Policy) -> list[str]:
+def node_errors(
+    pod: PodFacts,
+    found: Classification,
+    spec: Mapping[str, Any] | None,
+    policy: Policy,
+    budget: Budget = UNLIMITED,
+) -> list[str]:
     """Why the node would refuse the tier values of the pod's containers, if it would.
 
-    The node's own policy core decides, on the annotation mutation writes: a quantity beyond
-    int64, or a cgroup value computed from it beyond int64 (1e18 cores), is an error there.
-    Native limits are taken as absent, which can only find more errors than the node.
+    The node's own policy core decides, on the annotation mutation writes (`spec`, from
+    derive_spec): a quantity beyond int64, or a cgroup value computed from it beyond int64
+    (1e18 cores), is an error there. Native limits are taken as absent, which can only find
+    more errors than the node. The pod is classified, and the annotation parsed, once for
+    all its containers. At most MAX_LISTED_ERRORS distinct errors are listed, then a count.
     """
-    spec = derive_spec(pod, tier_resources(policy))
     if spec is None or found.tier is None or found.priority is None:
         return []
     settings = policy.classifier.settings
@@ -388,22 +458,29 @@ def node_errors(pod: PodFacts, found: Classification, policy: Policy) -> list[st
         annotations={settings.spec_annotation: encode_spec(spec)},
         cgroup_parent=cgroup_parent(pod),
     )
-    decisions = [
-        (f"container {name!r}: ", decide_container(view, ContainerView("", name), policy))
-        for name in sorted(spec["containers"])
-    ]
-    decisions.append(("pod level: ", decide_pod(view, policy)))
-    errors: list[str] = []
-    for where, decision in decisions:
+    pod_class = classify_pod(view, policy)
+    # Distinct errors in the order found (a dict: a list's membership test is O(n) each).
+    errors: dict[str, None] = {}
+
+    def note(where: str, decision: Decision) -> None:
         if decision.error is None:
-            continue
+            return
         # A spec error names its container already; an overflow does not.
-        error = (
-            where + decision.error if decision.error_kind is ErrorKind.OVERFLOW else decision.error
+        overflow = decision.error_kind is ErrorKind.OVERFLOW
+        errors[where + decision.error if overflow else decision.error] = None
+
+    for name in sorted(spec["containers"]):
+        budget.check()
+        note(
+            f"container {name!r}: ",
+            decide_container(view, ContainerView("", name), policy, pod_class),
         )
-        if error not in errors:
-            errors.append(error)
-    return [f"the node cannot use the tier resources: {error}" for error in errors]
+    note("pod level: ", decide_pod(view, policy, pod_class))
+    listed = [f"the node cannot use the tier resources: {error}" for error in errors]
+    if len(listed) > MAX_LISTED_ERRORS:
+        more = len(listed) - MAX_LISTED_ERRORS
+        listed = [*listed[:MAX_LISTED_ERRORS], f"and {more} more errors of the node's"]
+    return listed
 
 
 def _names_containers(text: str) -> bool:
@@ -415,7 +492,7 @@ def _names_containers(text: str) -> bool:
 # -- validation ----------------------------------------------------------------
 
 
-def validate(pod: PodFacts, policy: Policy) -> Verdict:
+def validate(pod: PodFacts, policy: Policy, budget: Budget = UNLIMITED) -> Verdict:
     """CREATE: the priority x QoS matrix and each tier's resources against priority and QoS.
 
     The matrix applies to the QoS label only, as in Koordinator's validating webhook; a QoS
@@ -449,7 +526,9 @@ def validate(pod: PodFacts, policy: Policy) -> Verdict:
         return Verdict(
             False, message="; ".join(problems), code=403, reason="Forbidden", tier=_name(found)
         )
-    unusable = node_errors(pod, found, policy)
+    unusable = node_errors(
+        pod, found, derive_spec(pod, tier_resources(policy), budget), policy, budget
+    )
     if unusable:
         return Verdict(
             False, message="; ".join(unusable), code=400, reason="BadRequest", tier=_name(found)

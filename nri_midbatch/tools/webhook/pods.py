@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from nri_midbatch.policy.qos import kubernetes_qos, qos_cgroup_parent
 from nri_midbatch.policy.quantity import Quantity, QuantityError, parse_quantity
+
+from .budget import UNLIMITED, Budget
 
 __all__ = ["ContainerResources", "PodError", "PodFacts", "cgroup_parent", "pod_qos", "read_pod"]
 
@@ -43,8 +46,13 @@ class PodFacts:
     init_containers: tuple[ContainerResources, ...]
 
 
-def read_pod(obj: object, namespace: str, where: str = "object") -> PodFacts:
-    """`namespace` is the request's: a Pod created through a namespaced URL may omit its own."""
+def read_pod(
+    obj: object, namespace: str, where: str = "object", budget: Budget = UNLIMITED
+) -> PodFacts:
+    """`namespace` is the request's: a Pod created through a namespaced URL may omit its own.
+
+    `budget` is checked before each container is read.
+    """
     pod = _mapping(obj, where)
     kind = pod.get("kind")
     if kind is not None and kind != "Pod":
@@ -68,9 +76,9 @@ def read_pod(obj: object, namespace: str, where: str = "object") -> PodFacts:
         has_labels=raw_labels is not None,
         has_annotations=raw_annotations is not None,
         priority=priority,
-        containers=_containers(spec.get("containers"), f"{where}.spec.containers", True),
+        containers=_containers(spec.get("containers"), f"{where}.spec.containers", True, budget),
         init_containers=_containers(
-            spec.get("initContainers"), f"{where}.spec.initContainers", False
+            spec.get("initContainers"), f"{where}.spec.initContainers", False, budget
         ),
     )
 
@@ -85,7 +93,9 @@ def cgroup_parent(pod: PodFacts, uid: str = "") -> str:
     return qos_cgroup_parent(pod_qos(pod), uid)
 
 
-def _containers(value: object, where: str, required: bool) -> tuple[ContainerResources, ...]:
+def _containers(
+    value: object, where: str, required: bool, budget: Budget
+) -> tuple[ContainerResources, ...]:
     if value is None and not required:
         return ()
     if not isinstance(value, list):
@@ -93,6 +103,7 @@ def _containers(value: object, where: str, required: bool) -> tuple[ContainerRes
     result: list[ContainerResources] = []
     seen: set[str] = set()
     for index, raw in enumerate(value):
+        budget.check()
         at = f"{where}[{index}]"
         entry = _mapping(raw, at)
         name = entry.get("name")
@@ -124,11 +135,35 @@ def _quantities(value: object, where: str) -> dict[str, Quantity]:
             raw = str(raw)
         if not isinstance(raw, str):
             raise PodError(f"{where}[{name!r}] must be a quantity string, not {raw!r}")
-        try:
-            parsed[name] = parse_quantity(raw.strip())
-        except QuantityError as error:
-            raise PodError(f"{where}[{name!r}]: {error}") from None
+        quantity = _quantity(raw.strip())
+        if isinstance(quantity, QuantityError):
+            raise PodError(f"{where}[{name!r}]: {quantity}")
+        parsed[name] = quantity
     return parsed
+
+
+#: Quantity texts longer than this (no real one is) are parsed each time, not cached.
+QUANTITY_CACHE_TEXT = 64
+
+
+def _quantity(text: str) -> Quantity | QuantityError:
+    """A quantity, or why the text is none; short texts (all real ones) are cached."""
+    if len(text) > QUANTITY_CACHE_TEXT:
+        return _parse_quantity(text)
+    return _cached_quantity(text)
+
+
+def _parse_quantity(text: str) -> Quantity | QuantityError:
+    try:
+        return parse_quantity(text)
+    except QuantityError as error:
+        return error
+
+
+# Exact parsing takes tens of microseconds, four times a container, and a pod's containers
+# repeat a few quantities ("1k", "1Gi"): each is parsed once. Quantities are immutable, so
+# containers may share one. At most 1024 keys of at most QUANTITY_CACHE_TEXT characters.
+_cached_quantity = lru_cache(maxsize=1024)(_parse_quantity)
 
 
 def _mapping(value: object, where: str) -> dict[str, Any]:

@@ -5,6 +5,10 @@
   server. A whole request, the TLS handshake included, must arrive within `timeout` seconds,
   however its bytes trickle in.
 - Bodies need a Content-Length of at most `max_body` bytes (413 otherwise, unread).
+- Reviews are decided in worker threads (`pool.ReviewPool`), never on the loop: a slow one
+  delays no other. Each has a time budget, its wait for a worker included; one that spends it
+  is answered as the failure policy says; with every worker taken and the waiting room full, a
+  review gets 503 at once, and one not back from its worker in time 504.
 - The certificate and key are re-read when their files change (cert-manager and the Secret
   volume rotate them in place), and so is the configuration file; a file that does not load
   keeps the previous one in force and is logged once per change (`reload.FileWatch`).
@@ -19,7 +23,7 @@ import json
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +38,15 @@ from nri_midbatch.policy import Policy
 from nri_midbatch.process.reload import FileWatch
 
 from .admission import Answer, Endpoint, handle
+from .budget import Budget
+from .pool import Abandoned, Busy, ReviewPool
 
 __all__ = [
     "DEFAULT_ADDRESS",
     "DEFAULT_TIMEOUT",
     "MAX_BODY_BYTES",
     "WebhookServer",
+    "default_pool",
     "load_tls_context",
 ]
 
@@ -52,6 +59,20 @@ MAX_BODY_BYTES = 3 * 1024 * 1024
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_MAX_CONNECTIONS = 128
 DEFAULT_RELOAD_INTERVAL = 10.0
+#: Seconds a review may take, its wait for a worker included. The examples give the API
+#: server's call timeoutSeconds: 5; the answer must be back well within it.
+REVIEW_BUDGET = 2.0
+#: After the budget, how long the loop still waits for a worker's own over-budget answer
+#: (admission checks the budget per container; a step between checks, such as parsing a
+#: 3 MiB body, is not interrupted) before it answers 504 without it.
+REVIEW_GRACE = 1.0
+#: Workers for bodies up to LARGE_BODY_BYTES (a pod of some hundreds of containers), and
+#: reviews that may wait for one.
+REVIEW_WORKERS, REVIEW_WAITING = 4, 16
+#: Larger bodies have a worker of their own: they never hold up the normal ones, and the
+#: memory a large review parses into (about twenty times its body) is held by one at a time.
+LARGE_BODY_BYTES = 256 * 1024
+LARGE_WORKERS, LARGE_WAITING = 1, 2
 _ENDPOINTS: dict[str, Endpoint] = {"/mutate": "mutate", "/validate": "validate"}
 
 log = structlog.get_logger("nri_midbatch.tools.webhook")
@@ -91,6 +112,18 @@ class _Watched:
         return True
 
 
+def default_pool() -> ReviewPool:
+    return ReviewPool(
+        workers=REVIEW_WORKERS,
+        waiting=REVIEW_WAITING,
+        large_workers=LARGE_WORKERS,
+        large_waiting=LARGE_WAITING,
+        large_body=LARGE_BODY_BYTES,
+        budget=REVIEW_BUDGET,
+        grace=REVIEW_GRACE,
+    )
+
+
 class WebhookServer:
     def __init__(
         self,
@@ -104,6 +137,7 @@ class WebhookServer:
         timeout: float = DEFAULT_TIMEOUT,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         reload_interval: float = DEFAULT_RELOAD_INTERVAL,
+        pool: ReviewPool | None = None,
     ) -> None:
         self.max_body = max_body
         self.timeout = timeout
@@ -111,6 +145,7 @@ class WebhookServer:
         self.tls_context = load_tls_context(cert, key)
         self.policy: Policy = compile_policy(config)
         self.metrics = WebhookMetrics()
+        self.pool = default_pool() if pool is None else pool
         self.draining = False
         self._stopping = threading.Event()
         self._certificate = _Watched(
@@ -153,6 +188,7 @@ class WebhookServer:
     def stop(self) -> None:
         self._stopping.set()
         self.http.stop()
+        self.pool.shutdown()
         if self._reload_thread.is_alive():
             self._reload_thread.join(timeout=5)
 
@@ -176,21 +212,48 @@ class WebhookServer:
             raise ValueError(str(error)) from None
         self.policy = compile_policy(config)
 
-    def answer(self, endpoint: Endpoint, body: bytes) -> Answer:
-        started = time.perf_counter()
+    @staticmethod
+    def _decide(policy: Policy, endpoint: Endpoint, body: bytes, budget: Budget) -> Answer:
+        """In a worker."""
         try:
-            answer = handle(body, endpoint, self.policy)
+            return handle(body, endpoint, policy, budget)
         except Exception:  # handle() never raises; this keeps a bug from dropping the call
             log.exception("admission handler failed", endpoint=endpoint)
-            answer = Answer(500, {"error": "internal error"})
-        elapsed = time.perf_counter() - started
+            return Answer(500, {"error": "internal error"})
+
+    def _record(self, endpoint: Endpoint, answer: Answer, elapsed: float) -> None:
+        """On the loop (the metrics are not shared between threads): count and log."""
         self.metrics.review_duration.labels(endpoint).observe(elapsed)
         self.metrics.reviews.labels(endpoint, _result(answer)).inc()
+        if answer.over_budget:
+            self.metrics.shed.labels(endpoint, "over_budget").inc()
         if answer.status != 500:
             _log_answer(endpoint, answer, elapsed)
-        return answer
 
-    def _handle(self, request: Request) -> Response:
+    async def _review(self, endpoint: Endpoint, body: bytes) -> Response:
+        policy = self.policy  # the one in force when the review arrived, whatever reloads
+        # The duration includes the wait for a worker: the API server waits for it too.
+        started = time.perf_counter()
+        try:
+            answer = await self.pool.run(
+                len(body), lambda budget: self._decide(policy, endpoint, body, budget)
+            )
+        except (Busy, Abandoned) as shed:
+            busy = isinstance(shed, Busy)
+            self.metrics.shed.labels(endpoint, "busy" if busy else "abandoned").inc()
+            self.metrics.reviews.labels(endpoint, "error").inc()
+            log.warning(
+                "review not answered: " + ("every worker busy" if busy else "over its deadline"),
+                endpoint=endpoint,
+                reason=str(shed),
+                body_bytes=len(body),
+            )
+            # The API server applies the webhook's failure policy to either.
+            return Response.text(503 if busy else 504, str(shed))
+        self._record(endpoint, answer, time.perf_counter() - started)
+        return Response(answer.status, json.dumps(answer.body).encode(), "application/json")
+
+    def _handle(self, request: Request) -> Response | Coroutine[Any, Any, Response]:
         if request.method == "POST":
             endpoint = _ENDPOINTS.get(request.path)
             if endpoint is None:
@@ -199,8 +262,7 @@ class WebhookServer:
             if media.strip().lower() != "application/json":
                 self.metrics.reviews.labels(endpoint, "error").inc()
                 return Response.text(415, "Content-Type must be application/json")
-            answer = self.answer(endpoint, request.body)
-            return Response(answer.status, json.dumps(answer.body).encode(), "application/json")
+            return self._review(endpoint, request.body)
         if request.method != "GET":
             return Response.text(405, "only GET and POST are served")
         if request.path == "/healthz":
