@@ -9,8 +9,11 @@
 # The base is Debian 12 (mmdebstrap --variant=minbase) with python3 and pip
 # installed from Debian's pip wheel (python3-pip-whl) into /usr/local, as on the
 # python:*-slim images, so the Dockerfile builds unchanged on either base. The
-# base's rootfs tarball and buildah's storage (vfs driver, layer cache) live under
-# .cache/image/; a second run rebuilds only the layers whose inputs changed.
+# base's rootfs tarball, buildah's storage (vfs driver) and the archive live under
+# .cache/image/. The archive is named after a hash of the build's inputs (the
+# Dockerfile, .dockerignore, pyproject.toml, README.md, the package, this script),
+# and a run with the same inputs only prints it. (Not buildah's --layers cache:
+# buildah 1.28 does not mount a cached stage for RUN --mount=from=build.)
 # Needs root; installs buildah and mmdebstrap with apt-get when missing.
 # Prints the archive's path. Quiet on success; on failure the log goes to stderr.
 set -euo pipefail
@@ -21,7 +24,6 @@ SUITE=bookworm
 CACHE="$ROOT/.cache/image"
 BASE_TAR="$CACHE/python-$SUITE.tar"
 BASE_IMAGE="localhost/nri-midbatch-python:$SUITE"
-ARCHIVE="$CACHE/nri-midbatch.tar"
 LOG="$CACHE/build.log"
 
 SCRIPT=build-image
@@ -30,6 +32,17 @@ source "$ROOT/scripts/lib.sh"
 
 mkdir -p "$CACHE"
 : >"$LOG"
+
+inputs_hash() {
+    (cd "$ROOT" && find Dockerfile .dockerignore pyproject.toml README.md nri_midbatch \
+        scripts/build-image.sh -type f ! -path '*/__pycache__/*' -print0 |
+        sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
+}
+ARCHIVE="$CACHE/nri-midbatch-$(inputs_hash).tar"
+if [[ -s "$ARCHIVE" ]]; then
+    echo "$ARCHIVE"
+    exit 0
+fi
 
 missing=()
 command -v buildah >/dev/null 2>&1 || missing+=(buildah)
@@ -77,10 +90,11 @@ fi
 volumes=()
 HOST_CA=/etc/ssl/certs/ca-certificates.crt
 [[ -s "$HOST_CA" ]] && volumes+=(--volume "$HOST_CA:$HOST_CA:ro")
-quietly "${buildah[@]}" build --layers --isolation chroot "${volumes[@]}" \
-    --build-arg "PYTHON_IMAGE=$BASE_IMAGE" \
-    --build-arg "REVISION=$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)" \
-    -t "$IMAGE" -f "$ROOT/Dockerfile" "$ROOT"
-rm -f "$ARCHIVE"
-quietly "${buildah[@]}" push "$IMAGE" "docker-archive:$ARCHIVE:$IMAGE"
+quietly "${buildah[@]}" build --isolation chroot "${volumes[@]}" \
+    --build-arg "PYTHON_IMAGE=$BASE_IMAGE" -t "$IMAGE" -f "$ROOT/Dockerfile" "$ROOT"
+rm -f "$CACHE"/nri-midbatch-*.tar
+quietly "${buildah[@]}" push "$IMAGE" "docker-archive:$CACHE/new-image.tar:$IMAGE"
+# Only this image: the dangling layers of earlier builds would fill the vfs storage.
+"${buildah[@]}" rmi --prune >>"$LOG" 2>&1 || true
+mv "$CACHE/new-image.tar" "$ARCHIVE"
 echo "$ARCHIVE"
