@@ -92,6 +92,8 @@ class DaemonSetPod:
     config_root: Path
     container_id: str = ""
     attempt: int = 0
+    #: the running container's pid, for its network namespace while containerd is away
+    pid: int = 0
 
     def start_container(self) -> float:
         """Create and start the next attempt of the container; seconds until /readyz is 200."""
@@ -106,6 +108,7 @@ class DaemonSetPod:
         self.container_id = resp.container_id
         started = time.monotonic()
         self.containerd.start_container(self.container_id)
+        self.pid = self.info()["pid"]
         assert wait_until(self.ready, READY_TIMEOUT), self.diagnose()
         return time.monotonic() - started
 
@@ -118,8 +121,7 @@ class DaemonSetPod:
         return info
 
     def get(self, probe: Probe) -> int:
-        netns = Path(f"/proc/{self.info()['pid']}/ns/net")
-        return http_get_in_netns(netns, POD_IP, probe)
+        return http_get_in_netns(Path(f"/proc/{self.pid}/ns/net"), POD_IP, probe)
 
     def ready(self) -> bool:
         return self.get(self.pod.probe("readinessProbe")) == 200
@@ -235,7 +237,7 @@ def test_survives_a_containerd_restart(daemonset: DaemonSetPod) -> None:
 
 def test_survives_its_container_killed_and_created_again(daemonset: DaemonSetPod) -> None:
     first = daemonset.container_id
-    os.kill(daemonset.info()["pid"], signal.SIGKILL)
+    os.kill(daemonset.pid, signal.SIGKILL)
     assert wait_until(
         lambda: daemonset.containerd.container_status(first).state == cri.CONTAINER_EXITED
     )
