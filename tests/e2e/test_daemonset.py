@@ -48,6 +48,7 @@ from tests.e2e.test_tiers import BE_NATIVE, MIB, labels, run, spec
 BRIDGE = "nrimb-e2e0"
 POD_IP = "192.0.2.2"
 CNI_PLUGINS = Path("/usr/lib/cni")
+LIB = Path(__file__).resolve().parents[2] / "scripts" / "lib.sh"
 #: How long the plugin may take from StartContainer to /readyz 200.
 READY_TIMEOUT = 30.0
 
@@ -69,12 +70,14 @@ def cni_config() -> dict[str, Any]:
 
 
 def install_cni(containerd: Containerd) -> None:
+    """The CNI plugins the pod's network needs (Debian's package), and that network."""
     if not (CNI_PLUGINS / "bridge").exists():
+        # scripts/lib.sh's apt_install: waits for other apt runs, updates the lists once.
+        log = containerd.workdir / "apt.log"
+        script = f'SCRIPT=test_daemonset LOG={log}; source {LIB}; apt_install "$0"'
         subprocess.run(
-            ["apt-get", "install", "-y", "--no-install-recommends", "-o",
-             "DPkg::Lock::Timeout=300", "containernetworking-plugins"],
-            check=True, capture_output=True, timeout=600,
-        )  # fmt: skip
+            ["bash", "-c", script, "containernetworking-plugins"], check=True, timeout=900
+        )
     for plugin in ("bridge", "loopback", "static"):
         (containerd.cni_bin / plugin).symlink_to(CNI_PLUGINS / plugin)
     (containerd.cni_conf / "10-e2e.conflist").write_text(json.dumps(cni_config()))
@@ -127,7 +130,7 @@ class DaemonSetPod:
         return self.get(self.pod.probe("readinessProbe")) == 200
 
     def log(self) -> list[Record]:
-        """The plugin's JSON records, from every attempt's CRI log (`<time> <stream> <tag> line`)."""
+        """The plugin's JSON records from every attempt's CRI log (`<time> <stream> <tag> line`)."""
         records = []
         for path in sorted(Path(self.sandbox.log_directory).glob("*/*.log")):
             for line in path.read_text().splitlines():
@@ -173,7 +176,9 @@ def daemonset(
             config_root=tmp_path / "configmaps",
         )
         ready = node.start_container()
-        print(f"\n{containerd_flavour.id}: image imported in {imported:.1f} s, ready in {ready:.2f} s")
+        print(
+            f"\n{containerd_flavour.id}: image imported in {imported:.1f} s, ready in {ready:.2f} s"
+        )
         yield node
     finally:
         problems = harness.close()
@@ -246,4 +251,3 @@ def test_survives_its_container_killed_and_created_again(daemonset: DaemonSetPod
     daemonset.start_container()
     assert daemonset.container_id != first
     assert_batch_pod_gets_its_values(daemonset)
-
