@@ -94,7 +94,9 @@ quietly "${buildah[@]}" build --isolation chroot "${volumes[@]}" \
     --build-arg "PYTHON_IMAGE=$BASE_IMAGE" -t "$IMAGE" -f "$ROOT/Dockerfile" "$ROOT"
 rm -f "$CACHE"/nri-midbatch-*.tar
 quietly "${buildah[@]}" push "$IMAGE" "docker-archive:$CACHE/new-image.tar:$IMAGE"
-# Only this image: the dangling layers of earlier builds would fill the vfs storage.
-"${buildah[@]}" rmi --prune >>"$LOG" 2>&1 || true
+# Only the base and this image: the working containers and dangling images of earlier
+# builds would fill the vfs storage (a full copy of the rootfs each).
+quietly "${buildah[@]}" rm --all
+quietly "${buildah[@]}" rmi --prune
 mv "$CACHE/new-image.tar" "$ARCHIVE"
 echo "$ARCHIVE"
