@@ -78,22 +78,21 @@ class PluginPod:
 
     template: dict[str, Any]
     config_data: dict[str, str]
+    #: the DaemonSet's name and namespace, which its pods carry
+    name: str
+    namespace: str
 
     @classmethod
     def load(cls) -> PluginPod:
+        """The DaemonSet's pod template and the data of the ConfigMap it mounts."""
         daemonset = yaml.safe_load(DAEMONSET.read_text())
+        template = daemonset["spec"]["template"]
         configmap = yaml.safe_load(CONFIGMAP.read_text())
-        return cls(daemonset["spec"]["template"], configmap)
-
-    def __post_init__(self) -> None:
-        configmap: Any = self.config_data
-        if isinstance(configmap, dict) and "kind" in configmap:
-            names = [
-                v["configMap"]["name"] for v in self.spec.get("volumes", []) if "configMap" in v
-            ]
-            if configmap["metadata"]["name"] not in names:
-                raise ManifestError(f"{CONFIGMAP.name} is not the ConfigMap the DaemonSet mounts")
-            self.config_data = dict(configmap["data"])
+        mounted = [v["configMap"]["name"] for v in template["spec"]["volumes"] if "configMap" in v]
+        if configmap["metadata"]["name"] not in mounted:
+            raise ManifestError(f"{CONFIGMAP.name} is not the ConfigMap the DaemonSet mounts")
+        metadata = daemonset["metadata"]
+        return cls(template, dict(configmap["data"]), metadata["name"], metadata["namespace"])
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -146,11 +145,13 @@ class PluginPod:
     def sandbox_config(self, log_directory: Path, attempt: int = 0) -> Any:
         metadata = self.template["metadata"]
         uid = str(uuid.uuid4())
+        # A DaemonSet's pods are named <daemonset>-<5 characters>.
+        name = f"{self.name}-{uid[:5]}"
         return cri.PodSandboxConfig(
             metadata=cri.PodSandboxMetadata(
-                name=f"nri-midbatch-{uid[:5]}", namespace="nri-midbatch", uid=uid, attempt=attempt
+                name=name, namespace=self.namespace, uid=uid, attempt=attempt
             ),
-            hostname="" if self.spec.get("hostNetwork") else f"nri-midbatch-{uid[:5]}",
+            hostname="" if self.spec.get("hostNetwork") else name,
             log_directory=str(log_directory),
             labels=dict(metadata.get("labels", {})),
             annotations=dict(metadata.get("annotations", {})),
