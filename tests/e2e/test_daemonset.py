@@ -39,9 +39,9 @@ import pytest
 from tests.e2e.containerd import Containerd, Flavour
 from tests.e2e.cri import runtime_pb2 as cri
 from tests.e2e.daemonset import PluginPod, Probe, http_get_in_netns
-from tests.e2e.node import NODE
+from tests.e2e.node import NODE, Driver
 from tests.e2e.plugin_process import Record, wait_until
-from tests.e2e.test_tiers import BE_NATIVE, MIB, labels, run, spec
+from tests.e2e.test_tiers import BE_NATIVE, MIB, SPEC, labels, run, spec
 
 #: The pod's network: a bridge without an address on the host, the pod's eth0
 #: holding a documentation address (RFC 5737) that no route leads to.
@@ -153,7 +153,7 @@ def daemonset(
     workdir = tmp_path / "ctrd"
     harness = Containerd(
         workdir, containerd_bin, version=containerd_flavour.version,
-        nri_socket=workdir / "nri" / "nri.sock",
+        systemd_cgroup=NODE.driver is Driver.SYSTEMD, nri_socket=workdir / "nri" / "nri.sock",
     )  # fmt: skip
     try:
         install_cni(harness)
@@ -195,7 +195,7 @@ def assert_batch_pod_gets_its_values(node: DaemonSetPod) -> None:
         f"batch-{uuid.uuid4().hex[:6]}",
         "besteffort",
         labels("BE", "koord-batch"),
-        {"node.koordinator.sh/extended-resource-spec": spec("batch", "500", "1k", "512Mi")},
+        {SPEC: spec("batch", "500", "1k", "512Mi")},
         BE_NATIVE,
     )
     expected = NODE.expect(512, 100000, 512 * MIB)
