@@ -13,6 +13,8 @@ must not silently skip end-to-end coverage.
 from __future__ import annotations
 
 import os
+import subprocess
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,9 +28,11 @@ from tests.e2e.containerd import (
     Flavour,
     fetch,
 )
+from tests.e2e.daemonset import PluginPod
 from tests.e2e.node import NODE, Driver
 
 E2E_DIR = Path(__file__).resolve().parent
+BUILD_IMAGE = E2E_DIR.parents[1] / "scripts" / "build-image.sh"
 
 
 def _unavailable(reason: str) -> None:
@@ -83,3 +87,27 @@ def containerd(
         problems = harness.close()
         if problems:
             warnings.warn("containerd teardown: " + "; ".join(problems), stacklevel=1)
+
+
+@pytest.fixture(scope="session")
+def plugin_image() -> Path:
+    """A docker archive of the image `Dockerfile` builds, tagged as the DaemonSet names it
+    (scripts/build-image.sh: buildah, a Debian-made base; once per session, cached)."""
+    if os.geteuid() != 0:
+        _unavailable("building the image needs root (buildah, mmdebstrap)")
+    started = time.monotonic()
+    res = subprocess.run(
+        ["bash", str(BUILD_IMAGE)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=dict(os.environ, IMAGE=PluginPod.load().image),
+    )
+    if res.returncode != 0:
+        pytest.fail(f"{BUILD_IMAGE.name} failed:\n{res.stderr}", pytrace=False)
+    archive = Path(res.stdout.strip().splitlines()[-1])
+    print(
+        f"\nimage: {archive.name}, {archive.stat().st_size / 1e6:.0f} MB,"
+        f" ready in {time.monotonic() - started:.1f} s"
+    )
+    return archive

@@ -237,7 +237,10 @@ class Containerd:
         systemd_cgroup: bool = False,
         log_level: str = "info",
         start_timeout: float = 20.0,
+        nri_socket: Path | None = None,
     ) -> None:
+        """`nri_socket`: where NRI listens (default `workdir`/nri.sock); a directory of
+        its own lets a test bind that directory, and nothing else, into a container."""
         self.workdir = Path(workdir).resolve()
         self.bin_dir = Path(bin_dir).resolve()
         self.flavour = FLAVOURS[version]
@@ -249,13 +252,16 @@ class Containerd:
         self.state = self.workdir / "state"
         self.runc_root = self.workdir / "runc"
         self.address = self.workdir / "containerd.sock"
-        self.nri_socket = self.workdir / "nri.sock"
+        self.nri_socket = nri_socket or self.workdir / "nri.sock"
         self.plugin_path = self.workdir / "nri-plugins"
         self.plugin_config_path = self.workdir / "nri-conf"
         self.config_path = self.workdir / "config.toml"
         self.log_path = self.workdir / "containerd.log"
         self.image_tar = self.workdir / "busybox.tar"
         self.pod_logs = self.workdir / "pod-logs"
+        #: CNI plugins and network configuration, for pods not on the host's network
+        self.cni_bin = self.workdir / "cni-bin"
+        self.cni_conf = self.workdir / "cni-conf"
 
         self.proc: subprocess.Popen[bytes] | None = None
         #: holds the mount namespace containerd runs in (a sleeping process)
@@ -276,6 +282,8 @@ class Containerd:
             self.plugin_path,
             self.plugin_config_path,
             self.pod_logs,
+            self.cni_bin,
+            self.cni_conf,
         ):
             d.mkdir(parents=True, exist_ok=True)
         self.write_config()
@@ -311,6 +319,10 @@ disabled_plugins = [
   sandbox_image = "{IMAGE}"
   restrict_oom_score_adj = true
   disable_apparmor = true
+
+[plugins."io.containerd.grpc.v1.cri".cni]
+  bin_dir = "{self.cni_bin}"
+  conf_dir = "{self.cni_conf}"
 
 [plugins."io.containerd.grpc.v1.cri".containerd]
   default_runtime_name = "runc"
@@ -353,8 +365,8 @@ disabled_plugins = [
   cdi_spec_dirs = ['{self.workdir / "cdi"}']
 
 [{runtime}.cni]
-  bin_dirs = ['{self.workdir / "cni-bin"}']
-  conf_dir = '{self.workdir / "cni-conf"}'
+  bin_dirs = ['{self.cni_bin}']
+  conf_dir = '{self.cni_conf}'
 
 [{runtime}.containerd]
   default_runtime_name = 'runc'
