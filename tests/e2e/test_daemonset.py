@@ -163,6 +163,8 @@ def daemonset(
         imported = time.monotonic() - started
         pod = PluginPod.load()
         sandbox = pod.sandbox_config(harness.pod_logs / "nri-midbatch")
+        state_dir = tmp_path / "state"
+        state_dir.mkdir()
         node = DaemonSetPod(
             harness,
             pod,
@@ -172,6 +174,8 @@ def daemonset(
                 "/var/run/nri": harness.nri_socket.parent,
                 "/sys/fs/cgroup": Path("/sys/fs/cgroup"),
                 "/run/dbus": Path("/run/dbus"),
+                # The test's own: pod records and the status socket of this plugin only.
+                "/var/lib/nri-midbatch": state_dir,
             },
             config_root=tmp_path / "configmaps",
         )
