@@ -67,13 +67,18 @@ class PluginProcess:
         wrapper: Sequence[str] = (),
         metrics_address: str = "127.0.0.1:0",
         extra_args: Sequence[str] = (),
+        state_dir: Path | None = None,
     ) -> None:
-        """`wrapper`: a command that execs the rest (same pid), e.g. a mount namespace."""
+        """`wrapper`: a command that execs the rest (same pid), e.g. a mount namespace.
+
+        `state_dir`: the pod records; default the workdir's, so one plugin restarted in the
+        same workdir finds them.
+        """
         workdir.mkdir(parents=True, exist_ok=True)
         self.log_path = workdir / "plugin.log"
         # The test's own, kept across the plugin's restarts in the same workdir: never the
         # host's /var/lib/nri-midbatch, which other tests' plugins would share.
-        self.state_dir = workdir / "state"
+        self.state_dir = workdir / "state" if state_dir is None else state_dir
         self.status_socket = workdir / "status.sock"
         args = [
             *wrapper,

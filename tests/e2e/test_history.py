@@ -9,7 +9,9 @@ resources (containerd 2.x passes them to NRI, 1.7 does not).
 
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -20,7 +22,7 @@ from nri_midbatch.cgroups.values import cpu_shares_to_weight
 from tests.e2e.containerd import Containerd
 from tests.e2e.cri import runtime_pb2 as cri
 from tests.e2e.node import CGROUP_ROOT, NODE, SLOWDOWN, Driver
-from tests.e2e.plugin_process import PluginProcess, wait_until
+from tests.e2e.plugin_process import EXECUTABLE, PluginProcess, wait_until
 from tests.e2e.test_normalization import CONFIG
 from tests.e2e.test_reload import scrape
 from tests.e2e.test_tiers import BE_NATIVE, MIB, SPEC, Pod, labels, run, spec
@@ -123,11 +125,18 @@ def quiet(count: Callable[[], float], *, seconds: float) -> Callable[[], bool]:
 
 
 def check_status_shows_no_drift(plugin: PluginProcess) -> None:
-    """Where `nri-midbatch status` will be asked to show no drift (issue 23's last step).
-
-    Nothing to ask yet: the command does not exist.
-    """
-    del plugin
+    """`nri-midbatch status` of the running plugin: every workload it set holds its target."""
+    answer = subprocess.run(
+        [str(EXECUTABLE), "status", "--socket", str(plugin.status_socket), "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60 * SLOWDOWN,
+        check=False,
+    )
+    document = json.loads(answer.stdout)
+    drifting = [w for w in document["workloads"] if w["drift"]]
+    assert answer.returncode == 0 and not drifting, drifting
+    assert any(w["target"] for w in document["workloads"]), document
 
 
 def test_ratio_back_to_one_returns_containers_and_pods_to_kubelets_quota(
@@ -197,8 +206,13 @@ def test_a_restart_under_a_looser_configuration_brings_pods_up_to_min_of_tier_an
         "cpu_quota": 150000,
         "memory_limit_in_bytes": 1024 * MIB,
     }
+    # The two plugins keep their records in one directory, as the DaemonSet's host path does.
+    state = tmp_path / "state"
     strict = PluginProcess(
-        tmp_path / "strict", containerd.nri_socket, config="rules: {cpuNormalizationRatio: 2}\n"
+        tmp_path / "strict",
+        containerd.nri_socket,
+        config="rules: {cpuNormalizationRatio: 2}\n",
+        state_dir=state,
     )
     try:
         strict.wait_for("synchronized")
@@ -212,7 +226,7 @@ def test_a_restart_under_a_looser_configuration_brings_pods_up_to_min_of_tier_an
         assert wait_until(lambda: quotas(pod) == (100000, 100000)), quotas(pod)
     finally:
         assert strict.stop() == 0
-    default = PluginProcess(tmp_path / "default", containerd.nri_socket, config="")
+    default = PluginProcess(tmp_path / "default", containerd.nri_socket, config="", state_dir=state)
     try:
         default.wait_for("synchronized")
         assert wait_until(lambda: quotas(pod) == (150000, 150000)), quotas(pod)
