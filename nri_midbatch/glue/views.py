@@ -14,7 +14,7 @@ from sys import intern
 
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.policy import CgroupValues, ContainerView, NativeLimits, PodView
-from nri_midbatch.policy.bounded_cache import BoundedCache
+from nri_midbatch.policy.bounded_cache import INPUT_CACHE_BYTES, BoundedCache
 
 # An absent optional value reads as 0, which counts as unset here anyway:
 # reading `.value` without HasField gives the same answer for half the cost.
@@ -37,9 +37,6 @@ DISTINCT_LIMITS = 1024
 #: field by field rather than remembered by their bytes: no container's usual
 #: resources take more, so longer ones would only crowd the cache.
 MAX_REMEMBERED_RESOURCES_BYTES = 256
-#: The bytes each cache below keyed by the runtime's input may hold (keys, values and
-#: the cache's own share, by bounded_cache.footprint), as well as DISTINCT_LIMITS entries.
-INPUT_CACHE_BYTES = 1024 * 1024
 
 
 def limits_and_values(resources: api.LinuxResources) -> tuple[NativeLimits, CgroupValues]:

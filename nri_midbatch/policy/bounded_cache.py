@@ -14,7 +14,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-__all__ = ["BoundedCache", "footprint"]
+#: The byte bound of a cache over input: its texts or what they parse to.
+INPUT_CACHE_BYTES = 1024 * 1024
+
+__all__ = ["INPUT_CACHE_BYTES", "BoundedCache", "footprint"]
 
 K = TypeVar("K")
 V = TypeVar("V")

@@ -27,7 +27,7 @@ from nri_midbatch.policy import (
     cpuset,
     spec,
 )
-from nri_midbatch.policy.bounded_cache import BoundedCache
+from nri_midbatch.policy.bounded_cache import INPUT_CACHE_BYTES, BoundedCache
 from nri_midbatch.policy.spec import ContainerSpec
 from nri_midbatch.policy.trace import Step
 
@@ -208,7 +208,7 @@ def test_native_limits_annotations_are_held_within_the_bound() -> None:
     cache = views.native_limits_texts
     retained = drive(cache, texts(), views.decode_native_limits)
     assert views.decode_native_limits(next(texts())) == NativeLimits(cpu_quota=100000)
-    assert cache.max_bytes == views.INPUT_CACHE_BYTES == 1024 * 1024
+    assert cache.max_bytes == INPUT_CACHE_BYTES == 1024 * 1024
     assert retained <= cache.max_bytes
 
 

@@ -71,6 +71,9 @@ ACTING_EVENTS = RUN_POD_SANDBOX_BIT | CREATE_CONTAINER_BIT | UPDATE_CONTAINER_BI
 #: (plugin.py's `known`, for config reloads); they set no value.
 BOOKKEEPING_EVENTS = REMOVE_POD_SANDBOX_BIT | REMOVE_CONTAINER_BIT
 EXPECTED_EVENTS = ACTING_EVENTS | BOOKKEEPING_EVENTS
+#: From NRI v0.10 also UpdatePodSandbox: an in-place pod resize moves kubelet's pod values.
+UPDATE_POD_SANDBOX_BIT = 0x800
+EXPECTED_EVENTS_V010 = EXPECTED_EVENTS | UPDATE_POD_SANDBOX_BIT
 
 
 # ---------------------------------------------------------------------------
@@ -1186,7 +1189,7 @@ def test_configure_with_a_drop_in_config_replaces_the_config(tree: CgroupTree) -
 
     async def scenario() -> None:
         async with connected(make_config(tree), config_text=drop_in) as c:
-            assert c.configured.events == EXPECTED_EVENTS
+            assert c.configured.events == EXPECTED_EVENTS_V010
             assert c.plugin.config.rules.cpu_normalization_ratio == Fraction("1.2")
             assert c.plugin.counters.config_rejected == 0
             reply = await c.create(pod, ctr)
@@ -1204,7 +1207,7 @@ def test_configure_with_an_invalid_config_keeps_the_previous_one(tree: CgroupTre
     async def scenario() -> None:
         async with connected(startup, config_text="rules: {cpuNormalisationRatio: 1.2}\n") as c:
             # Configure still succeeds, with our events.
-            assert c.configured.events == EXPECTED_EVENTS
+            assert c.configured.events == EXPECTED_EVENTS_V010
             assert c.plugin.counters.config_rejected == 1
             assert c.plugin.config is startup
             reply = await c.create(pod, ctr)
@@ -1222,7 +1225,7 @@ def test_configure_with_a_hostile_drop_in_keeps_the_previous_config(
 
     async def scenario() -> None:
         async with connected(startup, config_text=text) as c:
-            assert c.configured.events == EXPECTED_EVENTS
+            assert c.configured.events == EXPECTED_EVENTS_V010
             assert c.plugin.counters.config_rejected == 1
             assert c.plugin.config is startup
 

@@ -30,7 +30,6 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
-from functools import lru_cache
 from typing import Any, Literal
 
 from nri_midbatch.policy import (
@@ -47,6 +46,7 @@ from nri_midbatch.policy import (
     decide_container,
     decide_pod,
 )
+from nri_midbatch.policy.bounded_cache import INPUT_CACHE_BYTES, BoundedCache
 from nri_midbatch.policy.classes import forbidden_combination, priority_class_from_value
 from nri_midbatch.policy.quantity import Format, Quantity
 
@@ -347,17 +347,21 @@ def derive_spec(
 
 
 def _canonical(quantity: Quantity) -> str:
-    return _canonical_form(quantity.amount, quantity.format)
+    return _canonical_form((quantity.amount, quantity.format))
 
 
-@lru_cache(maxsize=1024)
-def _canonical_form(amount: Fraction, form: Format) -> str:
+def _canonical_text(key: tuple[Fraction, Format]) -> str:
     """Kubernetes' canonical text of a quantity; cached, as a pod's quantities repeat.
 
     Keyed by amount and format, not by Quantity: quantities compare by amount alone, but
-    "1Ki" and "1024" are written differently.
+    "1Ki" and "1024" are written differently. An amount a pod author writes can be long.
     """
-    return str(Quantity(amount, form))
+    return str(Quantity(*key))
+
+
+_canonical_form = BoundedCache[tuple[Fraction, Format], str](1024, INPUT_CACHE_BYTES).memoize(
+    _canonical_text
+)
 
 
 def encode_spec(spec: Mapping[str, Any]) -> str:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
+from nri_midbatch.policy.bounded_cache import INPUT_CACHE_BYTES, BoundedCache
 from nri_midbatch.policy.qos import kubernetes_qos, qos_cgroup_parent
 from nri_midbatch.policy.quantity import Quantity, QuantityError, parse_quantity
 
@@ -163,7 +163,9 @@ def _parse_quantity(text: str) -> Quantity | QuantityError:
 # Exact parsing takes tens of microseconds, four times a container, and a pod's containers
 # repeat a few quantities ("1k", "1Gi"): each is parsed once. Quantities are immutable, so
 # containers may share one. At most 1024 keys of at most QUANTITY_CACHE_TEXT characters.
-_cached_quantity = lru_cache(maxsize=1024)(_parse_quantity)
+_cached_quantity = BoundedCache[str, Quantity | QuantityError](1024, INPUT_CACHE_BYTES).memoize(
+    _parse_quantity
+)
 
 
 def _mapping(value: object, where: str) -> dict[str, Any]:
