@@ -251,8 +251,8 @@ class MidBatchPlugin:
             entry = known.containers.get(change.container.id)
             if change.container.id in failed_ids or entry is None:
                 continue
-            known.set_applied(change.container.id, change.claimed)
-            if by_files or (not change.container.native_known and change.claimed is not None):
+            known.note_set(change.container.id, change.claimed)
+            if by_files:
                 known.recorded.add(change.container.id)
             touched.add(entry[0])
         for pod_change in plan.pods:
@@ -498,11 +498,14 @@ class MidBatchPlugin:
                 continue
             pod = pod_views[pod_id]
             current: CgroupValues = waiting[i + 4]
+            annotated = waiting[i + 1].native_known  # its K from the annotation
             ctr_view, applied, recorded = _container_at_sync(
                 previous, records.get(pod_id), waiting[i + 1], current
             )
             ctr_id = ctr_view.id
             known.set_split(ctr_id, pod_id, ctr_view, waiting[i + 2], waiting[i + 3])
+            if annotated:
+                known.annotated.add(ctr_id)
             if pod_id in classes:
                 pod_class = classes[pod_id]
             else:
@@ -518,10 +521,10 @@ class MidBatchPlugin:
             if self.observing and claimed is not None:
                 self._observed("Synchronize", pod, ctr_view, claimed, current)
                 claimed = None
-            if recorded or (claimed is not None and not ctr_view.native_known):
+            if recorded:
                 known.recorded.add(ctr_id)
             values = in_force(claimed, applied, ctr_view.native)
-            known.set_applied(ctr_id, claimed)
+            known.note_set(ctr_id, claimed)
             if values is None:
                 continue
             if differs(values, current):
@@ -679,6 +682,7 @@ class MidBatchPlugin:
             current = current_values(container.linux.resources)
             self._observed("CreateContainer", view, ctr_view, values, current)
             return api.CreateContainerResponse()
+        known.annotated.add(ctr_view.id)
         known.set_applied(ctr_view.id, values)
         self.counters.count_adjusted("CreateContainer", fields=set_fields(values))
         response = api.CreateContainerResponse()
@@ -737,10 +741,10 @@ class MidBatchPlugin:
             claimed = None
         values = in_force(claimed, known.applied.get(container_id), ctr_view.native)
         if entry is not None:
-            known.set_applied(container_id, claimed)
+            known.note_set(container_id, claimed)
         if pod_moved:
             self._follow_resize(pod.id, view)
-        elif resized:
+        elif container_id in known.recorded:
             self.after_reply.defer(self._keep_record, pod.id)
         if values is None:
             return []

@@ -65,6 +65,9 @@ class Known:
     #: container ids whose baseline or set fields the native-limits annotation does not
     #: tell (resized, or never annotated): the pod's record keeps them
     recorded: set[str] = field(default_factory=set)
+    #: container ids that carry the native-limits annotation (adjusted at their creation):
+    #: the others' values are the record's to keep once the plugin sets any
+    annotated: set[str] = field(default_factory=set)
 
     max_pods: int = MAX_PODS
     max_containers: int = MAX_CONTAINERS
@@ -86,6 +89,13 @@ class Known:
             self.applied.pop(key, None)
         else:
             self.applied[key] = values
+
+    def note_set(self, container_id: str, claimed: CgroupValues | None) -> None:
+        """The plugin put `claimed` in force on a container: its record keeps that if the
+        runtime cannot tell it (no annotation)."""
+        self.set_applied(container_id, claimed)
+        if claimed is not None and container_id not in self.annotated:
+            self.recorded.add(container_id)
 
     def containers_of(self, pod_id: str) -> tuple[str, ...]:
         return tuple(self._by_pod.get(pod_id, ()))
@@ -147,6 +157,7 @@ class Known:
         self._unlink(container_id)
         self.applied.pop(container_id, None)
         self.recorded.discard(container_id)
+        self.annotated.discard(container_id)
 
     def _unlink(self, container_id: str) -> None:
         entry = self.containers.pop(container_id, None)
@@ -167,6 +178,7 @@ class Known:
             self._forget_path(container_id)
             self.applied.pop(container_id, None)
             self.recorded.discard(container_id)
+            self.annotated.discard(container_id)
 
     def _forget_path(self, container_id: str) -> None:
         self._path_heads.pop(container_id, None)
