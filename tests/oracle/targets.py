@@ -128,16 +128,15 @@ def container_target(pod: PodModel, container: ContainerModel, config: Config) -
 def pod_target(pod: PodModel, config: Config, *, pod_resources: bool) -> Values:
     """`pod_resources`: whether the runtime sends them (containerd 2.x) or not (1.7).
 
-    Without them a cpu-normalization pod is not scaled at pod level (docs/koordinator.md:
-    the containers' quotas bound it); every other target is the same either way.
+    The target is the same either way: kubelet's pod values are kubelet's whoever tells
+    them (docs/configuration.md, "What the values follow").
     """
+    del pod_resources
     kubelet = kubelet_pod(pod)
     if config.observe or not config.pod_level:
         return kubelet
     tier = tier_of(pod.kind, config)
     if tier == "normalization":
-        if not pod_resources:
-            return kubelet
         return Values(kubelet.shares, scaled(kubelet.quota, config.ratio), kubelet.memory)
     if tier != "extended":
         return kubelet
