@@ -17,6 +17,8 @@ import errno
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 
 import structlog
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from nri_midbatch.cgroups.systemd import LEVELS
 from nri_midbatch.cgroups.values import VALUE_FIELDS
@@ -33,7 +35,6 @@ from nri_midbatch.nri.session import (
     SessionState,
 )
 from nri_midbatch.nri.version import Version
-from nri_midbatch.obs.exposition import Collector, Family
 from nri_midbatch.obs.health import HealthServer
 from nri_midbatch.obs.logging import set_level
 from nri_midbatch.obs.metrics import CounterFamily, CountersCollector, Metrics
@@ -487,12 +488,13 @@ class ModeCollector(Collector):
     def __init__(self, mode: Callable[[], str]) -> None:
         self._mode = mode
 
-    def collect(self) -> Iterator[Family]:
+    def collect(self) -> Iterator[GaugeMetricFamily]:
         now = self._mode()
-        yield Family(
+        family = GaugeMetricFamily(
             "nri_midbatch_mode",
             "1 for the mode in force: enforce sets values, observe only reports them",
-            "gauge",
-            ("mode",),
-            {(mode,): int(mode == now) for mode in ("enforce", "observe")},
+            labels=("mode",),
         )
+        for mode in ("enforce", "observe"):
+            family.add_metric((mode,), int(mode == now))
+        yield family

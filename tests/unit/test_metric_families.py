@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from nri_midbatch.config.validator import load_startup_settings
@@ -23,7 +24,10 @@ from nri_midbatch.process.record import Recorder, Written
 
 GOLDEN = Path(__file__).parent / "golden" / "metric_families.json"
 #: Label values that depend on the machine, not on the code.
-VARYING = {"nri_midbatch_build_info": ("version", "python")}
+VARYING = {
+    "nri_midbatch_build_info": ("version", "python"),
+    "python_info": ("implementation", "major", "minor", "patchlevel", "version"),
+}
 
 
 class _NullSink:
@@ -82,8 +86,8 @@ def pages() -> dict[str, list[dict[str, Any]]]:
     app.metrics.sync_objects.labels("pods").set(2)
     app.metrics.sync_objects.labels("containers").set(3)
     return {
-        "plugin": page_summary(app.metrics.registry.render()),
-        "webhook": page_summary(WebhookMetrics().registry.render()),
+        "plugin": page_summary(generate_latest(app.metrics.registry)),
+        "webhook": page_summary(generate_latest(WebhookMetrics().registry)),
     }
 
 
