@@ -125,9 +125,7 @@ def test_every_alert_has_a_runbook_section() -> None:
 def test_rules_and_dashboard_use_only_exported_families() -> None:
     # A misspelt family makes a query return nothing, silently: an alert that never fires.
     documented = set(
-        re.findall(
-            r"^\| `((?:nri_midbatch|process|python)_\w+)` \|", METRICS_DOC.read_text(), re.M
-        )
+        re.findall(r"^\| `((?:nri_midbatch|process|python)_\w+)` \|", METRICS_DOC.read_text(), re.M)
     )
     assert "nri_midbatch_events_total" in documented
     expressions = [rule["expr"] for rule in rules()]
