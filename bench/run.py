@@ -50,6 +50,9 @@ SLOW_PROBE_SECONDS = 0.002
 #: The plugin's last line for a Synchronize, once its deferred work is done.
 SYNC_SUMMARY = b'"event": "synchronized"'
 MB = 1 << 20
+#: Resident memory after the Synchronize and after the events: issue 26's goal with
+#: prometheus_client and the standard library it loads (issue 14's was 45 MB without it).
+STEADY_RSS_MB = 48
 #: A Go plugin's Synchronize time over the floor's (bench/floor.py): issue 14 measured
 #: the Go plugin at 0.81-0.85 of commit 25cd8d8's plugin in the same runs, and
 #: 25cd8d8's plugin took 2.72 and 3.24 times the floor here (docs/performance.md,
@@ -771,9 +774,16 @@ class Bench:
         rss_end = plugin.rss_mb()
         samples.append((opts.memory_events, rss_end))
         half = [rss for index, rss in samples if index >= opts.memory_events // 2]
-        r.add("RSS after Synchronize", rss_sync, "MB", "< 45 MB", rss_sync < 45)
+        steady_target = f"< {STEADY_RSS_MB} MB"
+        r.add("RSS after Synchronize", rss_sync, "MB", steady_target, rss_sync < STEADY_RSS_MB)
         total = opts.events * 2 + opts.memory_events
-        r.add(f"RSS after {total:,} more CreateContainer", rss_end, "MB", "< 45 MB", rss_end < 45)
+        r.add(
+            f"RSS after {total:,} more CreateContainer",
+            rss_end,
+            "MB",
+            steady_target,
+            rss_end < STEADY_RSS_MB,
+        )
         # The first events after the Synchronize's trimmed heap fill pools and
         # bounded caches (warm-up): within the noise of the heap, a couple of
         # MB. After that, across the memory phase (which starts after the

@@ -15,7 +15,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from nri_midbatch.obs.exposition import CONTENT_TYPE
+from nri_midbatch.obs.exposition import scrape
 from nri_midbatch.obs.httpd import BoundedHTTPServer, Request, Response, parse_address
 from nri_midbatch.obs.metrics import Metrics
 
@@ -96,7 +96,8 @@ class HealthServer:
         if request.method != "GET":
             return Response.text(405, "only GET is served")
         if request.path == "/metrics":
-            return Response(200, self._metrics.registry.render(), CONTENT_TYPE)
+            body, content_type = scrape(self._metrics.registry, request.headers.get("accept"))
+            return Response(200, body, content_type)
         if request.path == "/healthz":
             return Response.text(*self._health())
         if request.path == "/readyz":

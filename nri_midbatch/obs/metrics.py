@@ -1,10 +1,14 @@
 """Prometheus metrics of one plugin process, on a registry of its own.
 
+The families are prometheus_client's, so a scrape also has what operators expect of any
+Python exporter: the process's memory, CPU, open files and start time (`process_*`), the
+garbage collector's counts (`python_gc_*`) and `python_info`, from the library's own
+collectors. The text of a scrape is `obs.exposition`'s.
+
 Hot-path code does not touch metric objects: the plugin keeps plain
 counters, and a `CountersCollector` (registered by the App) turns them into
-metric families when scraped. The families and their text are `obs.exposition`.
-Per-call latency and results come from a session call observer, which costs
-one clock read and one histogram observation per call.
+metric families when scraped. Per-call latency and results come from a session call
+observer, which costs one clock read and one histogram observation per call.
 """
 
 from __future__ import annotations
@@ -14,19 +18,25 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import NamedTuple
 
+import prometheus_client
 from google.protobuf.message import Message
+from prometheus_client import (
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
 
 from nri_midbatch import __version__
-from nri_midbatch.obs.exposition import (
-    Collector,
-    Counter,
-    CounterChild,
-    Family,
-    Gauge,
-    Histogram,
-    HistogramChild,
-    Registry,
-)
+
+# The library adds a `<name>_created` series to every counter and histogram; our families
+# never had one, and the page keeps its series (docs/metrics.md). Process-wide, as the
+# library keeps it; nothing else in the process uses prometheus_client.
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 #: Fine steps where handlers normally finish, then steps up to the runtime's
 #: default 2 s request timeout, so a scrape shows how close calls come to it.
@@ -41,8 +51,19 @@ EVENT_BUCKETS = (
 EVENT_METHODS = ("RunPodSandbox", "CreateContainer", "UpdateContainer", "StateChange")
 
 
-def build_info(registry: Registry) -> None:
-    build = Gauge("nri_midbatch_build_info", "Build information", ["version", "python"], registry)
+def new_registry() -> CollectorRegistry:
+    """A registry with the library's process, garbage collector and platform collectors."""
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    GCCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    return registry
+
+
+def build_info(registry: CollectorRegistry) -> None:
+    build = Gauge(
+        "nri_midbatch_build_info", "Build information", ["version", "python"], registry=registry
+    )
     build.labels(__version__, platform.python_version()).set(1)
 
 
@@ -50,13 +71,13 @@ def build_info(registry: Registry) -> None:
 DROP_REASONS = ("evicted", "refused", "deadline", "bad_request")
 
 
-def connections_dropped(name: str, registry: Registry) -> Counter:
+def connections_dropped(name: str, registry: CollectorRegistry) -> Counter:
     counter = Counter(
         name,
         "Connections ended by the server's bounds: evicted at the cap for a newer one, refused "
         "at the cap, past the request deadline, or a bad request",
         ["reason"],
-        registry,
+        registry=registry,
     )
     for reason in DROP_REASONS:
         counter.labels(reason)
@@ -65,16 +86,16 @@ def connections_dropped(name: str, registry: Registry) -> Counter:
 
 class Metrics:
     def __init__(self) -> None:
-        self.registry = Registry()
+        self.registry = new_registry()
         r = self.registry
         self.events = Counter(
-            "nri_midbatch_events", "NRI requests handled", ["method", "result"], r
+            "nri_midbatch_events", "NRI requests handled", ["method", "result"], registry=r
         )
         self.event_duration = Histogram(
             "nri_midbatch_event_duration_seconds",
             "Time to answer an NRI request (the runtime drops plugins at its request timeout)",
             ["method"],
-            r,
+            registry=r,
             buckets=EVENT_BUCKETS,
         )
         # Present at 0 from the start, so that rate() and increase() see the first calls
@@ -84,25 +105,25 @@ class Metrics:
             for result in ("ok", "error"):
                 self.events.labels(method, result)
         self.registered = Gauge(
-            "nri_midbatch_registered", "1 while registered and configured by a runtime", (), r
+            "nri_midbatch_registered", "1 while registered and configured by a runtime", registry=r
         )
         self.synchronized = Gauge(
-            "nri_midbatch_synchronized", "1 once Synchronize has completed", (), r
+            "nri_midbatch_synchronized", "1 once Synchronize has completed", registry=r
         )
         self.reconnects = Counter(
-            "nri_midbatch_reconnects", "Connection attempts after the first", (), r
+            "nri_midbatch_reconnects", "Connection attempts after the first", registry=r
         )
         self.sync_objects = Gauge(
             "nri_midbatch_synchronize_objects",
             "Pods and containers in the last Synchronize",
             ["kind"],
-            r,
+            registry=r,
         )
         self.sync_duration = Histogram(
             "nri_midbatch_synchronize_duration_seconds",
             "Time from a Synchronize's first chunk to the reply to its last",
             (),
-            r,
+            registry=r,
             buckets=EVENT_BUCKETS,
         )
         self.http_dropped = connections_dropped("nri_midbatch_http_connections_dropped", r)
@@ -126,19 +147,19 @@ class WebhookMetrics:
     """The admission webhook's families, on a registry of its own (it is another process)."""
 
     def __init__(self) -> None:
-        self.registry = Registry()
+        self.registry = new_registry()
         r = self.registry
         self.reviews = Counter(
             "nri_midbatch_webhook_requests",
             "AdmissionReviews answered, by endpoint and result",
             ["endpoint", "result"],
-            r,
+            registry=r,
         )
         self.review_duration = Histogram(
             "nri_midbatch_webhook_request_duration_seconds",
             "Time to decide an AdmissionReview, from its body read to its answer ready",
             ["endpoint"],
-            r,
+            registry=r,
             buckets=WEBHOOK_BUCKETS,
         )
         self.shed = Counter(
@@ -152,7 +173,7 @@ class WebhookMetrics:
             "nri_midbatch_webhook_certificate_reloads",
             "Changed TLS certificate and key files: loaded (ok) or kept the previous (failed)",
             ["result"],
-            r,
+            registry=r,
         )
         for endpoint in ("mutate", "validate"):
             self.review_duration.labels(endpoint)
@@ -179,15 +200,15 @@ class _ObservedCall:
     def failed(self, error: BaseException) -> None:
         self._done(self._series.error)
 
-    def _done(self, result: CounterChild) -> None:
+    def _done(self, result: Counter) -> None:
         result.inc()
         self._series.duration.observe(time.perf_counter() - self._start)
 
 
 class _MethodSeries(NamedTuple):
-    ok: CounterChild
-    error: CounterChild
-    duration: HistogramChild
+    ok: Counter
+    error: Counter
+    duration: Histogram
 
 
 class CallObserver:
@@ -220,6 +241,10 @@ class CountersCollector(Collector):
     def __init__(self, families: Callable[[], Iterable[CounterFamily]]) -> None:
         self._families = families
 
-    def collect(self) -> Iterator[Family]:
+    def collect(self) -> Iterator[CounterMetricFamily]:
         for name, documentation, labels, values in self._families():
-            yield Family(name, documentation, "counter", labels, values)
+            family = CounterMetricFamily(name, documentation, labels=labels)
+            # A copy: the loop may add a key while the server's thread renders.
+            for label_values, count in list(values.items()):
+                family.add_metric(label_values, count)
+            yield family

@@ -18,6 +18,8 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
 
 import structlog
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from nri_midbatch.cgroups.systemd import LEVELS
 from nri_midbatch.cgroups.values import VALUE_FIELDS
@@ -34,7 +36,6 @@ from nri_midbatch.nri.session import (
     SessionState,
 )
 from nri_midbatch.nri.version import Version
-from nri_midbatch.obs.exposition import Collector, Family
 from nri_midbatch.obs.health import HealthServer
 from nri_midbatch.obs.logging import set_level
 from nri_midbatch.obs.metrics import CounterFamily, CountersCollector, Metrics
@@ -265,12 +266,14 @@ class App:
             self.metrics.sync_objects.labels("containers").set(state.sync_containers)
 
     def _counter_families(self) -> Iterable[CounterFamily]:
+        """Read on the metrics server's thread while the loop counts: each dict the loop may
+        add keys to is copied whole first (one C call, under the GIL) and then iterated."""
         counters = self.plugin.counters
         # Every configured tier from 0: rate() and increase() miss the first
         # rise of a series that did not exist at the scrape before.
         decisions: dict[tuple[str, ...], int] = {(t.name,): 0 for t in self.plugin.config.tiers}
         decisions[("none",)] = 0
-        decisions.update({(tier,): n for tier, n in counters.decisions.items()})
+        decisions.update({(tier,): n for tier, n in dict(counters.decisions).items()})
         yield (
             "nri_midbatch_decisions",
             "Decisions made, by tier (none: the pod is in no tier)",
@@ -278,7 +281,7 @@ class App:
             decisions,
         )
         invalid: dict[tuple[str, ...], int] = {(r,): 0 for r in INVALID_REASONS}
-        invalid.update({(r,): n for r, n in counters.invalid.items()})
+        invalid.update({(r,): n for r, n in dict(counters.invalid).items()})
         yield (
             "nri_midbatch_invalid_inputs",
             "Pods or containers left alone (or refused) because of bad input, by reason",
@@ -288,7 +291,7 @@ class App:
         adjusted: dict[tuple[str, ...], int] = {
             (method, name): 0 for method in ADJUSTING_METHODS for name in VALUE_FIELDS
         }
-        adjusted.update({tuple(key): n for key, n in counters.adjusted.items()})
+        adjusted.update({tuple(key): n for key, n in dict(counters.adjusted).items()})
         yield (
             "nri_midbatch_adjusted_fields",
             "Container cgroup fields set through NRI, by method and field",
@@ -340,7 +343,7 @@ class App:
             {(): counters.pods_lowered_unconfirmed},
         )
         reloads: dict[tuple[str, ...], int] = {(r,): 0 for r in RELOAD_RESULTS}
-        reloads.update({(r,): n for r, n in self.reloads.items()})
+        reloads.update({(r,): n for r, n in dict(self.reloads).items()})
         reloads[("rejected_from_runtime",)] = counters.config_rejected
         yield (
             "nri_midbatch_config_reloads",
@@ -352,7 +355,7 @@ class App:
             "nri_midbatch_reload_writes",
             "Containers and pods brought to a reloaded configuration, by path and result",
             ("path", "result"),
-            {tuple(key): n for key, n in self.followed.items()},
+            {tuple(key): n for key, n in dict(self.followed).items()},
         )
         refused, ignored = self.session.protocol_violations()
         yield (
@@ -549,12 +552,13 @@ class ModeCollector(Collector):
     def __init__(self, mode: Callable[[], str]) -> None:
         self._mode = mode
 
-    def collect(self) -> Iterator[Family]:
+    def collect(self) -> Iterator[GaugeMetricFamily]:
         now = self._mode()
-        yield Family(
+        family = GaugeMetricFamily(
             "nri_midbatch_mode",
             "1 for the mode in force: enforce sets values, observe only reports them",
-            "gauge",
-            ("mode",),
-            {(mode,): int(mode == now) for mode in ("enforce", "observe")},
+            labels=("mode",),
         )
+        for mode in ("enforce", "observe"):
+            family.add_metric((mode,), int(mode == now))
+        yield family

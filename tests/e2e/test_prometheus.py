@@ -1,11 +1,13 @@
-"""A real Prometheus (Debian 12's 2.42) scrapes the plugin on a real containerd.
+"""A real Prometheus (Debian 12's 2.42) scrapes the plugin on a real containerd, and a webhook.
 
 Prometheus runs from the test, not as a service: a loopback port, a storage directory in
-the test's tmp dir, a 1 s scrape of the plugin's /metrics, and the rules of
-examples/monitoring/ evaluated every second. Pods of every kind go through containerd;
-then Prometheus's HTTP API must show them: the target up, decisions by tier, the latency
-histogram's calls, the bad annotation as an invalid input and as a firing alert, and data
-for every query of the dashboard.
+the test's tmp dir, a 1 s scrape of the plugin's /metrics and of a running webhook's (over
+HTTPS, with the test's CA), and the rules of examples/monitoring/ evaluated every second.
+Pods of every kind go through containerd, and reviews through the webhook; then Prometheus's
+HTTP API must show them: both targets up, decisions by tier, the latency histogram's calls,
+the bad annotation as an invalid input and as a firing alert, the webhook's reviews by
+result, both processes' memory, and data for every query of the dashboard. Prometheus asks
+for OpenMetrics, so that is the format it reads here.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import socket
+import ssl
 import subprocess
 import time
 import urllib.parse
@@ -26,11 +29,13 @@ import pytest
 import yaml
 
 from tests.e2e.containerd import Containerd
-from tests.e2e.plugin_process import PluginProcess
+from tests.e2e.plugin_process import EXECUTABLE, PluginProcess
 from tests.e2e.test_tiers import BE_NATIVE, SPEC, labels, run, spec
 from tests.prometheus_tools import DASHBOARD, RULES, binary
+from tests.unit.test_webhook import Tls, container, issue_tls, mid_pod, pod, review
 
 JOB = "nri-midbatch"
+WEBHOOK_JOB = "nri-midbatch-webhook"
 #: What the dashboard's variables stand for here: every job and instance, and Grafana's
 #: $__rate_interval at a 1 s scrape (it is at least four scrape intervals).
 DASHBOARD_VARIABLES = {"$job": ".+", "$instance": ".+", "$__rate_interval": "1m"}
@@ -84,12 +89,22 @@ class Prometheus:
         return "\n".join(self.log_path.read_text().splitlines()[-20:])
 
 
-def start_prometheus(workdir: Path, target: str) -> Prometheus:
+def start_prometheus(workdir: Path, target: str, webhook: Webhook) -> Prometheus:
     workdir.mkdir(parents=True, exist_ok=True)
+    ca_file = workdir / "ca.pem"
+    ca_file.write_bytes(webhook.tls.ca_pem)
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(RULES)],
-        "scrape_configs": [{"job_name": JOB, "static_configs": [{"targets": [target]}]}],
+        "scrape_configs": [
+            {"job_name": JOB, "static_configs": [{"targets": [target]}]},
+            {
+                "job_name": WEBHOOK_JOB,
+                "scheme": "https",
+                "tls_config": {"ca_file": str(ca_file)},
+                "static_configs": [{"targets": [webhook.address]}],
+            },
+        ],
     }
     config_path = workdir / "prometheus.yml"
     config_path.write_text(yaml.safe_dump(config))
@@ -134,10 +149,73 @@ def plugin(containerd: Containerd, tmp_path: Path) -> Iterator[PluginProcess]:
     assert process.stop() == 0
 
 
+@dataclass
+class Webhook:
+    """`nri-midbatch webhook` as a process, on a loopback port, with the test's certificate."""
+
+    address: str
+    tls: Tls
+    process: subprocess.Popen[bytes]
+
+    def call(self, method: str, path: str, body: bytes | None = None) -> int:
+        request = urllib.request.Request(
+            f"https://{self.address}{path}",
+            data=body,
+            method=method,
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=10, context=self.tls.client()) as answer:
+            status: int = answer.status
+            return status
+
+    def admit(self, document: dict[str, Any]) -> None:
+        assert self.call("POST", "/mutate", json.dumps(document).encode()) == 200
+
+
 @pytest.fixture
-def prometheus(plugin: PluginProcess, tmp_path: Path) -> Iterator[Prometheus]:
+def webhook(tmp_path: Path) -> Iterator[Webhook]:
+    tls = issue_tls(tmp_path / "tls")
+    address = f"127.0.0.1:{free_port()}"
+    log = (tmp_path / "webhook.log").open("wb")
+    process = subprocess.Popen(
+        [
+            str(EXECUTABLE),
+            "webhook",
+            "--address",
+            address,
+            "--tls-cert",
+            str(tls.cert),
+            "--tls-key",
+            str(tls.key),
+            "--shutdown-delay",
+            "0",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    served = Webhook(address, tls, process)
+    deadline = time.monotonic() + WAIT
+    while True:
+        try:
+            if served.call("GET", "/readyz") == 200:
+                break
+        except (OSError, ssl.SSLError):
+            pass
+        assert process.poll() is None, (tmp_path / "webhook.log").read_text()
+        assert time.monotonic() < deadline, "the webhook did not become ready"
+        time.sleep(0.2)
+    try:
+        yield served
+    finally:
+        process.terminate()
+        assert process.wait(timeout=30) == 0
+        log.close()
+
+
+@pytest.fixture
+def prometheus(plugin: PluginProcess, webhook: Webhook, tmp_path: Path) -> Iterator[Prometheus]:
     _, serving = plugin.wait_for("serving metrics and health")
-    prom = start_prometheus(tmp_path / "prometheus", f"127.0.0.1:{serving['port']}")
+    prom = start_prometheus(tmp_path / "prometheus", f"127.0.0.1:{serving['port']}", webhook)
     try:
         yield prom
     finally:
@@ -149,18 +227,23 @@ def prometheus(plugin: PluginProcess, tmp_path: Path) -> Iterator[Prometheus]:
             prom.process.wait()
 
 
-def test_prometheus_scrapes_the_plugin_on_real_containerd(
-    containerd: Containerd, plugin: PluginProcess, prometheus: Prometheus
+def test_prometheus_scrapes_the_plugin_on_real_containerd_and_the_webhook(
+    containerd: Containerd, plugin: PluginProcess, webhook: Webhook, prometheus: Prometheus
 ) -> None:
     prom = prometheus
 
-    # The target is up, and every rule file loaded.
-    def target_up() -> bool:
+    # Both targets are up, and every rule file loaded.
+    def targets_up() -> bool:
         targets = prom.get("/api/v1/targets", state="active")["activeTargets"]
-        return [t["health"] for t in targets] == ["up"]
+        return [t["health"] for t in targets] == ["up", "up"]
 
-    prom.wait_for("target up", target_up)
-    assert prom.by("job", "up") == {JOB: 1.0}
+    prom.wait_for("targets up", targets_up)
+    assert prom.by("job", "up") == {JOB: 1.0, WEBHOOK_JOB: 1.0}
+
+    # Reviews through the webhook: a mid pod patched twice, a pod in no tier allowed.
+    webhook.admit(review(mid_pod()))
+    webhook.admit(review(mid_pod()))
+    webhook.admit(review(pod(container("c"))))
 
     # Pods of every kind, created while Prometheus watches.
     run(
@@ -221,6 +304,27 @@ def test_prometheus_scrapes_the_plugin_on_real_containerd(
     # The bad annotation: once for its pod, once for its container.
     invalid = prom.by("reason", "nri_midbatch_invalid_inputs_total")
     assert invalid == {"spec": 2.0, "overflow": 0.0, "internal": 0.0}
+
+    # The webhook's reviews, by result; its other series there at 0.
+    reviews = 'sum by (result) (nri_midbatch_webhook_requests_total{endpoint="mutate"})'
+    expected_reviews = {"patched": 2.0, "allowed": 1.0, "denied": 0.0, "error": 0.0}
+    prom.wait_for(
+        f"webhook reviews {expected_reviews}",
+        lambda: prom.by("result", reviews) == expected_reviews,
+    )
+    assert prom.by("endpoint", "nri_midbatch_webhook_request_duration_seconds_count") == {
+        "mutate": 3.0,
+        "validate": 0.0,
+    }
+    assert prom.by("result", "nri_midbatch_webhook_certificate_reloads_total") == {
+        "ok": 0.0,
+        "failed": 0.0,
+    }
+
+    # Both processes' memory, from the library's process collector, far below the limit.
+    memory = prom.by("job", "process_resident_memory_bytes")
+    assert set(memory) == {JOB, WEBHOOK_JOB}, memory
+    assert all(10 * 2**20 < rss < 0.8 * 128 * 2**20 for rss in memory.values()), memory
 
     # The rules: every one evaluates without error, and the bad pod fires its alert, alone.
     def rules_evaluated() -> bool:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
@@ -231,7 +232,7 @@ async def _nothing() -> AsyncIterator[None]:
 
 
 def reloads_metric(app: App) -> dict[str, float]:
-    text = app.metrics.registry.render().decode()
+    text = generate_latest(app.metrics.registry).decode()
     (family,) = [
         f for f in text_string_to_metric_families(text) if f.name == "nri_midbatch_config_reloads"
     ]
@@ -777,7 +778,7 @@ def test_an_error_of_the_plugins_own_is_counted_and_the_watch_goes_on(
 
 
 def metric(app: App, name: str) -> dict[tuple[str, ...], float]:
-    text = app.metrics.registry.render().decode()
+    text = generate_latest(app.metrics.registry).decode()
     return {
         tuple(sample.labels.values()): sample.value
         for family in text_string_to_metric_families(text)

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from nri_midbatch.api import nri_pb2 as api
@@ -145,7 +146,7 @@ def exposed_families(tmp_path: Path) -> dict[str, tuple[str, frozenset[str]]]:
         return app
 
     app = run(session(), timeout=4 * STEP_TIMEOUT)
-    families = page_families(app.metrics.registry.render())
+    families = page_families(generate_latest(app.metrics.registry))
     for name, (_, labels) in families.items():
         # Label names are read from the samples: a family without any would hide stale labels.
         assert labels is not None, f"{name}: extend the session so that this family has samples"
@@ -167,14 +168,22 @@ def page_families(page: bytes) -> dict[str, tuple[str, frozenset[str] | None]]:
 WEBHOOK_METRICS_HEADING = "## The admission webhook's metrics"
 
 
+#: The families of prometheus_client's own collectors, documented once for both processes.
+LIBRARY_PREFIXES = ("`process_", "`python_")
+
+
 def documented_families(webhook: bool = False) -> dict[str, tuple[str, frozenset[str]]]:
-    """The rows of the plugin's (or the webhook's) metrics table in docs/metrics.md."""
-    plugin, _, rest = METRICS_DOC.read_text().partition(WEBHOOK_METRICS_HEADING)
+    """The rows of the plugin's (or the webhook's) metrics table in docs/metrics.md, and those
+    of the library's families."""
+    text = METRICS_DOC.read_text()
+    plugin, _, rest = text.partition(WEBHOOK_METRICS_HEADING)
     section = rest.split("\n## ", 1)[0] if webhook else plugin
+    row_starts = tuple("| " + prefix for prefix in LIBRARY_PREFIXES)
+    library = [line for line in text.splitlines() if line.startswith(row_starts)]
     rows: dict[str, tuple[str, frozenset[str]]] = {}
-    for line in section.splitlines():
+    for line in [*section.splitlines(), *(library if webhook else [])]:
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if len(cells) < 4 or not cells[0].startswith("`nri_midbatch_"):
+        if len(cells) < 4 or not cells[0].startswith(("`nri_midbatch_", *LIBRARY_PREFIXES)):
             continue
         name = cells[0].strip("`")
         assert name not in rows, f"{name} is documented twice"
@@ -195,7 +204,9 @@ def test_metrics_doc_lists_exactly_the_exposed_families(tmp_path: Path) -> None:
 def test_metrics_doc_lists_exactly_the_webhooks_families() -> None:
     exposed = {
         name: (kind, labels or frozenset())
-        for name, (kind, labels) in page_families(WebhookMetrics().registry.render()).items()
+        for name, (kind, labels) in page_families(
+            generate_latest(WebhookMetrics().registry)
+        ).items()
     }
     assert documented_families(webhook=True) == exposed
 

@@ -22,8 +22,14 @@ from tests.prometheus_tools import DASHBOARD, MONITORING, ROOT, RULE_TESTS, RULE
 ALERTS_DOC = ROOT / "docs" / "alerts.md"
 METRICS_DOC = ROOT / "docs" / "metrics.md"
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
-#: A family's name in an expression; not the middle of a recording rule's level:name:ops.
-FAMILY = re.compile(r"(?<![:\w])nri_midbatch_\w+(?![\w:])")
+#: A family's name in an expression (ours, or the library's process families); not the middle
+#: of a recording rule's level:name:ops.
+FAMILY = re.compile(r"(?<![:\w])(?:nri_midbatch|process|python)_\w+(?![\w:])")
+#: The plugin's DaemonSet and the webhook's Deployment, whose memory limit the alert knows.
+MANIFESTS = (
+    ROOT / "examples" / "kubernetes" / "daemonset.yaml",
+    ROOT / "examples" / "kubernetes" / "webhook" / "deployment.yaml",
+)
 #: A recording rule's name.
 RECORDED = re.compile(r"\w+:\w+:\w+")
 
@@ -118,7 +124,9 @@ def test_every_alert_has_a_runbook_section() -> None:
 
 def test_rules_and_dashboard_use_only_exported_families() -> None:
     # A misspelt family makes a query return nothing, silently: an alert that never fires.
-    documented = set(re.findall(r"^\| `(nri_midbatch_\w+)` \|", METRICS_DOC.read_text(), re.M))
+    documented = set(
+        re.findall(r"^\| `((?:nri_midbatch|process|python)_\w+)` \|", METRICS_DOC.read_text(), re.M)
+    )
     assert "nri_midbatch_events_total" in documented
     expressions = [rule["expr"] for rule in rules()]
     expressions += [expr for _, expr in dashboard_queries()]
@@ -133,6 +141,25 @@ def test_rules_and_dashboard_use_only_exported_families() -> None:
     assert unknown == set()
     recorded = {rule["record"] for rule in rules() if "record" in rule}
     assert {name for e in expressions for name in RECORDED.findall(e)} <= recorded
+
+
+def memory_limit_bytes(manifest: Path) -> int:
+    """The memory limit of the manifest's one container, in bytes (Mi only, as they are)."""
+    documents = yaml.safe_load_all(manifest.read_text())
+    (document,) = [d for d in documents if d["kind"] in ("DaemonSet", "Deployment")]
+    (container,) = document["spec"]["template"]["spec"]["containers"]
+    limit = container["resources"]["limits"]["memory"]
+    assert limit.endswith("Mi"), limit
+    return int(limit[:-2]) * 2**20
+
+
+def test_the_memory_alert_knows_the_manifests_memory_limit() -> None:
+    # The alert takes the limit as a number: it must follow the manifests.
+    (rule,) = [r for r in rules() if r.get("alert") == "NriMidbatchMemoryNearLimit"]
+    for manifest in MANIFESTS:
+        limit = memory_limit_bytes(manifest)
+        assert f"process_resident_memory_bytes > 0.8 * {limit} " in rule["expr"], manifest
+        assert f"{limit // 2**20} MiB memory limit" in rule["annotations"]["summary"]
 
 
 def test_dashboard_queries_select_by_the_dashboards_variables() -> None:

@@ -28,7 +28,7 @@ from nri_midbatch.obs.health import HealthServer, parse_address
 from nri_midbatch.obs.httpd import MAX_HEAD_BYTES
 from nri_midbatch.obs.metrics import Metrics
 
-from .http_fixtures import http_get
+from .http_fixtures import PROMETHEUS_ACCEPT, http_get, openmetrics_families
 from .nri_fixtures import STEP_TIMEOUT, run
 
 STALL_AFTER = 0.5
@@ -202,6 +202,18 @@ def test_metrics_are_prometheus_text_with_build_info(server: HealthServer) -> No
     assert sample.value == 1
     assert sample.labels["version"] == __version__
     assert sample.labels["python"]
+
+
+def test_metrics_are_openmetrics_for_prometheus(server: HealthServer) -> None:
+    status, content_type, body = http_get(
+        url(server, "/metrics"), headers={"Accept": PROMETHEUS_ACCEPT}
+    )
+    assert status == 200
+    assert content_type.startswith("application/openmetrics-text; version=1.0.0")
+    families = {f.name: f for f in openmetrics_families(body)}
+    assert families["nri_midbatch_build_info"].samples[0].value == 1
+    (rss,) = families["process_resident_memory_bytes"].samples
+    assert rss.value > 10 * 2**20
 
 
 def _ipv6_loopback() -> bool:

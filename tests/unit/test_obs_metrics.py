@@ -11,18 +11,21 @@ import asyncio
 import json
 import platform
 import threading
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from nri_midbatch import __version__
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import Config, load_config_text
+from nri_midbatch.config.validator import load_startup_settings
 from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
 from nri_midbatch.process.app import App
 from nri_midbatch.rpc.errors import RpcError
@@ -354,3 +357,58 @@ def test_event_counters_are_present_at_zero_before_their_first_event(tmp_path: P
         assert m.value("nri_midbatch_invalid_inputs_total", reason=reason) == 0, reason
     for result in ("applied", "unchanged", "invalid", "failed", "rejected_from_runtime"):
         assert m.value("nri_midbatch_config_reloads_total", result=result) == 0, result
+
+
+class _GrowsWhileIterated(dict[Any, int]):
+    """A counter dict that the loop's thread adds `key` to while a scrape walks its items."""
+
+    def __init__(self, counts: Mapping[Any, int], key: Any) -> None:
+        super().__init__(counts)
+        self._key = key
+
+    def items(self) -> Iterator[tuple[Any, int]]:  # type: ignore[override]
+        walk = iter(super().items())
+        first = next(walk)
+        self[self._key] = 1
+        yield first
+        yield from walk
+
+
+@pytest.mark.parametrize(
+    ("owner", "attribute", "counts", "key", "family", "labels"),
+    [
+        ("counters", "decisions", {"batch": 2}, "mid", "decisions", {"tier": "batch"}),
+        ("counters", "invalid", {"spec": 2}, "overflow", "invalid_inputs", {"reason": "spec"}),
+        (
+            "counters",
+            "adjusted",
+            {("CreateContainer", "cpu_quota"): 2},
+            ("UpdateContainer", "cpu_quota"),
+            "adjusted_fields",
+            {"method": "CreateContainer", "field": "cpu_quota"},
+        ),
+        ("app", "reloads", {"applied": 2}, "invalid", "config_reloads", {"result": "applied"}),
+        (
+            "app",
+            "followed",
+            {("cgroup_files", "ok"): 2},
+            ("cgroup_files", "failed"),
+            "reload_writes",
+            {"path": "cgroup_files", "result": "ok"},
+        ),
+    ],
+)
+def test_a_scrape_survives_a_counter_that_grows_meanwhile(
+    owner: str,
+    attribute: str,
+    counts: Mapping[Any, int],
+    key: Any,
+    family: str,
+    labels: dict[str, str],
+) -> None:
+    """The server's thread reads the plugin's counters while the loop adds a key to one."""
+    app = App(load_startup_settings(None), name="midbatch", idx="10", config_path=None)
+    target = app.plugin.counters if owner == "counters" else app
+    setattr(target, attribute, _GrowsWhileIterated(counts, key))
+    scrape = Scrape(generate_latest(app.metrics.registry).decode())
+    assert scrape.value(f"nri_midbatch_{family}_total", **labels) == 2

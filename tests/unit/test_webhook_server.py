@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from nri_midbatch.config.model import Config
 from nri_midbatch.tools.webhook.server import WebhookServer
 
+from .http_fixtures import PROMETHEUS_ACCEPT, openmetrics_families
 from .test_webhook import (
     PRIORITY,
     QOS,
@@ -187,6 +188,20 @@ def scrape(client: Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], floa
         for family in text_string_to_metric_families(body.decode())
         for sample in family.samples
     }
+
+
+def test_the_page_is_openmetrics_for_prometheus_with_the_process_families(
+    webhook: WebhookServer, tls: Tls
+) -> None:
+    status, content_type, body = Client(webhook, tls).raw(
+        "GET", "/metrics", headers={"Accept": PROMETHEUS_ACCEPT}
+    )
+    assert status == 200
+    assert content_type.startswith("application/openmetrics-text; version=1.0.0")
+    families = {f.name: f for f in openmetrics_families(body.decode())}
+    assert [s.value for s in families["nri_midbatch_webhook_requests"].samples] == [0.0] * 8
+    (rss,) = families["process_resident_memory_bytes"].samples
+    assert rss.value > 10 * 2**20
 
 
 def requests(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> dict[str, float]:

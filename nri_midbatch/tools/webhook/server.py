@@ -31,7 +31,7 @@ import structlog
 
 from nri_midbatch.config.compile import compile_policy
 from nri_midbatch.config.model import Config, ConfigError, load_config_file
-from nri_midbatch.obs.exposition import CONTENT_TYPE
+from nri_midbatch.obs.exposition import scrape
 from nri_midbatch.obs.httpd import BoundedHTTPServer, Request, Response
 from nri_midbatch.obs.metrics import WebhookMetrics
 from nri_midbatch.policy import Policy
@@ -270,7 +270,8 @@ class WebhookServer:
         if request.path == "/readyz":
             return Response.text(503, "draining") if self.draining else Response.text(200, "ok")
         if request.path == "/metrics":
-            return Response(200, self.metrics.registry.render(), CONTENT_TYPE)
+            body, content_type = scrape(self.metrics.registry, request.headers.get("accept"))
+            return Response(200, body, content_type)
         return Response.text(404, "not found")
 
 
