@@ -167,7 +167,7 @@ class WebhookMetrics:
             "AdmissionReviews not decided in full: over_budget (answered as the failure policy "
             "says), busy (503, every worker taken), abandoned (504, no answer by the deadline)",
             ["endpoint", "reason"],
-            r,
+            registry=r,
         )
         self.certificate_reloads = Counter(
             "nri_midbatch_webhook_certificate_reloads",
