@@ -528,14 +528,14 @@ def test_refuses_cgroup_file_symlinked_outside_root(tmp_path: Path) -> None:
 
 def test_refuses_parent_resolving_to_a_hierarchy_top(tmp_path: Path) -> None:
     # Writing there would change the root cgroup's own values.
-    make_v1(tmp_path, "placeholder")
-    (tmp_path / "cpu" / "kubepods").symlink_to(".")
-    (tmp_path / "memory" / "kubepods").symlink_to(".")
+    make_v1(tmp_path, "kubepods")
+    (tmp_path / "cpu" / "kubepods" / "pod1").symlink_to("..")
+    (tmp_path / "memory" / "kubepods" / "pod1").symlink_to("..")
     _fill(tmp_path / "cpu", V1_CPU_FILES)
     before = snapshot(tmp_path)
 
     with pytest.raises(CgroupPathError, match="not below"):
-        apply_pod_values(tmp_path, AUTO, "/kubepods", BATCH)
+        apply_pod_values(tmp_path, AUTO, "/kubepods/pod1", BATCH)
 
     assert snapshot(tmp_path) == before
 
@@ -645,8 +645,10 @@ _PARENTS = st.one_of(
             "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice",
             "/escape",
             "/kubepods/escape",
+            "/kubepods/besteffort/podescape",
             "escape.slice",
             "/kubepods.slice/escape.slice",
+            "kubepods-besteffort-podescape.slice",
         ]
     ),
     st.lists(_SEGMENTS, max_size=6).map("/".join),
@@ -668,7 +670,14 @@ def _tree_with_escape_hatches(base: Path, version: CgroupVersion) -> Path:
     )
     hierarchies = [root] if version is CgroupVersion.V2 else [root / "cpu", root / "memory"]
     for hierarchy in hierarchies:
-        for link in ("escape", "escape.slice", "kubepods/escape", "kubepods.slice/escape.slice"):
+        for link in (
+            "escape",
+            "escape.slice",
+            "kubepods/escape",
+            "kubepods/besteffort/podescape",
+            "kubepods.slice/escape.slice",
+            "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podescape.slice",
+        ):
             (hierarchy / link).symlink_to(outside)
     return root
 

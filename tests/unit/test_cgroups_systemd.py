@@ -12,9 +12,10 @@ import json
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
+from structlog.testing import capture_logs
 
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.cgroups.systemd import (
@@ -44,7 +45,7 @@ SCOPE = "cri-containerd-c1.scope"
 KUBELET_BESTEFFORT = Held(1, INFINITY, INFINITY)
 
 
-def batch_pod(cpu_limit: str) -> api.PodSandbox:
+def batch_pod(cpu_limit: str, cgroup_parent: str = SLICE, uid: str = "uid_batch") -> api.PodSandbox:
     spec = {
         "app": {
             "requests": {BATCH_CPU: "250"},
@@ -54,11 +55,11 @@ def batch_pod(cpu_limit: str) -> api.PodSandbox:
     return api.PodSandbox(
         id="batch",
         name="batch",
-        uid="uid_batch",
+        uid=uid,
         namespace="jobs",
         labels={"koordinator.sh/qosClass": "BE", "koordinator.sh/priority-class": "koord-batch"},
         annotations={SPEC: json.dumps({"containers": spec})},
-        linux=api.LinuxPodSandbox(cgroup_parent=SLICE),
+        linux=api.LinuxPodSandbox(cgroup_parent=cgroup_parent),
     )
 
 
@@ -200,6 +201,47 @@ def test_a_reload_that_changes_values_is_repaired_and_counted(bus: str, root: Pa
     assert (
         units.property_sets[("pod", "failed")] == units.property_sets[("container", "failed")] == 0
     )
+
+
+#: Parents of issue 24 that named units of the node's own: each got the pod's values.
+FOREIGN_UNITS = {
+    "/system.slice": "system.slice",
+    "system.slice": "system.slice",
+    "/init.scope": "init.scope",
+    "/system.slice/sshd.service": "system.slice/sshd.service",
+    "/system.slice/containerd.service": "system.slice/containerd.service",
+    "/user.slice/user-1000.slice/session-1.scope": "user.slice/user-1000.slice/session-1.scope",
+}
+
+
+def test_units_outside_kubepods_are_neither_set_nor_written(bus: str, root: Path) -> None:
+    manager = FakeManager()
+    for directory in set(FOREIGN_UNITS.values()):
+        manager.add_unit(PurePosixPath(directory).name, root / directory, KUBELET_BESTEFFORT)
+    manager.add_unit(SLICE, root / SLICE_DIR, KUBELET_BESTEFFORT)
+    plugin, units = systemd_plugin(root)
+    before = {d: files(root / d) for d in FOREIGN_UNITS.values()}
+
+    async def scenario() -> None:
+        async with serve_manager(bus, manager), running(units):
+            with capture_logs() as logs:
+                for i, parent in enumerate(FOREIGN_UNITS):
+                    await plugin.pod_event(
+                        Event.RUN_POD_SANDBOX, batch_pod("375", parent, uid=f"uid{i}")
+                    )
+            # Units are set in the order they were queued: once the kubepods
+            # pod's is, any before it would have been too.
+            await plugin.pod_event(Event.RUN_POD_SANDBOX, batch_pod("375"))
+            await manager.wait_calls(1)
+        refused = [entry for entry in logs if entry["event"] == "pod cgroup not set"]
+        assert [(e["namespace"], e["pod"]) for e in refused] == [("jobs", "batch")] * 6
+        assert all("not a pod cgroup of kubelet's" in e["reason"] for e in refused)
+
+    run(scenario(), timeout=20)
+    assert [call[0] for call in manager.calls] == [SLICE]
+    assert {d: files(root / d) for d in FOREIGN_UNITS.values()} == before
+    assert plugin.counters.pod_writes_failed == len(FOREIGN_UNITS)
+    assert plugin.counters.pod_writes_ok == 1
 
 
 def test_without_dbus_the_files_are_written_and_the_failure_counted(
