@@ -828,3 +828,30 @@ def test_a_pod_dir_swapped_for_a_symlink_never_leads_a_write_outside(
         thread.join()
     assert swaps > 0
     assert snapshot(outside) == outside_before
+
+
+@pytest.mark.parametrize("version", list(CgroupVersion))
+@pytest.mark.parametrize(
+    ("driver", "parent"),
+    [
+        (CGROUPFS, "/system.slice"),
+        (CGROUPFS, "/system.slice/sshd.service"),
+        (CGROUPFS, "/user.slice/user-1000.slice/session-1.scope"),
+        (CGROUPFS, "/kubepods/besteffort"),
+        (AUTO, "system.slice"),
+        (SYSTEMD, "/init.scope"),
+        (SYSTEMD, "kubepods-besteffort.slice"),
+    ],
+)
+def test_node_cgroups_outside_kubepods_are_left_as_they_are(
+    tmp_path: Path, version: CgroupVersion, driver: CgroupDriver, parent: str
+) -> None:
+    # Issue 24: the node's own cgroups, named as a pod's parent, got its values.
+    make_tree(tmp_path, version, parent.strip("/") if "/" in parent else parent)
+    make_tree(tmp_path, version, "kubepods.slice/kubepods-besteffort.slice")
+    before = snapshot(tmp_path)
+    with pytest.raises(CgroupPathError, match="not a pod cgroup of kubelet's"):
+        apply_pod_values(tmp_path, driver, parent, BATCH)
+    with pytest.raises(CgroupPathError, match="not a pod cgroup of kubelet's"):
+        apply_container_values(tmp_path, driver, parent, "abc123", BATCH)
+    assert snapshot(tmp_path) == before
