@@ -4,8 +4,16 @@ Pure: no file system access. The strings come from NRI's
 `PodSandbox.linux.cgroup_parent`, i.e. from the runtime, so they are checked
 here before anything joins them onto a real directory; confinement after
 symlink resolution is checked again where the I/O happens (`fs.py`).
+
+Only cgroups kubelet creates for pods are accepted, and containers directly
+inside them: the parent is a runtime's or a CRI client's to choose, and a
+batch pod "in" `system.slice` or `/init.scope` would otherwise have its
+limits written into (and, under the systemd driver, held by) the node's own
+services. kubelet's default `--cgroup-root` (`/`) is assumed: pods below
+`kubepods`, or the `kubepods.slice` tree.
 """
 
+from collections.abc import Sequence
 from enum import StrEnum
 from pathlib import PurePosixPath
 
@@ -20,6 +28,13 @@ _CONTAINER_PREFIXES = {
     "cri-o": ("crio-", "crio-"),
 }
 _DEFAULT_RUNTIME = "containerd"
+
+#: kubelet's pod cgroups: `kubepods/pod<uid>` (Guaranteed), or one QoS level
+#: lower; under the systemd driver the same names joined by `-` into slices.
+_KUBEPODS = "kubepods"
+_QOS_LEVELS = ("burstable", "besteffort")
+_POD_PREFIX = "pod"
+_SCOPE_SUFFIX = ".scope"
 
 
 class CgroupPathError(ValueError):
@@ -57,6 +72,11 @@ def pod_relpath(driver: CgroupDriver, cgroup_parent: str) -> PurePosixPath:
         segments = _expand_slice(cgroup_parent)
     else:
         segments = _split_segments(cgroup_parent)
+    if not _is_kubepods_pod(segments):
+        raise CgroupPathError(
+            f"cgroup parent {cgroup_parent!r}: not a pod cgroup of kubelet's "
+            "(kubepods[/<qos>]/pod<uid>, or a kubepods[-<qos>]-pod<uid>.slice)"
+        )
     return PurePosixPath(*segments)
 
 
@@ -77,7 +97,13 @@ def container_relpath(
     taken for containerd.
     """
     if cgroups_path:
-        return runtime_cgroups_relpath(cgroups_path)
+        relpath = runtime_cgroups_relpath(cgroups_path)
+        if not _is_kubepods_container(relpath.parts):
+            raise CgroupPathError(
+                f"cgroups path {cgroups_path!r}: not a container cgroup directly inside "
+                "a pod cgroup of kubelet's"
+            )
+        return relpath
     pod = pod_relpath(driver, cgroup_parent)
     _check_text(container_id, cgroup_parent)
     if not _is_segment(container_id):
@@ -111,6 +137,51 @@ def runtime_cgroups_relpath(cgroups_path: str) -> PurePosixPath:
         raise CgroupPathError(f"cgroups path {cgroups_path!r}: bad unit prefix")
     unit = f"{prefix}-{name}.scope" if prefix else f"{name}.scope"
     return PurePosixPath(*_expand_slice(slice_name), unit)
+
+
+def _is_kubepods_pod(segments: Sequence[str]) -> bool:
+    """Whether the path is a pod cgroup kubelet creates, with either driver."""
+    return _is_cgroupfs_pod(segments) or _is_systemd_pod(segments)
+
+
+def _is_cgroupfs_pod(segments: Sequence[str]) -> bool:
+    *levels, pod = segments
+    return _is_kubelet_levels(levels) and _is_pod_name(pod)
+
+
+def _is_systemd_pod(segments: Sequence[str]) -> bool:
+    # The whole chain of slices, as systemd nests them: nothing above
+    # kubepods.slice, nothing between it and the pod's slice.
+    *levels, pod = segments[-1].removesuffix(_SLICE_SUFFIX).split("-")
+    if not (_is_kubelet_levels(levels) and _is_pod_name(pod)):
+        return False
+    try:
+        return list(segments) == _expand_slice(segments[-1])
+    except CgroupPathError:
+        return False
+
+
+def _is_kubelet_levels(levels: Sequence[str]) -> bool:
+    """`kubepods`, or `kubepods` and a QoS level: where kubelet puts pods."""
+    if not levels or levels[0] != _KUBEPODS:
+        return False
+    return len(levels) == 1 or (len(levels) == 2 and levels[1] in _QOS_LEVELS)
+
+
+def _is_kubepods_container(segments: Sequence[str]) -> bool:
+    """A container's cgroup: one level inside a pod's; a systemd pod's holds scopes."""
+    if len(segments) < 2 or not _is_kubepods_pod(segments[:-1]):
+        return False
+    if not _is_systemd_pod(segments[:-1]):
+        return True
+    # A scope unit, as runc names it from `slice:prefix:id`: `<prefix>-<id>.scope`
+    # (cri-containerd-<id>, crio-<id>), or `<id>.scope` with no prefix.
+    unit = segments[-1]
+    return unit.endswith(_SCOPE_SUFFIX) and unit != _SCOPE_SUFFIX
+
+
+def _is_pod_name(name: str) -> bool:
+    return name.startswith(_POD_PREFIX) and len(name) > len(_POD_PREFIX)
 
 
 def _is_segment(text: str) -> bool:

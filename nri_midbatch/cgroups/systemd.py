@@ -18,6 +18,13 @@ without D-Bus the values are in the files, as under the cgroupfs driver, and
 the task keeps trying to connect. dbus-fast is imported by that task only,
 so the cgroupfs path never loads it.
 
+Only systemd's own signals count: any client on the system bus can send a
+unicast `Reloading` to the plugin, which the bus delivers whatever the match
+rules say. So the sender must be the unique name that owns
+`org.freedesktop.systemd1` (asked with GetNameOwner, followed through
+NameOwnerChanged), and a burst of reloads gives one repair pass after it
+(reload_burst.py).
+
 Longer than the house's 400 lines: the D-Bus task, its reconnect backoff, the queue it
 drains and the drift repair share one connection and one queue.
 """
@@ -41,6 +48,7 @@ from nri_midbatch.cgroups.paths import (
     container_relpath,
     pod_relpath,
 )
+from nri_midbatch.cgroups.reload_burst import DEFAULT_TIMINGS, ReloadBurst, RepairTimings
 from nri_midbatch.cgroups.report import WriteReport
 from nri_midbatch.cgroups.values import UNLIMITED, CgroupValues, cpu_shares_to_weight
 
@@ -67,18 +75,23 @@ _USEC_PER_SEC = 1_000_000
 SYSTEMD = "org.freedesktop.systemd1"
 MANAGER_PATH = "/org/freedesktop/systemd1"
 MANAGER = "org.freedesktop.systemd1.Manager"
+BUS = "org.freedesktop.DBus"
+BUS_PATH = "/org/freedesktop/DBus"
+# The bus filters broadcasts by these rules (sender= by the well-known name
+# means its owner at the time); unicast signals reach us whatever they say.
 _RELOADING_RULE = (
     f"type='signal',sender='{SYSTEMD}',path='{MANAGER_PATH}',interface='{MANAGER}',"
     "member='Reloading'"
+)
+_OWNER_RULE = (
+    f"type='signal',sender='{BUS}',path='{BUS_PATH}',interface='{BUS}',"
+    f"member='NameOwnerChanged',arg0='{SYSTEMD}'"
 )
 
 #: Bounds in time: one D-Bus call, and the wait between connection attempts.
 CALL_TIMEOUT = 10.0
 RETRY_MIN = 1.0
 RETRY_MAX = 60.0
-#: A reload's end is checked again this long after systemd announces it, in
-#: case a unit's cgroup is realized after the announcement.
-RECHECK_SECONDS = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,15 +181,33 @@ class SystemdUnits:
     one), for known pods and containers only.
     """
 
-    def __init__(self, root: Path, containers: Callable[[], Iterable[UnitTarget]]) -> None:
+    def __init__(
+        self,
+        root: Path,
+        containers: Callable[[], Iterable[UnitTarget]],
+        timings: RepairTimings = DEFAULT_TIMINGS,
+    ) -> None:
         self._root = root
         self._containers = containers
         self._pods: dict[str, UnitTarget] = {}
         self._pending: dict[tuple[str, str], UnitTarget] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake = asyncio.Event()
-        self._reload_ended = False
+        self._repair_due = False
+        self._burst = ReloadBurst(timings)
+        self._repair_timer: asyncio.TimerHandle | None = None
+        #: The unique bus name of systemd, on this connection; None: no owner now.
+        self._systemd: str | None = None
+        #: systemd has a new owner, to be subscribed to (it restarted or re-executed).
+        self._resubscribe = False
+        #: Whether this connection has logged an ignored signal yet.
+        self._ignored_logged = False
         self._enabled = True
+        #: ended reloads announced by systemd, and repair passes they led to
+        self.reloads = 0
+        self.repair_passes = 0
+        #: Reloading signals ignored: not from systemd's unique name
+        self.signals_ignored = 0
         #: level -> units whose files a reload of systemd had changed, and that were put back
         self.drift_repaired: dict[Level, int] = dict.fromkeys(LEVELS, 0)
         #: failed attempts to connect to systemd; queued sets wait for the next one
@@ -249,9 +280,9 @@ class SystemdUnits:
                 delay = min(delay * 2, RETRY_MAX)
                 continue
             delay = RETRY_MIN
-            log.info("setting cgroup values through systemd")
+            log.info("setting cgroup values through systemd", systemd=self._systemd)
             # A reload may have gone by unseen while there was no connection.
-            self._reload_ended = True
+            self._repair_due = True
             try:
                 await self._serve(bus)
             except Exception as exc:
@@ -264,46 +295,54 @@ class SystemdUnits:
             await asyncio.sleep(RETRY_MIN)
 
     async def _connect(self) -> MessageBus:
-        from dbus_fast import BusType, Message
+        from dbus_fast import BusType
         from dbus_fast.aio import MessageBus
 
         # The system bus: DBUS_SYSTEM_BUS_ADDRESS, else /var/run/dbus/system_bus_socket.
         bus = MessageBus(bus_type=BusType.SYSTEM)
         await bus.connect()
+        self._systemd, self._resubscribe, self._ignored_logged = None, False, False
         try:
             bus.add_message_handler(self._on_message)
-            for message in (
-                Message(
-                    destination="org.freedesktop.DBus",
-                    path="/org/freedesktop/DBus",
-                    interface="org.freedesktop.DBus",
-                    member="AddMatch",
-                    signature="s",
-                    body=[_RELOADING_RULE],
-                ),
-                # systemd sends its manager's signals only while someone is subscribed.
-                Message(
-                    destination=SYSTEMD, path=MANAGER_PATH, interface=MANAGER, member="Subscribe"
-                ),
-            ):
-                _check_reply(await bus.call(message))
+            for rule in (_OWNER_RULE, _RELOADING_RULE):
+                _check_reply(await bus.call(_bus_call("AddMatch", rule)))
+            # After the owner rule: a change from here on arrives after this reply.
+            reply = await bus.call(_bus_call("GetNameOwner", SYSTEMD))
+            _check_reply(reply)
+            self._systemd = reply.body[0]
+            await self._subscribe(bus)
         except BaseException:
             bus.disconnect()
             raise
         return bus
+
+    async def _subscribe(self, bus: MessageBus) -> None:
+        from dbus_fast import Message
+
+        # systemd sends its manager's signals only while someone is subscribed.
+        message = Message(
+            destination=SYSTEMD, path=MANAGER_PATH, interface=MANAGER, member="Subscribe"
+        )
+        async with asyncio.timeout(CALL_TIMEOUT):
+            _check_reply(await bus.call(message))
 
     async def _serve(self, bus: MessageBus) -> None:
         # dbus-fast leaves this one unannotated.
         disconnected = asyncio.ensure_future(bus.wait_for_disconnect())  # type: ignore[no-untyped-call]
         try:
             while not disconnected.done():
-                if self._reload_ended:
-                    self._reload_ended = False
+                if self._resubscribe:
+                    self._resubscribe = False
+                    await self._subscribe(bus)
+                    # A new systemd may have rewritten every unit's files.
+                    self._repair_due = True
+                if self._repair_due:
+                    self._repair_due = False
                     await self._repair()
                 while self._pending and not disconnected.done():
                     key = next(iter(self._pending))
                     await self._set(bus, self._pending.pop(key))
-                if self._reload_ended or self._pending:
+                if self._resubscribe or self._repair_due or self._pending:
                     continue
                 self._wake.clear()
                 waiting = asyncio.ensure_future(self._wake.wait())
@@ -316,19 +355,53 @@ class SystemdUnits:
     def _on_message(self, message: Message) -> None:
         from dbus_fast import MessageType
 
-        if (
-            message.message_type is MessageType.SIGNAL
-            and message.interface == MANAGER
-            and message.member == "Reloading"
-            and message.body == [False]
-        ):
-            log.info("systemd reloaded: checking the values of pod and container cgroups")
-            self._reload_done()
-            assert self._loop is not None
-            self._loop.call_later(RECHECK_SECONDS, self._reload_done)
+        if message.message_type is not MessageType.SIGNAL:
+            return
+        if message.member == "NameOwnerChanged" and message.interface == BUS:
+            # Only the bus itself can send as its own name.
+            if message.sender == BUS and message.body[:1] == [SYSTEMD]:
+                self._owner_changed(message.body[2])
+        elif message.member == "Reloading" and message.interface == MANAGER:
+            if message.sender != self._systemd or message.path != MANAGER_PATH:
+                self._ignore(message)
+            elif message.body == [False]:
+                self._reload_ended()
 
-    def _reload_done(self) -> None:
-        self._reload_ended = True
+    def _owner_changed(self, owner: str) -> None:
+        log.info("systemd's bus name has a new owner", systemd=owner or None)
+        self._systemd = owner or None
+        if owner:
+            self._resubscribe = True
+            self._wake.set()
+
+    def _ignore(self, message: Message) -> None:
+        self.signals_ignored += 1
+        if not self._ignored_logged:  # one line per connection: the count is in the metrics
+            self._ignored_logged = True
+            log.warning(
+                "Reloading signal not from systemd ignored; further ones are only counted",
+                sender=message.sender,
+                path=message.path,
+                systemd=self._systemd,
+            )
+
+    def _reload_ended(self) -> None:
+        self.reloads += 1
+        loop = self._loop
+        assert loop is not None
+        due = self._burst.note(loop.time())
+        if self._repair_timer is not None:
+            self._repair_timer.cancel()
+        self._repair_timer = loop.call_at(due, self._start_repair)
+
+    def _start_repair(self) -> None:
+        self._repair_timer = None
+        self.repair_passes += 1
+        log.info(
+            "systemd reloaded: checking the values of pod and container cgroups",
+            reloads=self._burst.end(),
+        )
+        self._repair_due = True
         self._wake.set()
 
     async def _set(self, bus: MessageBus, target: UnitTarget) -> None:
@@ -418,6 +491,14 @@ def _apply_all(targets: list[UnitTarget], root: Path) -> list[WriteReport | Cgro
 
 def _gone(report: WriteReport) -> bool:
     return bool(report.failed) and all(f.errno == errno.ENOENT for f in report.failed)
+
+
+def _bus_call(member: str, argument: str) -> Message:
+    from dbus_fast import Message
+
+    return Message(
+        destination=BUS, path=BUS_PATH, interface=BUS, member=member, signature="s", body=[argument]
+    )
 
 
 def _check_reply(reply: Message) -> None:

@@ -403,6 +403,18 @@ class App:
             (),
             {(): 0 if systemd is None else systemd.unreachable},
         )
+        yield (
+            "nri_midbatch_systemd_repair_passes",
+            "Passes over pod and container cgroups after a burst of systemd reloads",
+            (),
+            {(): 0 if systemd is None else systemd.repair_passes},
+        )
+        yield (
+            "nri_midbatch_systemd_signals_ignored",
+            "Reloading signals ignored because systemd did not send them",
+            (),
+            {(): 0 if systemd is None else systemd.signals_ignored},
+        )
         if self.recorder is not None:
             yield (
                 "nri_midbatch_records_dropped",

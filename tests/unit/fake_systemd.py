@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from dbus_fast import DBusError
+from dbus_fast import DBusError, Message, MessageType
 from dbus_fast.aio import MessageBus
 from dbus_fast.service import ServiceInterface, method
 from dbus_fast.service import signal as dbus_signal
@@ -115,6 +115,53 @@ class FakeManager(ServiceInterface):
         return active
 
 
+async def peers(bus: MessageBus) -> set[str]:
+    """The unique names on the bus but `bus`'s own."""
+    reply = await bus.call(
+        Message(
+            destination="org.freedesktop.DBus",
+            path="/org/freedesktop/DBus",
+            interface="org.freedesktop.DBus",
+            member="ListNames",
+        )
+    )
+    names: list[str] = reply.body[0]
+    return {name for name in names if name.startswith(":") and name != bus.unique_name}
+
+
+async def ping(bus: MessageBus, destination: str) -> None:
+    """A round trip to `destination`: what `bus` sent it before has been handled."""
+    reply = await bus.call(
+        Message(
+            destination=destination, path="/", interface="org.freedesktop.DBus.Peer", member="Ping"
+        )
+    )
+    assert reply.message_type is MessageType.METHOD_RETURN, reply.body
+
+
+def send_reloading(bus: MessageBus, destination: str | None, active: bool) -> None:
+    """A `Reloading` signal that looks like systemd's, from whoever `bus` is."""
+    bus.send(
+        Message.new_signal(
+            "/org/freedesktop/systemd1",
+            "org.freedesktop.systemd1.Manager",
+            "Reloading",
+            "b",
+            [active],
+        )
+        if destination is None
+        else Message(
+            message_type=MessageType.SIGNAL,
+            destination=destination,
+            path="/org/freedesktop/systemd1",
+            interface="org.freedesktop.systemd1.Manager",
+            member="Reloading",
+            signature="b",
+            body=[active],
+        )
+    )
+
+
 @contextlib.contextmanager
 def private_bus(address: str | None = None) -> Iterator[str]:
     """A dbus-daemon of our own (at `address`, if given); yields its address."""
@@ -135,13 +182,13 @@ def private_bus(address: str | None = None) -> Iterator[str]:
 
 
 @contextlib.asynccontextmanager
-async def serve_manager(address: str, manager: FakeManager) -> AsyncIterator[None]:
+async def serve_manager(address: str, manager: FakeManager) -> AsyncIterator[MessageBus]:
     """The fake manager on the bus, as org.freedesktop.systemd1, while in the block."""
     bus = await MessageBus(bus_address=address).connect()
     try:
         bus.export("/org/freedesktop/systemd1", manager)
         await bus.request_name("org.freedesktop.systemd1")
-        yield
+        yield bus
     finally:
         bus.disconnect()
         await bus.wait_for_disconnect()  # type: ignore[no-untyped-call]

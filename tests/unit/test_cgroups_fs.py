@@ -528,14 +528,14 @@ def test_refuses_cgroup_file_symlinked_outside_root(tmp_path: Path) -> None:
 
 def test_refuses_parent_resolving_to_a_hierarchy_top(tmp_path: Path) -> None:
     # Writing there would change the root cgroup's own values.
-    make_v1(tmp_path, "placeholder")
-    (tmp_path / "cpu" / "kubepods").symlink_to(".")
-    (tmp_path / "memory" / "kubepods").symlink_to(".")
+    make_v1(tmp_path, "kubepods")
+    (tmp_path / "cpu" / "kubepods" / "pod1").symlink_to("..")
+    (tmp_path / "memory" / "kubepods" / "pod1").symlink_to("..")
     _fill(tmp_path / "cpu", V1_CPU_FILES)
     before = snapshot(tmp_path)
 
     with pytest.raises(CgroupPathError, match="not below"):
-        apply_pod_values(tmp_path, AUTO, "/kubepods", BATCH)
+        apply_pod_values(tmp_path, AUTO, "/kubepods/pod1", BATCH)
 
     assert snapshot(tmp_path) == before
 
@@ -645,8 +645,10 @@ _PARENTS = st.one_of(
             "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice",
             "/escape",
             "/kubepods/escape",
+            "/kubepods/besteffort/podescape",
             "escape.slice",
             "/kubepods.slice/escape.slice",
+            "kubepods-besteffort-podescape.slice",
         ]
     ),
     st.lists(_SEGMENTS, max_size=6).map("/".join),
@@ -668,7 +670,14 @@ def _tree_with_escape_hatches(base: Path, version: CgroupVersion) -> Path:
     )
     hierarchies = [root] if version is CgroupVersion.V2 else [root / "cpu", root / "memory"]
     for hierarchy in hierarchies:
-        for link in ("escape", "escape.slice", "kubepods/escape", "kubepods.slice/escape.slice"):
+        for link in (
+            "escape",
+            "escape.slice",
+            "kubepods/escape",
+            "kubepods/besteffort/podescape",
+            "kubepods.slice/escape.slice",
+            "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podescape.slice",
+        ):
             (hierarchy / link).symlink_to(outside)
     return root
 
@@ -819,3 +828,30 @@ def test_a_pod_dir_swapped_for_a_symlink_never_leads_a_write_outside(
         thread.join()
     assert swaps > 0
     assert snapshot(outside) == outside_before
+
+
+@pytest.mark.parametrize("version", list(CgroupVersion))
+@pytest.mark.parametrize(
+    ("driver", "parent"),
+    [
+        (CGROUPFS, "/system.slice"),
+        (CGROUPFS, "/system.slice/sshd.service"),
+        (CGROUPFS, "/user.slice/user-1000.slice/session-1.scope"),
+        (CGROUPFS, "/kubepods/besteffort"),
+        (AUTO, "system.slice"),
+        (SYSTEMD, "/init.scope"),
+        (SYSTEMD, "kubepods-besteffort.slice"),
+    ],
+)
+def test_node_cgroups_outside_kubepods_are_left_as_they_are(
+    tmp_path: Path, version: CgroupVersion, driver: CgroupDriver, parent: str
+) -> None:
+    # Issue 24: the node's own cgroups, named as a pod's parent, got its values.
+    make_tree(tmp_path, version, parent.strip("/") if "/" in parent else parent)
+    make_tree(tmp_path, version, "kubepods.slice/kubepods-besteffort.slice")
+    before = snapshot(tmp_path)
+    with pytest.raises(CgroupPathError, match="not a pod cgroup of kubelet's"):
+        apply_pod_values(tmp_path, driver, parent, BATCH)
+    with pytest.raises(CgroupPathError, match="not a pod cgroup of kubelet's"):
+        apply_container_values(tmp_path, driver, parent, "abc123", BATCH)
+    assert snapshot(tmp_path) == before

@@ -56,7 +56,6 @@ def test_cgroupfs_parent_is_relative_to_root(parent: str, expected: str) -> None
             "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podabc.slice",
         ),
         ("kubepods-podabc.slice", "kubepods.slice/kubepods-podabc.slice"),
-        ("kubepods.slice", "kubepods.slice"),
         # Already expanded: used as a path.
         (
             "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice",
@@ -154,12 +153,95 @@ def test_container_relpath_follows_the_runtimes_naming(
 
 def test_container_relpath_prefers_the_runtimes_own_path_over_its_naming() -> None:
     got = container_relpath(
-        AUTO, "/kubepods/besteffort/pod1", "abc123", "/elsewhere/abc123", runtime="cri-o"
+        AUTO, "/kubepods/besteffort/pod1", "abc123", "/kubepods/pod2/other-abc123", runtime="cri-o"
     )
-    assert got == PurePosixPath("elsewhere/abc123")
+    assert got == PurePosixPath("kubepods/pod2/other-abc123")
 
 
 @pytest.mark.parametrize("container_id", ["", ".", "..", "a/b", "../x", "a\x00b"])
 def test_container_relpath_refuses_ids_that_are_not_one_segment(container_id: str) -> None:
     with pytest.raises(CgroupPathError, match="/kubepods/pod1"):
         container_relpath(CGROUPFS, "/kubepods/pod1", container_id)
+
+
+#: Parents a runtime or CRI client can send that name the node's own cgroups
+#: (issue 24): every one of them was written, and held by systemd, before.
+OUTSIDE_KUBEPODS = [
+    "/system.slice",
+    "system.slice",
+    "/init.scope",
+    "/system.slice/sshd.service",
+    "/system.slice/containerd.service",
+    "/user.slice/user-1000.slice/session-1.scope",
+    "user-1000.slice",
+    # kubepods itself, its QoS levels and what is not one: not pods.
+    "kubepods.slice",
+    "kubepods-besteffort.slice",
+    "/kubepods.slice/kubepods-besteffort.slice",
+    "/kubepods",
+    "/kubepods/besteffort",
+    "/kubepods/besteffort/pod",
+    "/kubepods/guaranteed/pod1",
+    "kubepods-guaranteed-pod1.slice",
+    "kubepods-besteffort-pod1-x.slice",
+    # A pod slice out of its place in the chain.
+    "/kubepods-besteffort-pod1.slice",
+    "/system.slice/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice",
+    "/kubepods.slice/kubepods-pod1.slice/kubepods-besteffort-pod1.slice",
+    "/custom/kubepods/besteffort/pod1",
+    "/kubepods/besteffort/pod1/child",
+]
+
+
+@pytest.mark.parametrize("parent", OUTSIDE_KUBEPODS)
+@pytest.mark.parametrize("driver", [AUTO, CGROUPFS, SYSTEMD])
+def test_refuses_parents_that_are_not_kubelets_pod_cgroups(
+    parent: str, driver: CgroupDriver
+) -> None:
+    with pytest.raises(CgroupPathError, match="cgroup parent"):
+        pod_relpath(driver, parent)
+    with pytest.raises(CgroupPathError, match="cgroup parent"):
+        container_relpath(driver, parent, "abc123")
+
+
+@pytest.mark.parametrize(
+    "cgroups_path",
+    [
+        "system.slice:cri-containerd:abc123",
+        "kubepods-besteffort.slice:cri-containerd:abc123",
+        "/system.slice/sshd.service",
+        "/system.slice/containerd.service",
+        "/init.scope",
+        "/kubepods/besteffort/pod1",
+        "/kubepods/besteffort",
+        "/kubepods/besteffort/pod1/abc123/deeper",
+        "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/sshd.service",
+        "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/.scope",
+    ],
+)
+def test_refuses_container_paths_outside_kubelets_pod_cgroups(cgroups_path: str) -> None:
+    with pytest.raises(CgroupPathError, match="cgroups path"):
+        container_relpath(AUTO, "kubepods-besteffort-pod1.slice", "abc123", cgroups_path)
+
+
+@pytest.mark.parametrize(
+    ("cgroups_path", "expected"),
+    [
+        (
+            "kubepods-besteffort-pod1.slice:cri-containerd:abc123",
+            "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/"
+            "cri-containerd-abc123.scope",
+        ),
+        (
+            "kubepods-pod1.slice:crio:abc123",
+            "kubepods.slice/kubepods-pod1.slice/crio-abc123.scope",
+        ),
+        ("/kubepods/burstable/pod1/crio-abc123", "kubepods/burstable/pod1/crio-abc123"),
+        ("/kubepods/pod1/abc123", "kubepods/pod1/abc123"),
+    ],
+)
+def test_accepts_the_runtimes_container_paths_inside_pod_cgroups(
+    cgroups_path: str, expected: str
+) -> None:
+    got = container_relpath(AUTO, "kubepods-besteffort-pod1.slice", "abc123", cgroups_path)
+    assert got == PurePosixPath(expected)

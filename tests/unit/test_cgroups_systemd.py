@@ -12,11 +12,14 @@ import json
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
+from dbus_fast.aio import MessageBus
+from structlog.testing import capture_logs
 
 from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.cgroups.reload_burst import RepairTimings
 from nri_midbatch.cgroups.systemd import (
     INFINITY,
     SystemdUnits,
@@ -31,7 +34,15 @@ from nri_midbatch.nri.events import Event
 from nri_midbatch.policy import CgroupValues, ContainerView, PodView
 from nri_midbatch.state.plan import ContainerChange, Plan, PodChange
 
-from .fake_systemd import FakeManager, Held, private_bus, serve_manager
+from .fake_systemd import (
+    FakeManager,
+    Held,
+    peers,
+    ping,
+    private_bus,
+    send_reloading,
+    serve_manager,
+)
 from .nri_fixtures import run
 
 MI = 1024 * 1024
@@ -44,7 +55,7 @@ SCOPE = "cri-containerd-c1.scope"
 KUBELET_BESTEFFORT = Held(1, INFINITY, INFINITY)
 
 
-def batch_pod(cpu_limit: str) -> api.PodSandbox:
+def batch_pod(cpu_limit: str, cgroup_parent: str = SLICE, uid: str = "uid_batch") -> api.PodSandbox:
     spec = {
         "app": {
             "requests": {BATCH_CPU: "250"},
@@ -54,11 +65,11 @@ def batch_pod(cpu_limit: str) -> api.PodSandbox:
     return api.PodSandbox(
         id="batch",
         name="batch",
-        uid="uid_batch",
+        uid=uid,
         namespace="jobs",
         labels={"koordinator.sh/qosClass": "BE", "koordinator.sh/priority-class": "koord-batch"},
         annotations={SPEC: json.dumps({"containers": spec})},
-        linux=api.LinuxPodSandbox(cgroup_parent=SLICE),
+        linux=api.LinuxPodSandbox(cgroup_parent=cgroup_parent),
     )
 
 
@@ -200,6 +211,150 @@ def test_a_reload_that_changes_values_is_repaired_and_counted(bus: str, root: Pa
     assert (
         units.property_sets[("pod", "failed")] == units.property_sets[("container", "failed")] == 0
     )
+
+
+#: Parents of issue 24 that named units of the node's own: each got the pod's values.
+FOREIGN_UNITS = {
+    "/system.slice": "system.slice",
+    "system.slice": "system.slice",
+    "/init.scope": "init.scope",
+    "/system.slice/sshd.service": "system.slice/sshd.service",
+    "/system.slice/containerd.service": "system.slice/containerd.service",
+    "/user.slice/user-1000.slice/session-1.scope": "user.slice/user-1000.slice/session-1.scope",
+}
+
+
+def test_units_outside_kubepods_are_neither_set_nor_written(bus: str, root: Path) -> None:
+    manager = FakeManager()
+    for directory in set(FOREIGN_UNITS.values()):
+        manager.add_unit(PurePosixPath(directory).name, root / directory, KUBELET_BESTEFFORT)
+    manager.add_unit(SLICE, root / SLICE_DIR, KUBELET_BESTEFFORT)
+    plugin, units = systemd_plugin(root)
+    before = {d: files(root / d) for d in FOREIGN_UNITS.values()}
+
+    async def scenario() -> None:
+        async with serve_manager(bus, manager), running(units):
+            with capture_logs() as logs:
+                for i, parent in enumerate(FOREIGN_UNITS):
+                    await plugin.pod_event(
+                        Event.RUN_POD_SANDBOX, batch_pod("375", parent, uid=f"uid{i}")
+                    )
+            # Units are set in the order they were queued: once the kubepods
+            # pod's is, any before it would have been too.
+            await plugin.pod_event(Event.RUN_POD_SANDBOX, batch_pod("375"))
+            await manager.wait_calls(1)
+        refused = [entry for entry in logs if entry["event"] == "pod cgroup not set"]
+        assert [(e["namespace"], e["pod"]) for e in refused] == [("jobs", "batch")] * 6
+        assert all("not a pod cgroup of kubelet's" in e["reason"] for e in refused)
+
+    run(scenario(), timeout=20)
+    assert [call[0] for call in manager.calls] == [SLICE]
+    assert {d: files(root / d) for d in FOREIGN_UNITS.values()} == before
+    assert plugin.counters.pod_writes_failed == len(FOREIGN_UNITS)
+    assert plugin.counters.pod_writes_ok == 1
+
+
+def slice_units(root: Path, timings: RepairTimings) -> SystemdUnits:
+    """The D-Bus side alone, holding the batch pod's slice at 375 milli-CPU."""
+    units = SystemdUnits(root, list, timings)
+    units.hold(UnitTarget("pod", "uid_batch", "jobs", "batch", SLICE, QUOTA_375))
+    return units
+
+
+QUOTA_375 = CgroupValues(256, 37_500, 256 * MI)
+#: A burst's pass within a few milliseconds of its last reload.
+PROMPT = RepairTimings(quiet=0.01, longest=1.0)
+
+
+async def settled(manager: FakeManager) -> None:
+    """The slice set once, and the plugin subscribed to `manager`'s signals."""
+    await manager.wait_calls(1)
+    while manager.subscribers == 0:
+        await asyncio.sleep(0.01)
+
+
+EXACT = ("10", "37500", str(256 * MI))
+
+
+async def until_exact(directory: Path) -> None:
+    while files(directory) != EXACT:
+        await asyncio.sleep(0.01)
+
+
+def test_reloading_signals_count_only_from_systemds_own_bus_name(bus: str, root: Path) -> None:
+    manager = FakeManager()
+    manager.add_unit(SLICE, root / SLICE_DIR, KUBELET_BESTEFFORT)
+    units = slice_units(root, PROMPT)
+
+    async def scenario() -> None:
+        async with serve_manager(bus, manager) as systemd, running(units):
+            await settled(manager)
+            spoofer = await MessageBus(bus_address=bus).connect()
+            try:
+                (plugin,) = await peers(spoofer) - {systemd.unique_name}
+                with capture_logs() as logs:
+                    for _ in range(100):
+                        send_reloading(spoofer, plugin, False)  # unicast: no match rule stops it
+                    send_reloading(spoofer, None, False)  # broadcast: the bus filters it
+                    await ping(spoofer, plugin)
+                # Had one been taken, its pass would be due PROMPT.quiet from now.
+                assert (units.signals_ignored, units.reloads, units.repair_passes) == (100, 0, 0)
+                ignored = [e for e in logs if e["event"].startswith("Reloading signal not from")]
+                assert [e["sender"] for e in ignored] == [spoofer.unique_name]
+            finally:
+                spoofer.disconnect()
+            manager.daemon_reload()  # files back to whole percent, then Reloading(false)
+            while units.repair_passes == 0:
+                await asyncio.sleep(0.01)
+            await until_exact(root / SLICE_DIR)
+
+    run(scenario(), timeout=20)
+    assert (units.reloads, units.repair_passes) == (1, 1)
+
+
+def test_a_burst_of_reloads_gives_one_repair_pass_after_it(bus: str, root: Path) -> None:
+    manager = FakeManager()
+    manager.add_unit(SLICE, root / SLICE_DIR, KUBELET_BESTEFFORT)
+    # A second of quiet: the 30 reloads come far closer together than that.
+    units = slice_units(root, RepairTimings(quiet=1.0, longest=30.0))
+
+    async def scenario() -> None:
+        async with serve_manager(bus, manager), running(units):
+            await settled(manager)
+            with capture_logs() as logs:
+                for _ in range(30):
+                    manager.daemon_reload()
+                while units.repair_passes == 0:
+                    await asyncio.sleep(0.01)
+                assert units.reloads == 30  # all of them before the pass
+                await until_exact(root / SLICE_DIR)
+            passes = [e for e in logs if e["event"].startswith("systemd reloaded")]
+            assert [e["reloads"] for e in passes] == [30]
+
+    run(scenario(), timeout=20)
+    assert units.repair_passes == 1
+
+
+def test_a_restarted_systemd_is_followed_to_its_new_bus_name(bus: str, root: Path) -> None:
+    first, second = FakeManager(), FakeManager()
+    for manager in (first, second):
+        manager.add_unit(SLICE, root / SLICE_DIR, KUBELET_BESTEFFORT)
+    units = slice_units(root, PROMPT)
+
+    async def scenario() -> None:
+        async with running(units):
+            async with serve_manager(bus, first):
+                await settled(first)
+            async with serve_manager(bus, second):
+                while second.subscribers == 0:  # subscribed anew, on the same connection
+                    await asyncio.sleep(0.01)
+                second.daemon_reload()  # taken: from the name's new owner
+                while units.repair_passes == 0:
+                    await asyncio.sleep(0.01)
+                await until_exact(root / SLICE_DIR)
+
+    run(scenario(), timeout=20)
+    assert units.unreachable == 0
 
 
 def test_without_dbus_the_files_are_written_and_the_failure_counted(
