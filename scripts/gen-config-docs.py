@@ -323,7 +323,9 @@ invalid configuration, without reading or parsing further:
 - **At most {config_module.MAX_NODES:,} values once YAML aliases are expanded**, and no
   alias inside the node it refers to: anchors and aliases may share a list between tiers,
   but a few lines that alias each other into billions of values (an "alias bomb") are
-  refused while they are still a few lines.
+  refused while they are still a few lines, and a long list as soon as its
+  {config_module.MAX_NODES + 1:,}th value is read. Within these bounds a configuration
+  costs at most about a second of CPU to read.
 - Values YAML itself cannot read, such as an integer of more than 4,300 digits, make the
   file invalid like any other error.
 """
