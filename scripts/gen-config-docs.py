@@ -302,9 +302,19 @@ with the same interpreter and package as the plugin: it does what `check-config`
 hands back the result, or the error with the same message. The plugin itself never loads
 pydantic, the validating library, which would otherwise stay in its memory for good
 (10 MB; [performance](performance.md#memory-round-4)). A child takes about 0.3 s of CPU; at
-start-up it runs while the plugin loads, a reload waits for it in a thread. A child that
-fails or gives no answer within 30 s makes the configuration `invalid`, with
-`cannot be validated` and the reason.
+start-up it runs while the plugin loads, a reload waits for it in a thread.
+
+A slow child never costs a valid configuration, nor the plugin's start: on a busy node a
+child can wait long for a core. The child's bound is CPU time, which load does not
+stretch: a child that spends 10 s of CPU (30 times what a configuration costs) is killed
+and the configuration refused as `invalid` (`cannot be validated: used more than 10 s of
+CPU`). A child that has not answered after 30 s of wall time, cannot start (no memory or
+processes left) or dies without a verdict is not a verdict: the plugin logs a warning
+(`validator gave no answer in time; validating in-process`, or `could not start`, `gave no
+verdict`) and validates the configuration itself, with the same bounds and the same
+answer. That costs the 10 MB of pydantic for the rest of the process's life, far less than
+a plugin that refuses its configuration and exits into a crash loop while no pod is
+corrected. The bounds below keep that validation to about a second of CPU.
 """
 
 BOUNDS = f"""\
@@ -324,7 +334,9 @@ invalid configuration, without reading or parsing further:
 - **At most {config_module.MAX_NODES:,} values once YAML aliases are expanded**, and no
   alias inside the node it refers to: anchors and aliases may share a list between tiers,
   but a few lines that alias each other into billions of values (an "alias bomb") are
-  refused while they are still a few lines.
+  refused while they are still a few lines, and a long list as soon as its
+  {config_module.MAX_NODES + 1:,}th value is read. Within these bounds a configuration
+  costs at most about a second of CPU to read.
 - Values YAML itself cannot read, such as an integer of more than 4,300 digits, make the
   file invalid like any other error.
 

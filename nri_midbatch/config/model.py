@@ -1,20 +1,15 @@
 """The YAML configuration: camelCase keys, unknown keys rejected, defaults = Koordinator.
 
 Longer than the house's 400 lines: every key of the configuration is a model here, with
-the bounded YAML reading they go through; docs/configuration.md is generated from this file.
+the way text becomes a Config; docs/configuration.md is generated from this file.
 """
 
 from __future__ import annotations
 
-import io
-import os
-import re
-import stat
 from collections import Counter
 from collections.abc import Hashable
-from decimal import Decimal
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import (
@@ -32,10 +27,23 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import ErrorDetails
 
 from nri_midbatch.cgroups.paths import CgroupDriver
+from nri_midbatch.config.bounded_yaml import (
+    DECIMAL_SYNTAX,
+    MAX_BYTES,
+    MAX_DEPTH,
+    MAX_NODES,
+    UntrustedInputError,
+    load_yaml,
+    read_file,
+    reason,
+)
 from nri_midbatch.config.settings import ConfigError, FailurePolicy, Mode
 from nri_midbatch.policy.calculators import READS_RESOURCES
 
 __all__ = [
+    "MAX_CONFIG_BYTES",
+    "MAX_DEPTH",
+    "MAX_NODES",
     "CgroupDriver",
     "Config",
     "ConfigError",
@@ -310,15 +318,8 @@ class Config(_Model):
         return tiers
 
 
-#: The most a configuration may hold, read from a file or from NRI's Configure: a
-#: ConfigMap's own limit, and far above any real configuration (the defaults are 1.5 KB).
-MAX_CONFIG_BYTES = 1024 * 1024
-#: The deepest nesting a configuration may have (the model itself goes 4 levels deep).
-MAX_DEPTH = 32
-#: The most YAML nodes a document may stand for once every alias is expanded, so an alias
-#: bomb (a few lines that reference each other into billions of nodes) is refused while
-#: it is still a few lines; a configuration with 100 tiers has about 2,000.
-MAX_NODES = 20_000
+#: The most a configuration may hold (bounded_yaml.py has this bound and the others).
+MAX_CONFIG_BYTES = MAX_BYTES
 
 
 def load_startup_config(path: str | Path | None) -> Config:
@@ -332,18 +333,10 @@ def load_config_text(text: str, source: str) -> Config:
     Every way the text can fail to load is a ConfigError, so a caller that keeps the
     previous configuration on a ConfigError never meets anything else.
     """
-    if len(text) > MAX_CONFIG_BYTES or len(text.encode("utf-8", "surrogatepass")) > (
-        MAX_CONFIG_BYTES
-    ):
-        raise ConfigError(f"{source}: larger than {MAX_CONFIG_BYTES} bytes")
-    stream = io.StringIO(text)
-    stream.name = source  # PyYAML quotes the stream name in error marks
     try:
-        document = yaml.load(stream, Loader=_StrictLoader)
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{source}: not valid YAML: {error}") from None
-    except Exception as error:  # e.g. an integer of 5,000 digits (ValueError)
-        raise ConfigError(f"{source}: not valid YAML: {_reason(error)}") from None
+        document = load_yaml(text, source)
+    except UntrustedInputError as error:
+        raise ConfigError(str(error)) from None
     if document is None:
         document = {}
     if not isinstance(document, dict):
@@ -353,7 +346,7 @@ def load_config_text(text: str, source: str) -> Config:
     except ValidationError as error:
         raise ConfigError(f"{source}: " + "; ".join(_describe(e) for e in error.errors())) from None
     except Exception as error:  # a validator meeting something no rule foresaw
-        raise ConfigError(f"{source}: cannot be used: {_reason(error)}") from None
+        raise ConfigError(f"{source}: cannot be used: {reason(error)}") from None
 
 
 def load_config_file(path: str | Path) -> Config:
@@ -361,54 +354,11 @@ def load_config_file(path: str | Path) -> Config:
 
 
 def read_config_file(path: str | Path) -> str:
-    """The file's text, if it is a regular file of at most MAX_CONFIG_BYTES of UTF-8.
-
-    The path may be a symlink (a mounted ConfigMap is one), so what it resolves to is
-    checked: a FIFO would block the reader and a device (/dev/zero) never ends. The
-    open does not block either way, and the file is checked again once open, in case
-    it was swapped in between.
-    """
+    """The file's text, if it is a regular file of at most MAX_CONFIG_BYTES of UTF-8."""
     try:
-        _check_regular(path, os.stat(path).st_mode)
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as error:
-        raise ConfigError(f"{path}: cannot read: {error.strerror or error}") from None
-    try:
-        _check_regular(path, os.fstat(fd).st_mode)
-        data = _read_at_most(fd, MAX_CONFIG_BYTES + 1)
-    except OSError as error:
-        raise ConfigError(f"{path}: cannot read: {error.strerror or error}") from None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise ConfigError(f"{path}: not UTF-8 text: {error}") from None
-
-
-def _check_regular(path: str | Path, mode: int) -> None:
-    if not stat.S_ISREG(mode):
-        kind = "a directory" if stat.S_ISDIR(mode) else "a special file (FIFO, socket or device)"
-        raise ConfigError(f"{path}: cannot read: {kind}, not a regular file")
-
-
-def _read_at_most(fd: int, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while size < limit:
-        chunk = os.read(fd, limit - size)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
-
-
-def _reason(error: Exception) -> str:
-    text = str(error)
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+        return read_file(path)
+    except UntrustedInputError as error:
+        raise ConfigError(str(error)) from None
 
 
 def effective_config_yaml(config: Config) -> str:
@@ -431,138 +381,3 @@ def _describe(error: ErrorDetails) -> str:
     else:
         message = error["msg"].removeprefix("Value error, ")
     return f"{path}: {message}" if path else message
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that bounds the document's shape and rejects a key written twice.
-
-    PyYAML composes nested nodes recursively: nesting thousands deep would end in a
-    RecursionError, so depth is counted as nodes are composed. Aliases share nodes, so
-    the document is measured as if every alias were expanded, in one pass over its
-    distinct nodes.
-    """
-
-    def __init__(self, stream: Any) -> None:
-        super().__init__(stream)
-        self._depth = 0
-
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
-        self._depth += 1
-        try:
-            if self._depth > MAX_DEPTH:
-                raise yaml.composer.ComposerError(
-                    None,
-                    None,
-                    f"nested more than {MAX_DEPTH} levels deep",
-                    self.peek_event().start_mark,  # type: ignore[no-untyped-call]
-                )
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-    def compose_document(self) -> yaml.Node | None:
-        node = super().compose_document()
-        if node is not None:
-            _expanded_size(node, {}, set())
-        return node
-
-
-def _expanded_size(
-    node: yaml.Node, sizes: dict[int, tuple[int, int]], open_: set[int]
-) -> tuple[int, int]:
-    """(nodes, depth) of `node` with every alias expanded; raises past the bounds."""
-    key = id(node)
-    known = sizes.get(key)
-    if known is not None:
-        return known
-    if key in open_:
-        raise yaml.composer.ComposerError(
-            None, None, "an alias refers to a node that contains it", node.start_mark
-        )
-    open_.add(key)
-    count, depth = 1, 0
-    children: list[yaml.Node] = []
-    if isinstance(node, yaml.SequenceNode):
-        children = node.value
-    elif isinstance(node, yaml.MappingNode):
-        children = [part for pair in node.value for part in pair]
-    for child in children:
-        child_count, child_depth = _expanded_size(child, sizes, open_)
-        count += child_count
-        depth = max(depth, child_depth)
-        if count > MAX_NODES:
-            raise yaml.composer.ComposerError(
-                None,
-                None,
-                f"stands for more than {MAX_NODES} values once its aliases are expanded",
-                node.start_mark,
-            )
-    depth += 1
-    if depth > MAX_DEPTH:
-        raise yaml.composer.ComposerError(
-            None,
-            None,
-            f"nested more than {MAX_DEPTH} levels deep once its aliases are expanded",
-            node.start_mark,
-        )
-    open_.discard(key)
-    sizes[key] = (count, depth)
-    return count, depth
-
-
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-# -- numbers ------------------------------------------------------------------------------
-#: How the configuration writes a number, for error messages and docs.
-DECIMAL_SYNTAX = "digits with an optional sign, fraction and exponent: 2, 1.2, .5, 12e-1, 1e300"
-#: The one grammar of numbers here: a decimal. YAML 1.1, which PyYAML reads, also takes
-#: 0x10, 0o17, 010 (octal), 1_000 and 1:30 (base 60) for numbers, and reads 1e300 (an
-#: exponent without a dot) as text; none of those is what "the decimal written" means.
-_DECIMAL = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?\Z")
-_INTEGER = re.compile(r"[-+]?[0-9]+\Z")
-_INT_TAG, _FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
-
-
-def _construct_number(loader: _StrictLoader, node: yaml.ScalarNode) -> int | float:
-    """A decimal as the double that is exactly it (compile reads the ratio back by repr).
-
-    Explicit `!!int` and `!!float` tags come here too, so no other spelling gets in.
-    """
-    text = loader.construct_scalar(node)
-    if not _DECIMAL.match(text):
-        raise yaml.constructor.ConstructorError(
-            None, None, f"{text!r} is not a decimal number ({DECIMAL_SYNTAX})", node.start_mark
-        )
-    value = float(text)
-    # Decimal compares exponents as numbers: no power of ten is built for 1e999999.
-    if Decimal(repr(value)) != Decimal(text):
-        raise yaml.constructor.ConstructorError(
-            None,
-            None,
-            f"{text} cannot be held exactly as a double (any decimal of up to 15 "
-            "significant digits between 1e-308 and 1e308 can)",
-            node.start_mark,
-        )
-    return int(text) if _INTEGER.match(text) else value
-
-
-_StrictLoader.yaml_implicit_resolvers = {
-    first: [(tag, pattern) for tag, pattern in resolvers if tag not in (_INT_TAG, _FLOAT_TAG)]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_StrictLoader.add_implicit_resolver(_FLOAT_TAG, _DECIMAL, list("-+.0123456789"))
-_StrictLoader.add_constructor(_INT_TAG, _construct_number)
-_StrictLoader.add_constructor(_FLOAT_TAG, _construct_number)

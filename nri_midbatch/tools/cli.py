@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import os
 import re
 import signal
@@ -49,14 +50,30 @@ DEFAULT_STATE_DIR = "/var/lib/nri-midbatch/pods"
 DEFAULT_STATUS_SOCKET = "/var/lib/nri-midbatch/status.sock"
 
 
-def _positive_seconds(value: str) -> float:
+#: The longest any duration flag may be: longer is a typo (minutes for seconds), not a wish.
+MAX_SECONDS = 3600
+
+
+def _seconds(value: str, *, zero_allowed: bool) -> float:
     try:
         seconds = float(value)
     except ValueError:
-        seconds = -1.0
-    if not 0 < seconds < 3600:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds above 0")
+        seconds = math.nan  # fails both comparisons below
+    above = seconds >= 0 if zero_allowed else seconds > 0
+    if not (above and seconds < MAX_SECONDS):
+        least = "0 or more" if zero_allowed else "above 0"
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a number of seconds {least} and below {MAX_SECONDS}"
+        )
     return seconds
+
+
+def _positive_seconds(value: str) -> float:
+    return _seconds(value, zero_allowed=False)
+
+
+def _non_negative_seconds(value: str) -> float:
+    return _seconds(value, zero_allowed=True)
 
 
 def _metrics_address(value: str) -> str:
@@ -221,7 +238,7 @@ def _parser() -> argparse.ArgumentParser:
     webhook.add_argument("--config", metavar="FILE", help="YAML configuration file (the plugin's)")
     webhook.add_argument(
         "--shutdown-delay",
-        type=float,
+        type=_non_negative_seconds,
         default=5.0,
         metavar="SECONDS",
         help="on SIGTERM, fail readiness and keep serving this long first (default %(default)s)",
@@ -441,7 +458,7 @@ def _webhook(args: argparse.Namespace) -> int:
         pass
     # Endpoints are removed asynchronously: keep answering while readiness fails.
     server.drain()
-    time.sleep(max(args.shutdown_delay, 0.0))
+    time.sleep(args.shutdown_delay)
     server.stop()
     return 0
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-import yaml
 from google.protobuf.json_format import ParseDict, ParseError
 
 from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.config.bounded_yaml import UntrustedInputError, load_yaml, read_file
 from nri_midbatch.config.compile import compile_policy
 from nri_midbatch.config.model import Config
 from nri_midbatch.glue.views import pod_view
@@ -58,17 +58,15 @@ class PodInput:
 
 
 def load_pod(path: Path, policy: Policy) -> PodInput:
+    """The pod a manifest or PodSandbox file describes, read within the configuration's bounds.
+
+    The file is anyone's, so it is read as a configuration is (bounded_yaml.py): a regular
+    file only, at most 1 MiB, nested at most 32 deep; JSON is read as the YAML it is.
+    """
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PodInputError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        # YAML reads JSON too; a .json file gets JSON's stricter errors.
-        document = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise PodInputError(
-            f"{path}: not valid {path.suffix.lstrip('.') or 'YAML'}: {exc}"
-        ) from None
+        document = load_yaml(read_file(path), str(path))
+    except UntrustedInputError as exc:
+        raise PodInputError(str(exc)) from None
     if not isinstance(document, dict):
         raise PodInputError(f"{path}: expected a Pod manifest or a PodSandbox object")
     if "spec" in document or document.get("kind") == "Pod":

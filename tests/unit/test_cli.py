@@ -232,6 +232,32 @@ def test_run_with_missing_config_file_exits_2(
     assert FakeApp.instances == []
 
 
+@pytest.mark.parametrize("value", ["0", "-1", "3600", "inf", "nan", "soon"])
+def test_registration_timeout_out_of_range_names_both_bounds(
+    capsys: pytest.CaptureFixture[str], fake_app: list[Any], value: str
+) -> None:
+    assert exit_code(["run", "--registration-timeout", value]) == 2
+    err = capsys.readouterr().err
+    assert f"{value!r} is not a number of seconds above 0 and below 3600" in err
+    assert FakeApp.instances == []
+
+
+@pytest.mark.parametrize("value", ["-1", "-0.5", "3600", "nan", "later"])
+def test_webhook_refuses_a_negative_or_huge_shutdown_delay(
+    capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    assert exit_code(["webhook", "--shutdown-delay", value]) == 2
+    err = capsys.readouterr().err
+    assert "argument --shutdown-delay" in err
+    assert f"{value!r} is not a number of seconds 0 or more and below 3600" in err
+
+
+def test_webhook_takes_a_shutdown_delay_of_zero() -> None:
+    argv = ["webhook", "--shutdown-delay", "0", "--tls-cert", "c", "--tls-key", "k"]
+    args = nri_midbatch.tools.cli._parser().parse_args(argv)
+    assert args.shutdown_delay == 0.0
+
+
 # ---------------------------------------------------------------------------
 # check-config
 # ---------------------------------------------------------------------------

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -83,20 +85,67 @@ def test_an_unreadable_file_says_so(tmp_path: Path) -> None:
     )
 
 
-def test_a_validator_that_fails_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sys, "executable", "/bin/false")
+VALID = "mode: observe\n"
+
+
+@pytest.mark.parametrize("python", ["/bin/false", "/nonexistent/python"])
+def test_a_child_that_fails_or_cannot_start_costs_no_valid_configuration(
+    monkeypatch: pytest.MonkeyPatch, python: str
+) -> None:
+    monkeypatch.setattr(sys, "executable", python)
+    assert validator.load_settings_text(VALID, "node.yaml").mode == "observe"
     with pytest.raises(ConfigError) as caught:
-        validator.load_settings_text("", "node.yaml")
-    assert (
-        str(caught.value) == "node.yaml: cannot be validated: the validator failed: exit status 1"
+        validator.load_settings_text("mode: maybe\n", "node.yaml")
+    assert str(caught.value).startswith("node.yaml: mode: ")
+
+
+def stopped(text: str) -> validator.Validation:
+    """A validation whose child is stopped at once, as a starved child on a busy node."""
+    validation = validator.Validation(
+        ["text", "node.yaml"], text.encode(), "node.yaml", patience=0.2
+    )
+    assert validation.pid is not None
+    os.kill(validation.pid, signal.SIGSTOP)
+    return validation
+
+
+def test_a_child_that_does_not_answer_in_time_costs_no_valid_configuration() -> None:
+    # Was: "node.yaml: cannot be validated: no answer within 30 s", and a plugin that exits.
+    assert stopped(VALID).result().mode == "observe"
+
+
+@pytest.mark.parametrize("name", ["alias-bomb", "nested-20000-deep", "too-large"])
+def test_a_hostile_configuration_is_still_refused_without_the_child(name: str) -> None:
+    text, reason = HOSTILE_YAML[name]
+    with pytest.raises(ConfigError) as caught:
+        stopped(text).result()
+    assert str(caught.value).startswith("node.yaml: ")
+    assert reason in str(caught.value)
+
+
+def test_a_child_killed_at_its_cpu_bound_refuses_the_configuration() -> None:
+    validation = stopped(VALID)
+    assert validation.pid is not None
+    os.kill(validation.pid, signal.SIGXCPU)  # what the kernel sends at RLIMIT_CPU
+    os.kill(validation.pid, signal.SIGCONT)
+    with pytest.raises(ConfigError) as caught:
+        validation.result()
+    assert str(caught.value) == (
+        f"node.yaml: cannot be validated: used more than {validator.CPU_SECONDS} s of CPU"
     )
 
 
-def test_a_validator_that_cannot_start_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sys, "executable", "/nonexistent/python")
-    with pytest.raises(ConfigError) as caught:
-        validator.load_settings_text("", "node.yaml")
-    assert str(caught.value).startswith("node.yaml: cannot be validated: ")
+def test_the_child_runs_under_its_cpu_bound() -> None:
+    code = (
+        "import resource, sys\n"
+        "from nri_midbatch.config import validator\n"
+        "sys.stdin = open('/dev/null')\n"
+        "validator.main(['text', 'x'])\n"
+        "print(resource.getrlimit(resource.RLIMIT_CPU), file=sys.stderr)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True)
+    limit = validator.CPU_SECONDS
+    assert done.stderr.decode().strip().splitlines()[-1] == f"({limit}, {limit + 1})"
 
 
 def test_the_running_plugin_never_loads_pydantic(tmp_path: Path) -> None:

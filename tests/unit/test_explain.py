@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -193,3 +194,43 @@ def test_normalization_and_observe_mode_are_explained(
     assert "cpu quota 166667 = ceil(200000 / cpuNormalizationRatio 1.2)" in container
     assert "cpu.shares    left as kubelet set it" in container
     assert "memory limit  left as kubelet set it" in container
+
+
+# A pod file is anyone's: each way it could hang or crash the explainer is a refusal.
+HOSTILE_POD_FILES: dict[str, tuple[str, str]] = {
+    "nested-100000-deep": ("spec: " + "[" * 100_000 + "]" * 100_000 + "\n", "levels deep"),
+    "json-nested-100000-deep": ('{"spec": ' + "[" * 100_000 + "]" * 100_000 + "}", "levels deep"),
+    "scalar-of-50-MB": ("metadata: " + "x" * 50_000_000 + "\n", "larger than 1048576 bytes"),
+    "long-list": ("spec: [" + "1, " * 30_000 + "]\n", "stands for more than 20000 values"),
+}
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"), HOSTILE_POD_FILES.values(), ids=HOSTILE_POD_FILES.keys()
+)
+def test_a_hostile_pod_file_is_refused_with_its_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, reason: str
+) -> None:
+    pod = tmp_path / ("pod.json" if text.startswith("{") else "pod.yaml")
+    pod.write_text(text)
+    assert main(["explain", "--pod", str(pod)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"nri-midbatch: {pod}: ")
+    assert reason in err
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "directory"])
+def test_a_pod_file_that_is_not_a_regular_file_is_refused_unread(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    pod = tmp_path / "pod.yaml"
+    if kind == "fifo":
+        os.mkfifo(pod)  # with no writer: a blocking open or read would never return
+    elif kind == "directory":
+        pod.mkdir()
+    else:
+        pod.symlink_to(kind)
+    assert main(["explain", "--pod", str(pod)]) == 1
+    err = capsys.readouterr().err
+    assert f"nri-midbatch: {pod}: cannot read: " in err
+    assert "not a regular file" in err
