@@ -372,13 +372,22 @@ field the plugin never set is never touched: it may be another plugin's.
 
 **Kubelet's values (the baseline)** come from:
 
-| workload | where the baseline comes from | kept across a restart by |
-|---|---|---|
-| container | its resources at `CreateContainer`; the resources kubelet asks for at `UpdateContainer` (a resize) | the annotation `nri-midbatch.io/native-limits` (CPU shares, quota, period, memory limit), which the runtime keeps with the container; after a resize, the pod's record |
-| container running before the plugin first saw it | what it holds at that `Synchronize` (nothing of it was the plugin's) | the pod's record, once the plugin sets a value on it |
-| BestEffort pod | kubelet's fixed values: 2 shares, no quota, no memory limit | nothing needed |
-| other pod | its cgroup files at `RunPodSandbox`, before the plugin writes them (they include the pod overhead); at a `Synchronize` with no record, the pod resources plus overhead the runtime sends (containerd 2.x); on a runtime that sends none (containerd 1.7), its cgroup files | the pod's record |
-| pod, after a resize | moved by its container's change (kubelet's pod limit is the sum of its containers' plus the overhead); on NRI v0.10+ the new pod resources of `UpdatePodSandbox` | the pod's record |
+- **A container**: its resources at `CreateContainer`, and the resources kubelet asks for
+  at `UpdateContainer` (a resize). Kept by the annotation `nri-midbatch.io/native-limits`
+  (CPU shares, quota, period, memory limit), which the runtime keeps with the container;
+  after a resize, by the pod's record.
+- **A container running before the plugin first saw it**: what it holds at that
+  `Synchronize` (nothing of it was the plugin's). Kept by the pod's record once the plugin
+  sets a value on it, as is any container whose values a reload wrote to its files.
+- **A BestEffort pod**: kubelet's fixed values, 2 shares, no quota, no memory limit.
+- **Any other pod**: its cgroup files at `RunPodSandbox`, before the plugin writes them
+  (they include the pod overhead); at a `Synchronize` with no record, the pod resources plus
+  overhead the runtime sends (containerd 2.x), or on a runtime that sends none (containerd
+  1.7) its cgroup files. Kept by the pod's record.
+- **A pod after a resize**: moved by its container's change (kubelet's pod limit is the sum
+  of its containers' plus the overhead); a pod that gains a limit it did not have is read
+  back from its cgroup after the reply, once kubelet has written it; on NRI v0.10+ the new
+  pod resources of `UpdatePodSandbox`. Kept by the pod's record.
 
 A pod's record is a small file, `<pod uid>.json`, in `nri-midbatch run --state-dir` (default
 `/var/lib/nri-midbatch/pods`, a host path in the DaemonSet), at most 1 MiB each, one per pod
@@ -396,8 +405,8 @@ that are gone removed at each `Synchronize`. Failure cases, each counted in
 - **Init containers** are not kept: kubelet's pod cgroup already holds their share of the
   pod's values at `RunPodSandbox`, and a resize moves the pod by the resized container only.
 - **A pod that becomes limited by a resize** (every container limited, where one was not)
-  gets the sum of its containers' limits, without the overhead, which containerd 1.7 does not
-  tell.
+  is read back from its cgroup after the `UpdateContainer` reply: if kubelet has not written
+  its new pod limit by then, the plugin takes what the cgroup holds.
 
 **On each transition**: a reload plans every workload against what the plugin last put in
 force there, not against the previous configuration, so a pass that failed halfway is
