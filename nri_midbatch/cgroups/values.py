@@ -9,6 +9,7 @@ import resource
 from dataclasses import dataclass
 
 from nri_midbatch.policy.calculate import CPU_SHARES_MAX, CPU_SHARES_MIN, UNLIMITED, CgroupValues
+from nri_midbatch.policy.views import NativeLimits
 
 __all__ = [
     "CPU_SHARES_MAX",
@@ -19,6 +20,7 @@ __all__ = [
     "VALUE_FIELDS",
     "CgroupValues",
     "PodCgroupReading",
+    "baseline_of",
     "check_writable",
     "clamp_cpu_shares",
     "cpu_shares_to_weight",
@@ -169,3 +171,19 @@ def differs(values: CgroupValues, current: CgroupValues) -> bool:
 def set_fields(values: CgroupValues) -> tuple[str, ...]:
     """The fields `values` sets (None: left as kubelet and the runtime set it)."""
     return tuple(name for name in VALUE_FIELDS if getattr(values, name) is not None)
+
+
+def baseline_of(reading: PodCgroupReading, told: NativeLimits) -> NativeLimits:
+    """Kubelet's values as a cgroup the plugin has not written holds them.
+
+    cgroup v2 keeps a weight: the fewest shares that give it back (cgroups/values.py).
+    """
+    shares = reading.cpu_shares
+    if shares is None and reading.cpu_weight is not None:
+        shares = cpu_weight_to_shares(reading.cpu_weight)
+    return NativeLimits(
+        cpu_quota=reading.cpu_quota if reading.cpu_quota > 0 else None,
+        cpu_period=told.cpu_period,
+        memory_limit=reading.memory_limit if reading.memory_limit > 0 else None,
+        cpu_shares=shares,
+    )

@@ -29,9 +29,8 @@ from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.cgroups.paths import CgroupDriver, CgroupPathError
 from nri_midbatch.cgroups.systemd import SystemdUnits, UnitTarget
 from nri_midbatch.cgroups.values import (
-    PodCgroupReading,
+    baseline_of,
     cpu_shares_to_weight,
-    cpu_weight_to_shares,
     differs,
     exceeds,
     holds,
@@ -75,10 +74,10 @@ from nri_midbatch.policy import (
 )
 from nri_midbatch.policy.classify import qos_from_cgroup_parent
 from nri_midbatch.rpc.errors import RpcError
-from nri_midbatch.state.baseline import in_force, moved_by, resized_pod_baseline
-from nri_midbatch.state.known import Known, split_path
+from nri_midbatch.state.baseline import in_force, newly_limited, resized_pod_baseline
+from nri_midbatch.state.known import Known, container_at_sync, split_path
 from nri_midbatch.state.plan import Plan, plan, raises_quota, split_pods
-from nri_midbatch.state.store import BaselineStore, Kept, PodRecord
+from nri_midbatch.state.store import BaselineStore, PodRecord
 from nri_midbatch.wire.status import Code
 
 log = structlog.get_logger(__name__)
@@ -312,39 +311,18 @@ class MidBatchPlugin:
         except (CgroupPathError, OSError, ValueError) as exc:
             log.debug("pod cgroup not readable", error=str(exc), pod=view.name)
             return view
-        kept = replace(view, native=_baseline_of(reading, view.native))
+        kept = replace(view, native=baseline_of(reading, view.native))
         if pod_id in self.known.pods:
             self.known.pods[pod_id] = kept
         self.known.pod_baseline_known.add(pod_id)
         return kept
-
-    def _record_of(self, pod_id: str) -> PodRecord | None:
-        """What the pod's record must hold; None where nothing needs keeping."""
-        known = self.known
-        pod = known.pods.get(pod_id)
-        if pod is None:
-            return None
-        containers = {
-            container_id: Kept(
-                known.containers[container_id][1].native, known.applied.get(container_id)
-            )
-            for container_id in known.containers_of(pod_id)
-            if container_id in known.recorded
-        }
-        applied = known.applied.get(pod_id)
-        if applied is None and not containers:
-            return None
-        # A baseline that is a guess (never read, told, or fixed by the QoS) is not kept:
-        # a restarted plugin must not trust it.
-        sure = pod_id in known.pod_baseline_known
-        return PodRecord(Kept(pod.native, applied) if sure else None, containers)
 
     def _keep_record(self, pod_id: str, before: PodRecord | bool | None = True) -> None:
         """Write (or remove) the pod's record; `before`: what it held, True if not known."""
         pod = self.known.pods.get(pod_id)
         if pod is None or not self.store.keeping:
             return
-        record = self._record_of(pod_id)
+        record = self.known.record_of(pod_id)
         if before is not True and record == before:
             return
         if record is None:
@@ -499,7 +477,7 @@ class MidBatchPlugin:
             pod = pod_views[pod_id]
             current: CgroupValues = waiting[i + 4]
             annotated = waiting[i + 1].native_known  # its K from the annotation
-            ctr_view, applied, recorded = _container_at_sync(
+            ctr_view, applied, recorded = container_at_sync(
                 previous, records.get(pod_id), waiting[i + 1], current
             )
             ctr_id = ctr_view.id
@@ -721,7 +699,7 @@ class MidBatchPlugin:
                 native = resized_pod_baseline(
                     view.native, entry[1].native, ctr_view.native, siblings
                 )
-                if _newly_limited(view.native, native):
+                if newly_limited(view.native, native):
                     # Kubelet's new pod limit also counts containers not created yet and
                     # the overhead, which the runtime may not tell: read back from the pod's
                     # cgroup once kubelet has written it, after the reply.
@@ -1056,51 +1034,6 @@ class MidBatchPlugin:
         log.warning("pod cgroup not set", method=method, reason=reason, **where)
         if refuse:
             raise RpcError(Code.INTERNAL, f"nri-midbatch: pod cgroup not set: {reason}")
-
-
-def _container_at_sync(
-    previous: Known, record: PodRecord | None, view: ContainerView, current: CgroupValues
-) -> tuple[ContainerView, CgroupValues | None, bool]:
-    """A running container's view with kubelet's values, what of it is the plugin's, and
-    whether its pod's record must keep them.
-
-    In order: what this process knew (the runtime restarted), the pod's record, the
-    native-limits annotation (then the plugin's are the values that differ from kubelet's:
-    the runtime keeps what the plugin set), and last what it holds (a container created while
-    no plugin ran: nothing of it is the plugin's).
-    """
-    entry = previous.containers.get(view.id)
-    if entry is not None:
-        return entry[1], previous.applied.get(view.id), view.id in previous.recorded
-    kept = None if record is None else record.containers.get(view.id)
-    if kept is not None:
-        return replace(view, native=kept.kubelet, native_known=True), kept.applied, True
-    if view.native_known:
-        return view, moved_by(current, view.native), False
-    return view, None, False
-
-
-def _newly_limited(before: NativeLimits, after: NativeLimits) -> bool:
-    """Whether a pod's quota or memory limit went from unlimited to a limit."""
-    return (before.cpu_quota is None and after.cpu_quota is not None) or (
-        before.memory_limit is None and after.memory_limit is not None
-    )
-
-
-def _baseline_of(reading: PodCgroupReading, told: NativeLimits) -> NativeLimits:
-    """Kubelet's values as a cgroup the plugin has not written holds them.
-
-    cgroup v2 keeps a weight: the fewest shares that give it back (cgroups/values.py).
-    """
-    shares = reading.cpu_shares
-    if shares is None and reading.cpu_weight is not None:
-        shares = cpu_weight_to_shares(reading.cpu_weight)
-    return NativeLimits(
-        cpu_quota=reading.cpu_quota if reading.cpu_quota > 0 else None,
-        cpu_period=told.cpu_period,
-        memory_limit=reading.memory_limit if reading.memory_limit > 0 else None,
-        cpu_shares=shares,
-    )
 
 
 def _changes(values: CgroupValues, current: CgroupValues) -> dict[str, list[int | None]]:

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from nri_midbatch.policy import CgroupValues, NativeLimits
 from nri_midbatch.policy.calculate import UNLIMITED, shared_values
 
-__all__ = ["in_force", "kubelet_value", "moved_by", "resized_pod_baseline"]
+__all__ = ["in_force", "kubelet_value", "moved_by", "newly_limited", "resized_pod_baseline"]
 
 
 def kubelet_value(kubelet: NativeLimits, field: str) -> int | None:
@@ -117,3 +117,10 @@ def _moved_shares(pod: int | None, before: int | None, after: int | None) -> int
     if pod is None or before is None or after is None:
         return pod
     return pod + after - before
+
+
+def newly_limited(before: NativeLimits, after: NativeLimits) -> bool:
+    """Whether a pod's quota or memory limit went from unlimited to a limit."""
+    return (before.cpu_quota is None and after.cpu_quota is not None) or (
+        before.memory_limit is None and after.memory_limit is not None
+    )

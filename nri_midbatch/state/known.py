@@ -11,10 +11,12 @@ afresh.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from sys import intern
 
 from nri_midbatch.policy import CgroupValues, ContainerView, PodView
+from nri_midbatch.state.baseline import moved_by
+from nri_midbatch.state.store import Kept, PodRecord
 
 
 def split_path(cgroups_path: str, container_id: str) -> tuple[str, bool]:
@@ -96,6 +98,27 @@ class Known:
         self.set_applied(container_id, claimed)
         if claimed is not None and container_id not in self.annotated:
             self.recorded.add(container_id)
+
+    def record_of(self, pod_id: str) -> PodRecord | None:
+        """What the pod's record must hold; None where nothing needs keeping."""
+        known = self
+        pod = known.pods.get(pod_id)
+        if pod is None:
+            return None
+        containers = {
+            container_id: Kept(
+                known.containers[container_id][1].native, known.applied.get(container_id)
+            )
+            for container_id in known.containers_of(pod_id)
+            if container_id in known.recorded
+        }
+        applied = known.applied.get(pod_id)
+        if applied is None and not containers:
+            return None
+        # A baseline that is a guess (never read, told, or fixed by the QoS) is not kept:
+        # a restarted plugin must not trust it.
+        sure = pod_id in known.pod_baseline_known
+        return PodRecord(Kept(pod.native, applied) if sure else None, containers)
 
     def containers_of(self, pod_id: str) -> tuple[str, ...]:
         return tuple(self._by_pod.get(pod_id, ()))
@@ -183,3 +206,25 @@ class Known:
     def _forget_path(self, container_id: str) -> None:
         self._path_heads.pop(container_id, None)
         self._paths.pop(container_id, None)
+
+
+def container_at_sync(
+    previous: Known, record: PodRecord | None, view: ContainerView, current: CgroupValues
+) -> tuple[ContainerView, CgroupValues | None, bool]:
+    """A running container's view with kubelet's values, what of it is the plugin's, and
+    whether its pod's record must keep them.
+
+    In order: what this process knew (the runtime restarted), the pod's record, the
+    native-limits annotation (then the plugin's are the values that differ from kubelet's:
+    the runtime keeps what the plugin set), and last what it holds (a container created while
+    no plugin ran: nothing of it is the plugin's).
+    """
+    entry = previous.containers.get(view.id)
+    if entry is not None:
+        return entry[1], previous.applied.get(view.id), view.id in previous.recorded
+    kept = None if record is None else record.containers.get(view.id)
+    if kept is not None:
+        return replace(view, native=kept.kubelet, native_known=True), kept.applied, True
+    if view.native_known:
+        return view, moved_by(current, view.native), False
+    return view, None, False
