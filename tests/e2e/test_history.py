@@ -136,7 +136,8 @@ def check_status_shows_no_drift(plugin: PluginProcess) -> None:
     document = json.loads(answer.stdout)
     drifting = [w for w in document["workloads"] if w["drift"]]
     assert answer.returncode == 0 and not drifting, drifting
-    assert any(w["target"] for w in document["workloads"]), document
+    # It answers of the pods it remembers, given back or not.
+    assert document["workloads"], document
 
 
 def test_ratio_back_to_one_returns_containers_and_pods_to_kubelets_quota(
