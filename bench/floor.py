@@ -9,12 +9,12 @@ answered with an empty reply. It shares no code with the plugin's transport
 runtime), so that changes to the plugin's transport do not move it: the
 benchmark times the same Synchronize against it, in the same run, as the
 reference that a Go plugin's time is estimated from
-(docs/performance.md, "Synchronize floor").
+(docs/performance-history.md, "Synchronize floor").
 
 `--reuse-large-buffers` gives it the plugin's heap settings
 (nri_midbatch/process/heap.py): the benchmark runs it that way too, to show
 how much of the plugin's lead over the floor those settings are
-(docs/performance.md, round 7). The estimate is made from the floor without them.
+(docs/performance-history.md, round 7). The estimate is made from the floor without them.
 """
 
 from __future__ import annotations

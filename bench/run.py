@@ -55,7 +55,7 @@ MB = 1 << 20
 STEADY_RSS_MB = 48
 #: A Go plugin's Synchronize time over the floor's (bench/floor.py): issue 14 measured
 #: the Go plugin at 0.81-0.85 of commit 25cd8d8's plugin in the same runs, and
-#: 25cd8d8's plugin took 2.72 and 3.24 times the floor here (docs/performance.md,
+#: 25cd8d8's plugin took 2.72 and 3.24 times the floor here (docs/performance-history.md,
 #: "Synchronize floor").
 GO_OVER_FLOOR = 2.5
 #: The checkout this benchmark is part of.

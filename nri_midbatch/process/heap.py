@@ -36,7 +36,7 @@ def reuse_large_buffers() -> bool:
     chunk after chunk landed on fresh pages: 35,000 page faults for the
     benchmark's node, against 10,500 (the pages the heap grows by) with these
     settings, each 1-2 us on its VM: some 30 ms of the 0.24 s the
-    Synchronize took (docs/performance.md, round 7).
+    Synchronize took (docs/performance-history.md, round 7).
 
     Fixed bounds (which also turn glibc's adjustment off) keep them in the
     heap. True if glibc took them; on another C library nothing changes.

@@ -251,13 +251,17 @@ def test_every_replay_and_explain_flag_is_in_the_replay_doc() -> None:
 
 
 def _anchors(page: Path) -> set[str]:
-    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    """GitHub's heading anchors (lower case, punctuation dropped, spaces to hyphens),
+    and the ids of `<a id="...">` tags, which keep a moved section's old links working."""
     anchors: set[str] = set()
     in_code = False
     for line in page.read_text().splitlines():
         if line.startswith("```"):
             in_code = not in_code
-        if in_code or not line.startswith("#"):
+        if in_code:
+            continue
+        anchors.update(re.findall(r'<a id="([^"]+)"></a>', line))
+        if not line.startswith("#"):
             continue
         heading = line.lstrip("#").strip().lower()
         slug = "".join(ch for ch in heading if ch.isalnum() or ch in " -_").replace(" ", "-")

@@ -92,6 +92,17 @@ def test_good_request_is_passed_on_decoded_and_its_reply_framed() -> None:
     assert conn.requests_in_flight == 0
 
 
+def test_an_empty_reply_is_a_zero_byte_response_as_protobuf_encodes_it() -> None:
+    """The payload envelope is skipped for it: protobuf omits an empty field."""
+    conn = connection()
+    conn.receive_data(request(1, method="Empty"))
+    events(conn)
+    ((_, frame),) = MuxDecoder(frozenset({1, 2})).feed(conn.reply(1, api.Empty()))
+    (message,) = MessageDecoder().feed(frame)
+    assert isinstance(message, Message)
+    assert message.data == ttrpc_pb2.Response(payload=b"").SerializeToString() == b""
+
+
 @pytest.mark.parametrize(
     ("data", "code", "text"),
     [
