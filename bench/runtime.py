@@ -38,6 +38,7 @@ SUBSCRIBED_EVENTS = (
     | Event.CREATE_CONTAINER.bit
     | Event.UPDATE_CONTAINER.bit
     | Event.REMOVE_CONTAINER.bit
+    | Event.UPDATE_POD_SANDBOX.bit
     | Event.REMOVE_POD_SANDBOX.bit
 )
 #: containerd's default request timeout, carried in every request as timeout_nano.

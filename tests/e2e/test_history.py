@@ -36,6 +36,23 @@ def normalizing(ratio: str) -> str:
 def kubelet_limits_pod_cgroup(parent: str, shares: int, quota: int, memory: int) -> None:
     """What kubelet does before RunPodSandbox for a burstable pod with limits."""
     NODE.prepare_parent(parent)
+    if NODE.driver is Driver.SYSTEMD:
+        # As kubelet's systemd driver does: the slice's unit properties, which systemd
+        # writes into files it enables the controllers for.
+        subprocess.run(
+            [
+                "systemctl",
+                "set-property",
+                "--runtime",
+                parent,
+                f"CPUWeight={cpu_shares_to_weight(shares)}",
+                f"CPUQuota={quota / 1000:g}%",
+                f"MemoryMax={memory}",
+            ],
+            check=True,
+            timeout=30 * SLOWDOWN,
+        )
+        return
     if NODE.version is CgroupVersion.V1:
         texts = {
             ("cpu", "cpu.shares"): str(shares),
@@ -43,8 +60,7 @@ def kubelet_limits_pod_cgroup(parent: str, shares: int, quota: int, memory: int)
             ("memory", "memory.limit_in_bytes"): str(memory),
         }
     else:
-        if NODE.driver is not Driver.SYSTEMD:
-            _enable_controllers_down_to(parent)
+        _enable_controllers_down_to(parent)
         texts = {
             ("cpu", "cpu.weight"): str(cpu_shares_to_weight(shares)),
             ("cpu", "cpu.max"): f"{quota} 100000",

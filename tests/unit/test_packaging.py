@@ -316,7 +316,12 @@ def test_daemonset_mounts_the_host_cgroupfs_read_write_at_the_configured_root() 
     assert mount.get("readOnly", False) is False
     assert mount["mountPath"] == Config().cgroups.root
     # No other host path: these are the whole of the plugin's reach into the node.
-    assert {hp["path"] for hp in host_paths.values()} == {SOCKET_DIR, "/sys/fs/cgroup", "/run/dbus"}
+    assert {hp["path"] for hp in host_paths.values()} == {
+        SOCKET_DIR,
+        "/sys/fs/cgroup",
+        "/run/dbus",
+        "/var/lib/nri-midbatch",
+    }
 
 
 def test_daemonset_mounts_the_system_bus_directory_read_only() -> None:
