@@ -20,7 +20,7 @@ guided by the message's descriptor.
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Any
+from typing import Any, cast
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
@@ -81,7 +81,8 @@ def redact(
 
     kept_annotations: the annotations whose values stay (the others keep only their keys).
     """
-    _redact(message.DESCRIPTOR, document, kept_annotations)
+    # The C implementation's descriptor type stands in for the Python one.
+    _redact(cast(Descriptor, message.DESCRIPTOR), document, kept_annotations)
 
 
 def _redact(descriptor: Descriptor, document: dict[str, Any], kept: Collection[str]) -> None:
@@ -92,24 +93,25 @@ def _redact(descriptor: Descriptor, document: dict[str, Any], kept: Collection[s
         field = descriptor.fields_by_name.get(name)
         if field is None or name in allowed:
             continue
-        if field.message_type is not None and field.message_type.GetOptions().map_entry:
-            document[name] = _redact_map(field, value, kept)
-        elif field.message_type is not None:
+        nested = field.message_type
+        if nested is not None and nested.GetOptions().map_entry:
+            document[name] = _redact_map(name, nested, value, kept)
+        elif nested is not None:
             for item in value if field.is_repeated else (value,):
-                _redact(field.message_type, item, kept)
+                _redact(nested, item, kept)
         elif field.type in _STRING_TYPES:
             document[name] = [REDACTED] * len(value) if field.is_repeated else REDACTED
 
 
 def _redact_map(
-    field: FieldDescriptor, entries: dict[str, Any], kept: Collection[str]
+    name: str, entry: Descriptor, entries: dict[str, Any], kept: Collection[str]
 ) -> dict[str, Any]:
-    value_field = field.message_type.fields_by_name["value"]
+    value_field = entry.fields_by_name["value"]
     # A key of another type (a field number, say) is not free text; JSON spells it as a string.
-    keys_are_text = field.message_type.fields_by_name["key"].type in _STRING_TYPES
+    keys_are_text = entry.fields_by_name["key"].type in _STRING_TYPES
     result: dict[str, Any] = {}
     for key, value in entries.items():
-        if field.name == _ANNOTATIONS:
+        if name == _ANNOTATIONS:
             result[key] = value if key in kept else REDACTED
             continue
         if value_field.message_type is not None:

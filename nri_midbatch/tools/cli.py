@@ -178,7 +178,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--record-raw",
         action="store_true",
-        help="record environment values and mount sources as they are (default: redacted)",
+        help="record every string as it came (default: redact what replay does not need)",
     )
 
     check = commands.add_parser("check-config", help="validate a configuration file")
@@ -350,9 +350,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         recorder = Recorder(
             recording,
             raw=args.record_raw,
-            kept_annotations=kept_annotations(
-                config.classification.extended_resource_spec_annotation
-            ),
+            kept_annotations=kept_annotations(config.classification.spec_annotation),
         )
 
     def make_app(metrics_address: str | None) -> App:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from pathlib import Path
+from typing import cast
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
@@ -55,7 +56,7 @@ class Planter:
         return value
 
     def fill(self, message: Message, keep_all: bool = False, depth: int = 0) -> None:
-        descriptor: Descriptor = message.DESCRIPTOR
+        descriptor = cast(Descriptor, message.DESCRIPTOR)
         keep_all = keep_all or descriptor.full_name == KEPT_WHOLE
         assert depth < 12, f"{descriptor.full_name}: the NRI types were not expected to nest"
         for field in descriptor.fields:
@@ -80,8 +81,9 @@ class Planter:
         return value.encode() if field.type == FieldDescriptor.TYPE_BYTES else value
 
     def _fill_map(self, field: FieldDescriptor, target: object, keep: bool, depth: int) -> None:
-        key_field = field.message_type.fields_by_name["key"]
-        value_field = field.message_type.fields_by_name["value"]
+        entry = cast(Descriptor, field.message_type)
+        key_field = entry.fields_by_name["key"]
+        value_field = entry.fields_by_name["value"]
         if field.name == "annotations" and not keep:
             # Keys stay, and the values of the annotations the policy reads.
             names = [*sorted(KEPT_ANNOTATIONS), self.text(keep=True)]
