@@ -8,15 +8,19 @@ import itertools
 from pathlib import Path
 from typing import cast
 
+import pytest
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
 
 from nri_midbatch.api import nri_pb2
-from nri_midbatch.process.record import Recorder, RotatingFile
+from nri_midbatch.config.model import Config
+from nri_midbatch.policy import Decision
+from nri_midbatch.process.record import NotedDecision, Recorder, RotatingFile
 from nri_midbatch.process.redact import kept_annotations
-from nri_midbatch.tools.replay import load_recording
+from nri_midbatch.tools.replay import load_recording, replay
 
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "nri.pkg.api.v1alpha1"
 #: What replay needs, spelled out on its own: (message, field) whose strings stay.
 KEPT = {
@@ -182,4 +186,34 @@ def test_the_leaks_of_issue_24_are_closed(tmp_path: Path) -> None:
     }
     assert list(request.container.annotations) == [
         "kubectl.kubernetes.io/last-applied-configuration"
+    ]
+
+
+@pytest.mark.parametrize(
+    "recording",
+    [Path("examples/recordings/demo.jsonl"), Path("tests/replay/containerd-1.7.24.jsonl")],
+    ids=lambda path: path.name,
+)
+def test_redacted_golden_recordings_replay_to_the_same_replies_and_decisions(
+    tmp_path: Path, recording: Path
+) -> None:
+    entries, problems = load_recording(ROOT / recording)
+    assert problems == []
+    redacted = tmp_path / "redacted.jsonl"
+    calls = [(e.method, e.request, e.response) for e in entries if e.response is not None]
+    assert len(calls) == len(entries)  # every call was answered
+    record(redacted, calls)
+    redacted_entries, problems = load_recording(redacted)
+    assert problems == []
+    original = replay(entries, Config(), runtime_config=True, via_socket=False)
+    again = replay(redacted_entries, Config(), runtime_config=True, via_socket=False)
+    assert [(o.response, o.error) for o in again] == [(o.response, o.error) for o in original]
+    assert [_decided(o.decisions) for o in again] == [_decided(o.decisions) for o in original]
+
+
+def _decided(decisions: tuple[NotedDecision, ...]) -> list[tuple[str, str, Decision]]:
+    """Each decision, whole (its trace too), with whose it is."""
+    return [
+        (noted.pod.uid, "" if noted.container is None else noted.container.id, noted.decision)
+        for noted in decisions
     ]
