@@ -647,6 +647,32 @@ def test_run_records_redacted_unless_asked_for_raw(tmp_path: Path, raw: bool) ->
     assert all((secret.encode() in recorded) == raw for secret in SECRETS)
 
 
+def test_run_keeps_the_configured_spec_annotation(tmp_path: Path) -> None:
+    path = tmp_path / "calls.jsonl"
+    config = tmp_path / "config.yaml"
+    config.write_text("classification:\n  extendedResourceSpecAnnotation: example.com/spec\n")
+    pod = batch_pod()
+    pod.annotations["example.com/spec"] = SPEC
+    pod.annotations["example.com/other"] = "s3cr3t-token-value"
+
+    async def scenario(runtime: LoopbackRuntime, _log_file: Path) -> None:
+        await runtime.start(
+            pods=[pod], containers=[main_container(pod)], registration_timeout=STARTUP_TIMEOUT
+        )
+
+    status, _, _ = run_plugin_process(
+        tmp_path, ["--config", str(config), "--record", str(path)], scenario
+    )
+    assert status == 0
+    (recorded,) = read_lines(path)[1]["request"]["pods"]
+    assert recorded["annotations"] == {
+        "example.com/spec": SPEC,
+        "example.com/other": "<redacted>",
+        # The default name keeps its value too: a reload may go back to it.
+        "node.koordinator.sh/extended-resource-spec": SPEC,
+    }
+
+
 def test_redaction_reaches_adjustments_and_keeps_the_plugins_own_values() -> None:
     reply = api.CreateContainerResponse(
         adjust=api.ContainerAdjustment(
