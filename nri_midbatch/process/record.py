@@ -12,8 +12,8 @@ file rotates at a size cap so a long recording cannot fill the disk.
 One line per call:
     {"v": 1, "ts": RFC 3339 UTC, "method": "...", "request": {...}, "response": {...} | null,
      "error": {"code": int, "message": str} | null, "decisions": [{...}, ...]}
-with request and response as protobuf JSON (`MessageToDict`, proto field names), environment
-values and mount sources replaced by "<redacted>" unless the recorder is raw.
+with request and response as protobuf JSON (`MessageToDict`, proto field names), every string
+that replay does not need replaced by "<redacted>" unless the recorder is raw (redact.py).
 
 Longer than the house's 400 lines: the recorder, its bounded queue, the rotating file and
 the line format are one contract, the one replay and explain read.
@@ -26,7 +26,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -39,7 +39,7 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
 from nri_midbatch.policy import CgroupValues, ContainerView, Decision, PodView, render
-from nri_midbatch.process.redact import redact
+from nri_midbatch.process.redact import DEFAULT_KEPT_ANNOTATIONS, redact
 from nri_midbatch.rpc.errors import error_status
 
 log = structlog.get_logger(__name__)
@@ -147,17 +147,28 @@ def rfc3339(timestamp: float) -> str:
     return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
-def redacted_json(message: Message) -> dict[str, Any]:
-    """message_json with environment values and mount sources replaced (redact.py)."""
+def redacted_json(
+    message: Message, kept_annotations: Collection[str] = DEFAULT_KEPT_ANNOTATIONS
+) -> dict[str, Any]:
+    """message_json with every string replay does not need replaced (redact.py)."""
     document = message_json(message)
-    redact(message, document)
+    redact(message, document, kept_annotations)
     return document
 
 
-def record_json(record: CallRecord, *, raw: bool = False) -> dict[str, Any]:
-    """The record's line; raw keeps environment values and mount sources."""
+def record_json(
+    record: CallRecord,
+    *,
+    raw: bool = False,
+    kept_annotations: Collection[str] = DEFAULT_KEPT_ANNOTATIONS,
+) -> dict[str, Any]:
+    """The record's line; raw keeps every string, else only annotations in kept_annotations
+    keep their values."""
     error = record.error
-    as_json = message_json if raw else redacted_json
+
+    def as_json(message: Message) -> dict[str, Any]:
+        return message_json(message) if raw else redacted_json(message, kept_annotations)
+
     return {
         "v": RECORD_VERSION,
         "ts": rfc3339(record.started),
@@ -325,9 +336,12 @@ class Recorder:
         flush_timeout: float = 10.0,
         failure_summary_every: float = FAILURE_SUMMARY_EVERY,
         raw: bool = False,
+        kept_annotations: Collection[str] = DEFAULT_KEPT_ANNOTATIONS,
     ) -> None:
+        """kept_annotations: the annotations whose values a redacted recording keeps."""
         self._sink = sink
         self._raw = raw
+        self._kept_annotations = frozenset(kept_annotations)
         self._queue: asyncio.Queue[CallRecord] = asyncio.Queue(maxsize=queue_size)
         self._flush_timeout = flush_timeout
         self._writer: asyncio.Task[None] | None = None
@@ -441,7 +455,12 @@ class Recorder:
     def _write(self, batch: Sequence[CallRecord]) -> Written:
         """Runs in the writer thread (JSON conversion is the costly part)."""
         try:
-            lines = [json_line(record_json(record, raw=self._raw)) for record in batch]
+            lines = [
+                json_line(
+                    record_json(record, raw=self._raw, kept_annotations=self._kept_annotations)
+                )
+                for record in batch
+            ]
         except Exception as exc:  # a record that cannot be converted costs itself only
             return Written(0, 0, exc)
         return self._sink.write(lines)

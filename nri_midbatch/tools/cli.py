@@ -26,6 +26,7 @@ from nri_midbatch import __version__
 from nri_midbatch.nri.session import DEFAULT_REGISTRATION_TIMEOUT
 from nri_midbatch.obs.logging import LEVELS, JournalWriter, configure_logging, open_sink
 from nri_midbatch.process.record import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, Recorder, RotatingFile
+from nri_midbatch.process.redact import kept_annotations
 
 if TYPE_CHECKING:  # loaded by the commands that need it: `--version` stays fast
     from nri_midbatch.config.model import Config
@@ -177,7 +178,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--record-raw",
         action="store_true",
-        help="record environment values and mount sources as they are (default: redacted)",
+        help="record every string as it came (default: redact what replay does not need)",
     )
 
     check = commands.add_parser("check-config", help="validate a configuration file")
@@ -346,7 +347,11 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         except OSError as exc:
             print(f"nri-midbatch: {args.record}: {exc.strerror or exc}", file=sys.stderr)
             return 2
-        recorder = Recorder(recording, raw=args.record_raw)
+        recorder = Recorder(
+            recording,
+            raw=args.record_raw,
+            kept_annotations=kept_annotations(config.classification.spec_annotation),
+        )
 
     def make_app(metrics_address: str | None) -> App:
         return App(

@@ -580,7 +580,9 @@ def record_secrets(path: Path, *, raw: bool) -> api.CreateContainerResponse:
     return run(scenario())
 
 
-def test_recordings_keep_environment_keys_but_no_values_or_mount_sources(tmp_path: Path) -> None:
+def test_recordings_keep_no_environment_or_mounts_but_what_decisions_rest_on(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "calls.jsonl"
     record_secrets(path, raw=False)
     recorded = path.read_bytes()
@@ -598,11 +600,12 @@ def test_recordings_keep_environment_keys_but_no_values_or_mount_sources(tmp_pat
         lines[2]["request"]["container"],
         lines[3]["request"]["container"],
     ):
-        assert container["env"] == ["PATH=<redacted>", "DB_PASSWORD=<redacted>", "TOKEN=<redacted>"]
+        assert container["env"] == ["<redacted>"] * 3
         assert container["mounts"] == [
-            {"destination": "/etc/creds", "type": "bind", "source": "<redacted>"}
+            {"destination": "<redacted>", "type": "<redacted>", "source": "<redacted>"}
         ]
-        assert container["hooks"]["prestart"][0]["env"] == ["HOOK_KEY=<redacted>"]
+        assert container["hooks"]["prestart"][0] == {"path": "<redacted>", "env": ["<redacted>"]}
+        assert (container["id"], container["name"]) == ("ctr-batch", "main")
     # What the decisions rest on is all there.
     assert lines[3]["request"]["pod"]["annotations"] == batch_pod().annotations
 
@@ -644,22 +647,55 @@ def test_run_records_redacted_unless_asked_for_raw(tmp_path: Path, raw: bool) ->
     assert all((secret.encode() in recorded) == raw for secret in SECRETS)
 
 
-def test_redaction_reaches_adjustments_and_hooks_and_leaves_the_rest() -> None:
+def test_run_keeps_the_configured_spec_annotation(tmp_path: Path) -> None:
+    path = tmp_path / "calls.jsonl"
+    config = tmp_path / "config.yaml"
+    config.write_text("classification:\n  extendedResourceSpecAnnotation: example.com/spec\n")
+    pod = batch_pod()
+    pod.annotations["example.com/spec"] = SPEC
+    pod.annotations["example.com/other"] = "s3cr3t-token-value"
+
+    async def scenario(runtime: LoopbackRuntime, _log_file: Path) -> None:
+        await runtime.start(
+            pods=[pod], containers=[main_container(pod)], registration_timeout=STARTUP_TIMEOUT
+        )
+
+    status, _, _ = run_plugin_process(
+        tmp_path, ["--config", str(config), "--record", str(path)], scenario
+    )
+    assert status == 0
+    (recorded,) = read_lines(path)[1]["request"]["pods"]
+    assert recorded["annotations"] == {
+        "example.com/spec": SPEC,
+        "example.com/other": "<redacted>",
+        # The default name keeps its value too: a reload may go back to it.
+        "node.koordinator.sh/extended-resource-spec": SPEC,
+    }
+
+
+def test_redaction_reaches_adjustments_and_keeps_the_plugins_own_values() -> None:
     reply = api.CreateContainerResponse(
         adjust=api.ContainerAdjustment(
-            annotations={"env": "kept", "source": "kept"},
+            annotations={"nri-midbatch.io/native-limits": "cpu=1", "other": "s3cr3t-token-value"},
             env=[api.KeyValue(key="API_KEY", value="s3cr3t-token-value")],
             mounts=[api.Mount(destination="/d", source="/var/lib/secret-volume-7f3a")],
             hooks=api.Hooks(poststop=[api.Hook(path="/h", env=["HOOK_KEY=hook-key", "BARE"])]),
             args=["/bin/app", "--verbose"],
+            linux=api.LinuxContainerAdjustment(
+                resources=api.LinuxResources(cpu=api.LinuxCPU(cpus="0-3"))
+            ),
         )
     )
     document = redacted_json(reply)
     adjust = document["adjust"]
-    assert adjust["env"] == [{"key": "API_KEY", "value": "<redacted>"}]
-    assert adjust["mounts"] == [{"destination": "/d", "source": "<redacted>"}]
-    assert adjust["hooks"]["poststop"][0]["env"] == ["HOOK_KEY=<redacted>", "BARE"]
-    assert adjust["annotations"] == {"env": "kept", "source": "kept"}
-    assert adjust["args"] == ["/bin/app", "--verbose"]
+    assert adjust["env"] == [{"key": "<redacted>", "value": "<redacted>"}]
+    assert adjust["mounts"] == [{"destination": "<redacted>", "source": "<redacted>"}]
+    assert adjust["hooks"]["poststop"][0]["env"] == ["<redacted>", "<redacted>"]
+    assert adjust["annotations"] == {
+        "nri-midbatch.io/native-limits": "cpu=1",
+        "other": "<redacted>",
+    }
+    assert adjust["args"] == ["<redacted>", "<redacted>"]
+    assert adjust["linux"]["resources"]["cpu"]["cpus"] == "0-3"
     # The message itself, which the plugin answered with, is untouched.
     assert message_json(reply)["adjust"]["env"][0]["value"] == "s3cr3t-token-value"
