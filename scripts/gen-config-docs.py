@@ -401,7 +401,10 @@ that are gone removed at each `Synchronize`. Failure cases, each counted in
   annotation keeps its updated values as kubelet's: values can then stay as tight as an
   earlier configuration made them (never looser than kubelet's), until the pod is recreated.
 - **Containers annotated by an earlier version** carry no CPU shares: their shares are not
-  given back.
+  given back. Containers an earlier version updated at a `Synchronize` (no annotation, no
+  record) hold its values, which the upgraded plugin takes for kubelet's.
+- **Without `--state-dir`** a container without the annotation is never scaled by
+  cpu-normalization at a `Synchronize`, as what it holds may be an earlier plugin's.
 - **Init containers** are not kept: kubelet's pod cgroup already holds their share of the
   pod's values at `RunPodSandbox`, and a resize moves the pod by the resized container only.
 - **A pod that becomes limited by a resize** (every container limited, where one was not)

@@ -470,6 +470,7 @@ class MidBatchPlugin:
         classes: dict[str, PodClass | None] = {}
         waiting = part.containers
         previous, records = self._previous_known, part.records
+        records_kept = self.store.keeping
         for i in range(0, len(waiting), _SyncPart.FIELDS):
             pod_id = pod_ids.get(waiting[i])
             if pod_id is None:
@@ -478,7 +479,7 @@ class MidBatchPlugin:
             current: CgroupValues = waiting[i + 4]
             annotated = waiting[i + 1].native_known  # its K from the annotation
             ctr_view, applied, recorded = container_at_sync(
-                previous, records.get(pod_id), waiting[i + 1], current
+                previous, records.get(pod_id), waiting[i + 1], current, records_kept
             )
             ctr_id = ctr_view.id
             known.set_split(ctr_id, pod_id, ctr_view, waiting[i + 2], waiting[i + 3])

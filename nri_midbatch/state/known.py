@@ -209,7 +209,11 @@ class Known:
 
 
 def container_at_sync(
-    previous: Known, record: PodRecord | None, view: ContainerView, current: CgroupValues
+    previous: Known,
+    record: PodRecord | None,
+    view: ContainerView,
+    current: CgroupValues,
+    records_kept: bool,
 ) -> tuple[ContainerView, CgroupValues | None, bool]:
     """A running container's view with kubelet's values, what of it is the plugin's, and
     whether its pod's record must keep them.
@@ -217,7 +221,8 @@ def container_at_sync(
     In order: what this process knew (the runtime restarted), the pod's record, the
     native-limits annotation (then the plugin's are the values that differ from kubelet's:
     the runtime keeps what the plugin set), and last what it holds (a container created while
-    no plugin ran: nothing of it is the plugin's).
+    no plugin ran: nothing of it is the plugin's). With records kept, a container in none of
+    them never had a value of the plugin's, so what it holds is kubelet's for sure.
     """
     entry = previous.containers.get(view.id)
     if entry is not None:
@@ -227,4 +232,6 @@ def container_at_sync(
         return replace(view, native=kept.kubelet, native_known=True), kept.applied, True
     if view.native_known:
         return view, moved_by(current, view.native), False
+    if records_kept:
+        return replace(view, native_known=True), None, False
     return view, None, False
