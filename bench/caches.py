@@ -1,7 +1,7 @@
 """What a cache hit costs on the decision path: functools.lru_cache against BoundedCache.
 
 `python -m bench.caches` prints nanoseconds per call, best of several rounds, for a hit of
-each cache form, and for the glue's calls of one CreateContainer that go through a
+each cache form, and for the plugin's calls of one CreateContainer that go through a
 BoundedCache (the container's resources, the pod's resource-status annotation). Compare
 them with the plugin's CreateContainer p50 in docs/performance.md.
 """
@@ -13,7 +13,7 @@ import timeit
 from collections.abc import Callable
 
 from bench import workload
-from nri_midbatch.glue.views import container_view
+from nri_midbatch.plugin.codec import container_view
 from nri_midbatch.policy.bounded_cache import BoundedCache
 from nri_midbatch.policy.cpuset import RESOURCE_STATUS_ANNOTATION, bound_cpuset
 

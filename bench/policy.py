@@ -7,7 +7,7 @@ import time
 from bench import workload
 from nri_midbatch.config.compile import compile_policy
 from nri_midbatch.config.model import Config
-from nri_midbatch.glue.views import container_view, pod_view
+from nri_midbatch.plugin.codec import container_view, pod_view
 from nri_midbatch.policy import ContainerView, PodView, decide_container
 from nri_midbatch.policy.spec import SPEC_CACHE_ENTRIES, spec_cache
 
@@ -15,7 +15,7 @@ Views = list[tuple[PodView, ContainerView]]
 
 
 def views(count: int, *, distinct_specs: bool) -> Views:
-    """`count` batch pods with their main container, as the plugin glue views them.
+    """`count` batch pods with their main container, as the plugin codec views them.
 
     distinct_specs: give every pod its own extended-resource spec text, so
     that no decision finds its parsed spec in the cache.

@@ -1,7 +1,7 @@
 """The cgroup file I/O: version detection, confined path resolution, reads and writes.
 
 Everything here is synchronous and touches only tiny pseudo-files, so the
-async glue can run any of it in a thread. Nothing here creates a file or a
+async callers can run any of it in a thread. Nothing here creates a file or a
 directory: the runtime creates pod cgroups, and a missing one is reported.
 """
 

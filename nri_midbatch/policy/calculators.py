@@ -3,7 +3,7 @@
 A calculator gets the pod (and container), its tier, the rules and the parsed spec; it returns
 the values to set, None to leave the workload alone, or the spec's error. It appends one trace
 step per value it sets, or the step that says why it sets none. The chain, the decision and
-the plugin glue are the same for every calculator.
+the plugin handlers are the same for every calculator.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The policy's public entry points: a pod (and container) in, a Decision out.
 
 Errors are values: an unusable annotation gives a Decision with `error` set and no values, and
-the plugin glue applies the failure policy.
+the plugin handlers apply the failure policy.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Plain views of a pod and a container, built by the plugin glue from NRI messages."""
+"""Plain views of a pod and a container, built from NRI messages by `plugin/codec.py`."""
 
 from __future__ import annotations
 

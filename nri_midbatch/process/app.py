@@ -25,8 +25,6 @@ from nri_midbatch.cgroups.systemd import LEVELS
 from nri_midbatch.cgroups.values import VALUE_FIELDS
 from nri_midbatch.config.settings import ConfigError, Settings
 from nri_midbatch.config.validator import load_settings_file
-from nri_midbatch.glue.plugin import MidBatchPlugin
-from nri_midbatch.glue.views import container_update
 from nri_midbatch.nri.runner import run_external, run_prelaunched
 from nri_midbatch.nri.session import (
     DEFAULT_REGISTRATION_TIMEOUT,
@@ -39,6 +37,8 @@ from nri_midbatch.nri.version import Version
 from nri_midbatch.obs.health import HealthServer
 from nri_midbatch.obs.logging import set_level
 from nri_midbatch.obs.metrics import CounterFamily, CountersCollector, Metrics
+from nri_midbatch.plugin.codec import container_update
+from nri_midbatch.plugin.handlers import MidBatchPlugin
 from nri_midbatch.policy import ErrorKind
 from nri_midbatch.process.heap import LARGE_SYNC, freeze_survivors
 from nri_midbatch.process.record import Recorder, note_decision

@@ -25,7 +25,7 @@ from typing import Any, cast
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
-from nri_midbatch.glue.views import NATIVE_LIMITS_ANNOTATION
+from nri_midbatch.plugin.codec import NATIVE_LIMITS_ANNOTATION
 from nri_midbatch.policy.cpuset import RESOURCE_STATUS_ANNOTATION
 
 REDACTED = "<redacted>"

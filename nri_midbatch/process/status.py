@@ -24,7 +24,7 @@ import structlog
 
 from nri_midbatch.cgroups.paths import CgroupPathError
 from nri_midbatch.cgroups.values import holds
-from nri_midbatch.glue.plugin import MidBatchPlugin
+from nri_midbatch.plugin.handlers import MidBatchPlugin
 from nri_midbatch.policy import (
     CgroupValues,
     ContainerView,

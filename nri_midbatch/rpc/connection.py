@@ -84,7 +84,7 @@ class MuxConnection:
         #: (framing garbage, or a flood of refused or ignored messages).
         self.broken_by_peer = False
         #: Writes to the peer so far: each may have woken a runtime thread onto
-        #: this process's core, which deferred work then gives way to (after_reply.py).
+        #: this process's core, which deferred work then gives way to (plugin/deferred.py).
         self.writes = 0
         #: Requests the wire layer answered itself, and messages it ignored; only
         #: the first of each is logged, the totals when the connection closes.
@@ -144,7 +144,7 @@ class MuxConnection:
     def busy(self) -> bool:
         """A request is being served or read, or bytes wait on the socket.
 
-        Asked by work deferred after replies (after_reply.py) before each piece,
+        Asked by work deferred after replies (plugin/deferred.py) before each piece,
         so that an arriving request does not wait behind it. Costs one
         zero-timeout poll of the socket (about 2 us).
         """
@@ -241,7 +241,7 @@ class MuxConnection:
             return
         else:
             # No await from here to the write: work the handler left for after
-            # its reply (after_reply.py) must find the reply already on its way.
+            # its reply (plugin/deferred.py) must find the reply already on its way.
             self._write(self._wire.reply(event.stream_id, reply))
         finally:
             # Served once its reply is written, in the same step (see busy()),

@@ -21,7 +21,7 @@ from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.config.bounded_yaml import UntrustedInputError, load_yaml, read_file
 from nri_midbatch.config.compile import compile_policy
 from nri_midbatch.config.model import Config
-from nri_midbatch.glue.views import pod_view
+from nri_midbatch.plugin.codec import pod_view
 from nri_midbatch.policy import (
     CgroupValues,
     Classified,

@@ -48,11 +48,11 @@ from google.protobuf.message_factory import GetMessageClass
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import Config
-from nri_midbatch.glue.plugin import MidBatchPlugin
-from nri_midbatch.glue.views import current_values
 from nri_midbatch.nri.events import Event
 from nri_midbatch.nri.session import PLUGIN_SERVICE, Session
 from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
+from nri_midbatch.plugin.codec import current_values
+from nri_midbatch.plugin.handlers import MidBatchPlugin
 from nri_midbatch.policy import CgroupValues
 from nri_midbatch.policy.calculate import UNLIMITED
 from nri_midbatch.process.record import (

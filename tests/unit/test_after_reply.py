@@ -15,8 +15,8 @@ import structlog
 
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.api import ttrpc_pb2
-from nri_midbatch.glue import after_reply as after_reply_module
-from nri_midbatch.glue.after_reply import AfterReply
+from nri_midbatch.plugin import deferred as after_reply_module
+from nri_midbatch.plugin.deferred import AfterReply
 from nri_midbatch.rpc.connection import MuxConnection
 from nri_midbatch.rpc.service import CallContext, Method, Service
 from nri_midbatch.wire.mux import frame_message

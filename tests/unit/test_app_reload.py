@@ -26,10 +26,10 @@ from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.cgroups.fs import apply_pod_values
 from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import load_config_file
-from nri_midbatch.glue import after_reply as after_reply_module
-from nri_midbatch.glue import cgroup_writer
-from nri_midbatch.glue import lowering as lowering_module
 from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
+from nri_midbatch.plugin import cgroup_writer
+from nri_midbatch.plugin import deferred as after_reply_module
+from nri_midbatch.plugin import lowering as lowering_module
 from nri_midbatch.process.app import App
 
 from .hostile_config import HOSTILE_YAML
@@ -919,7 +919,7 @@ def test_a_ratio_change_rescales_a_normalized_container_quota_file_only(tmp_path
 def test_work_held_for_a_request_goes_on_once_the_app_has_answered_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The app wires its session's on_idle to the deferred work's resume (after_reply.py).
+    """The app wires its session's on_idle to the deferred work's resume (plugin/deferred.py).
 
     The wait for a busy connection is stretched to a minute: only the
     session saying the request is answered can let the work go on in time.

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from nri_midbatch.api import nri_pb2 as api
-from nri_midbatch.glue import views
+from nri_midbatch.plugin import codec as views
 from nri_midbatch.policy import (
     NativeLimits,
     PriorityClass,
@@ -39,11 +39,11 @@ PACKAGE = Path(__file__).resolve().parents[2] / "nri_midbatch"
 #: holds at most its maxsize entries of a few hundred bytes.
 VALUE_KEYED = {
     # three int64 fields of a container's resources
-    ("glue/views.py", "_native_limits"): "ints",
-    ("glue/views.py", "_current_values"): "ints",
+    ("plugin/codec.py", "_native_limits"): "ints",
+    ("plugin/codec.py", "_current_values"): "ints",
     # NativeLimits / CgroupValues: three ints (or None) each
-    ("glue/views.py", "encode_native_limits"): "NativeLimits",
-    ("glue/views.py", "_resources_holding"): "CgroupValues",
+    ("plugin/codec.py", "encode_native_limits"): "NativeLimits",
+    ("plugin/codec.py", "_resources_holding"): "CgroupValues",
     ("cgroups/values.py", "set_fields"): "CgroupValues",
     ("policy/calculate.py", "shared_values"): "ints",
     # a Field, ints, "request"/"limit" and a resource name of the configuration's tiers
@@ -156,11 +156,12 @@ def _native_limits(quota: int) -> object: ...
 
 _cached_quantity_int = lru_cache(maxsize=1024)(print)
 """
-    assert cache_problems("glue/views.py", source) == [
-        "glue/views.py: decode_native_limits is keyed by str/bytes: make it a BoundedCache",
-        "glue/views.py: _cpuset is keyed by str/bytes: make it a BoundedCache",
-        "glue/views.py: _native_limits has no maxsize bound",
-        "glue/views.py: _cached_quantity_int is not a listed value-keyed cache: use a BoundedCache",
+    assert cache_problems("plugin/codec.py", source) == [
+        "plugin/codec.py: decode_native_limits is keyed by str/bytes: make it a BoundedCache",
+        "plugin/codec.py: _cpuset is keyed by str/bytes: make it a BoundedCache",
+        "plugin/codec.py: _native_limits has no maxsize bound",
+        "plugin/codec.py: _cached_quantity_int is not a listed value-keyed cache: "
+        "use a BoundedCache",
     ]
 
 

@@ -29,8 +29,8 @@ from nri_midbatch.cgroups.systemd import (
 from nri_midbatch.cgroups.values import UNLIMITED
 from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import load_config_text
-from nri_midbatch.glue.plugin import MidBatchPlugin
 from nri_midbatch.nri.events import Event
+from nri_midbatch.plugin.handlers import MidBatchPlugin
 from nri_midbatch.policy import CgroupValues, ContainerView, PodView
 from nri_midbatch.state.plan import ContainerChange, Plan, PodChange
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.config.model import Config
-from nri_midbatch.glue.views import NATIVE_LIMITS_ANNOTATION
+from nri_midbatch.plugin.codec import NATIVE_LIMITS_ANNOTATION
 from nri_midbatch.tools.status import status_command
 
 from .nri_fixtures import run

@@ -26,14 +26,14 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "cgroups": frozenset({"policy"}),
     "config": frozenset({"policy", "cgroups"}),
     "state": frozenset({"policy"}),
-    "glue": frozenset({"nri", "rpc", "wire", "api", "policy", "cgroups", "config", "state"}),
+    "plugin": frozenset({"nri", "rpc", "wire", "api", "policy", "cgroups", "config", "state"}),
     "process": frozenset(
-        {"glue", "state", "obs", "config", "nri", "rpc", "wire", "api", "policy", "cgroups"}
+        {"plugin", "state", "obs", "config", "nri", "rpc", "wire", "api", "policy", "cgroups"}
     ),
     "tools": frozenset(
         {
             "process",
-            "glue",
+            "plugin",
             "state",
             "obs",
             "config",

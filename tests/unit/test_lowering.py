@@ -6,8 +6,8 @@ import asyncio
 import functools
 from typing import Any
 
-from nri_midbatch.glue.after_reply import CGROUP_READS_PER_PIECE, AfterReply
-from nri_midbatch.glue.lowering import LoweringWait
+from nri_midbatch.plugin.deferred import CGROUP_READS_PER_PIECE, AfterReply
+from nri_midbatch.plugin.lowering import LoweringWait
 
 from .nri_fixtures import STEP_TIMEOUT, run
 

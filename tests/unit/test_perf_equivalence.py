@@ -19,9 +19,8 @@ from hypothesis import strategies as st
 
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.api import ttrpc_pb2
-from nri_midbatch.glue.after_reply import AfterReply
-from nri_midbatch.glue.decision_log import DecisionLines
-from nri_midbatch.glue.views import (
+from nri_midbatch.obs.logging import configure_logging
+from nri_midbatch.plugin.codec import (
     MAX_REMEMBERED_RESOURCES_BYTES,
     container_update,
     current_values,
@@ -32,7 +31,8 @@ from nri_midbatch.glue.views import (
     pod_view,
     set_resources,
 )
-from nri_midbatch.obs.logging import configure_logging
+from nri_midbatch.plugin.decision_log import DecisionLines
+from nri_midbatch.plugin.deferred import AfterReply
 from nri_midbatch.policy import CgroupValues, ContainerView, NativeLimits, PodView, calculate, spec
 from nri_midbatch.policy.quantity import QuantityError, parse_quantity, quantity_value
 from nri_midbatch.policy.trace import Field, PodSum, ValueFrom
@@ -248,7 +248,7 @@ def test_a_split_synchronize_keeps_each_path_and_shares_a_pods_strings() -> None
     """Containers waiting for their pod's chunk hold its id and path head once, not each."""
     from nri_midbatch.config.compile import settings_of
     from nri_midbatch.config.model import Config
-    from nri_midbatch.glue.plugin import MidBatchPlugin
+    from nri_midbatch.plugin.handlers import MidBatchPlugin
 
     parent = "kubepods-besteffort-podu1.slice"
     paths = {

@@ -30,15 +30,15 @@ from nri_midbatch.cgroups.report import FileFailure, WriteReport
 from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import Config, load_config_text
 from nri_midbatch.config.settings import Settings
-from nri_midbatch.glue import cgroup_writer
-from nri_midbatch.glue import lowering as lowering_module
-from nri_midbatch.glue import plugin as plugin_module
-from nri_midbatch.glue.after_reply import CGROUP_READS_PER_PIECE
-from nri_midbatch.glue.plugin import MidBatchPlugin
-from nri_midbatch.glue.views import NATIVE_LIMITS_ANNOTATION
 from nri_midbatch.nri.events import Event
 from nri_midbatch.nri.session import Session
 from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
+from nri_midbatch.plugin import cgroup_writer
+from nri_midbatch.plugin import handlers as plugin_module
+from nri_midbatch.plugin import lowering as lowering_module
+from nri_midbatch.plugin.codec import NATIVE_LIMITS_ANNOTATION
+from nri_midbatch.plugin.deferred import CGROUP_READS_PER_PIECE
+from nri_midbatch.plugin.handlers import MidBatchPlugin
 from nri_midbatch.policy import ContainerView, Decision, PodView, decide_container
 from nri_midbatch.policy.cpuset import RESOURCE_STATUS_ANNOTATION
 from nri_midbatch.rpc.errors import RpcError
@@ -68,7 +68,7 @@ REMOVE_POD_SANDBOX_BIT, REMOVE_CONTAINER_BIT = 0x4, 0x400
 #: The events that set values.
 ACTING_EVENTS = RUN_POD_SANDBOX_BIT | CREATE_CONTAINER_BIT | UPDATE_CONTAINER_BIT
 #: Removal events, subscribed only to forget pods and containers that are gone
-#: (plugin.py's `known`, for config reloads); they set no value.
+#: (the handlers' `known`, for config reloads); they set no value.
 BOOKKEEPING_EVENTS = REMOVE_POD_SANDBOX_BIT | REMOVE_CONTAINER_BIT
 EXPECTED_EVENTS = ACTING_EVENTS | BOOKKEEPING_EVENTS
 #: From NRI v0.10 also UpdatePodSandbox: an in-place pod resize moves kubelet's pod values.

@@ -14,8 +14,8 @@ import structlog
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import Config
-from nri_midbatch.glue.plugin import MidBatchPlugin
 from nri_midbatch.obs.logging import configure_logging, set_level
+from nri_midbatch.plugin.handlers import MidBatchPlugin
 
 PROD = api.PodSandbox(id="p", name="prod", namespace="ns", labels={"koordinator.sh/qosClass": "LS"})
 APP = api.Container(id="c", name="app", pod_sandbox_id="p")

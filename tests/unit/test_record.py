@@ -25,9 +25,9 @@ from structlog.testing import capture_logs
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import Config, load_config_text
-from nri_midbatch.glue.plugin import MidBatchPlugin
 from nri_midbatch.nri.session import Session
 from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
+from nri_midbatch.plugin.handlers import MidBatchPlugin
 from nri_midbatch.process.record import (
     Recorder,
     RotatingFile,

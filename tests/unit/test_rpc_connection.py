@@ -275,7 +275,7 @@ def test_requests_are_served_concurrently() -> None:
 
 
 def test_on_idle_is_called_when_the_last_request_in_progress_is_answered() -> None:
-    """What deferred work waits for (after_reply.py): not after each reply, after the last one.
+    """What deferred work waits for (plugin/deferred.py): not after each reply, after the last one.
 
     A failed handler is answered too. At the hook, the reply is already
     written and the connection no longer busy.

@@ -1,6 +1,6 @@
 """The plugin's handlers: an NRI event in, views, a decision, a reply out.
 
-NRI messages become plain views (views.py), the policy decides, and decisions
+NRI messages become plain views (codec.py), the policy decides, and decisions
 become container adjustments, container updates, or pod-level cgroup writes
 (cgroup_writer.py; NRI cannot adjust a pod sandbox). This is also where the
 failure policy is applied: the policy reports bad input as a value; only here
@@ -39,12 +39,10 @@ from nri_midbatch.cgroups.values import (
 )
 from nri_midbatch.config.settings import ConfigError, Settings
 from nri_midbatch.config.validator import load_settings_text
-from nri_midbatch.glue.after_reply import CGROUP_READS_PER_PIECE, AfterReply
-from nri_midbatch.glue.cgroup_writer import CgroupWriter
-from nri_midbatch.glue.counters import Counters
-from nri_midbatch.glue.decision_log import DecisionLines
-from nri_midbatch.glue.lowering import Check, LoweringWait, Write
-from nri_midbatch.glue.views import (
+from nri_midbatch.nri.events import Event, handles
+from nri_midbatch.nri.session import RuntimeInfo
+from nri_midbatch.plugin.cgroup_writer import CgroupWriter
+from nri_midbatch.plugin.codec import (
     NATIVE_LIMITS_ANNOTATION,
     annotated_baseline,
     container_update,
@@ -57,8 +55,10 @@ from nri_midbatch.glue.views import (
     runtime_pod_baseline,
     set_resources,
 )
-from nri_midbatch.nri.events import Event, handles
-from nri_midbatch.nri.session import RuntimeInfo
+from nri_midbatch.plugin.counters import Counters
+from nri_midbatch.plugin.decision_log import DecisionLines
+from nri_midbatch.plugin.deferred import CGROUP_READS_PER_PIECE, AfterReply
+from nri_midbatch.plugin.lowering import Check, LoweringWait, Write
 from nri_midbatch.policy import (
     CgroupValues,
     ContainerView,

@@ -1,1 +1,0 @@
-"""NRI to policy and back: views, remembered workloads, replies, cgroup writes."""
