@@ -102,3 +102,7 @@ class CgroupWriter:
             cgroups_path,
             self.runtime,
         )
+
+
+#: What a read of a cgroup raises: a path refused, a file gone or unreadable, a value unparsed.
+CGROUP_READ_ERRORS = (CgroupPathError, OSError, ValueError)

@@ -34,7 +34,7 @@ from nri_midbatch.nri.events import Event
 from nri_midbatch.nri.session import Session
 from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
 from nri_midbatch.plugin import cgroup_writer
-from nri_midbatch.plugin import handlers as plugin_module
+from nri_midbatch.plugin import decisions as decisions_module
 from nri_midbatch.plugin import lowering as lowering_module
 from nri_midbatch.plugin.codec import NATIVE_LIMITS_ANNOTATION
 from nri_midbatch.plugin.deferred import CGROUP_READS_PER_PIECE
@@ -1260,8 +1260,8 @@ def break_decisions(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(*_args: Any) -> Any:
         raise ZeroDivisionError("division by zero")
 
-    monkeypatch.setattr(plugin_module, "decide_container", broken)
-    monkeypatch.setattr(plugin_module, "decide_pod", broken)
+    monkeypatch.setattr(decisions_module, "decide_container", broken)
+    monkeypatch.setattr(decisions_module, "decide_pod", broken)
 
 
 def test_ignore_leaves_a_workload_alone_when_its_decision_raises(
