@@ -57,8 +57,8 @@ from nri_midbatch.plugin.codec import (
 )
 from nri_midbatch.plugin.counters import Counters
 from nri_midbatch.plugin.decision_log import DecisionLines
-from nri_midbatch.plugin.deferred import CGROUP_READS_PER_PIECE, AfterReply
-from nri_midbatch.plugin.lowering import Check, LoweringWait, Write
+from nri_midbatch.plugin.deferred import CGROUP_READS_PER_PIECE, AfterReply, DeferredTimings
+from nri_midbatch.plugin.lowering import Check, LoweringTimings, LoweringWait, Write
 from nri_midbatch.policy import (
     CgroupValues,
     ContainerView,
@@ -141,20 +141,25 @@ class MidBatchPlugin:
         dry_run: bool = False,
         on_decision: DecisionListener | None = None,
         store: BaselineStore | None = None,
+        deferred_timings: DeferredTimings = DeferredTimings(),
+        lowering_timings: LoweringTimings = LoweringTimings(),
     ) -> None:
         """dry_run: decide pod-level values but write no cgroup file (replay, audits).
 
         `store`: where kubelet's values are kept across restarts (state/store.py); none by
         default, as replays and tests keep nothing.
+        `deferred_timings`, `lowering_timings`: the work after replies (plugin/deferred.py),
+        and a Synchronize's wait for the runtime to lower containers (plugin/lowering.py).
         """
         self.counters = Counters()
         self.known = Known()
         self.store = store if store is not None and not dry_run else BaselineStore(None)
         self.runtime: RuntimeInfo | None = None
         #: Log lines and Synchronize's pod cgroups, once the runtime has its reply.
-        self.after_reply = AfterReply()
+        self.after_reply = AfterReply(timings=deferred_timings)
         #: The last Synchronize's pods waiting for their containers to be lowered.
         self._lowering: LoweringWait | None = None
+        self._lowering_timings = lowering_timings
         #: The Synchronize being received, chunk by chunk.
         self._sync_part: _SyncPart | None = None
         #: The Known a Synchronize replaces, while it is taken in.
@@ -562,7 +567,9 @@ class MidBatchPlugin:
         """
         if self._lowering is not None:
             self._lowering.cancel()
-        wait = self._lowering = LoweringWait(self.after_reply, on_stall=self._count_unconfirmed)
+        wait = self._lowering = LoweringWait(
+            self.after_reply, timings=self._lowering_timings, on_stall=self._count_unconfirmed
+        )
         #: pod id -> its write, for the pods that wait
         waiting: dict[str, Write] = {}
         for pod_id, view in list(pod_views.items()):
