@@ -40,7 +40,8 @@ from nri_midbatch.plugin.context import DecisionListener, PluginContext
 from nri_midbatch.plugin.counters import Counters
 from nri_midbatch.plugin.decision_log import DecisionLines
 from nri_midbatch.plugin.decisions import Decider
-from nri_midbatch.plugin.deferred import AfterReply
+from nri_midbatch.plugin.deferred import AfterReply, DeferredTimings
+from nri_midbatch.plugin.lowering import LoweringTimings
 from nri_midbatch.plugin.records import Records
 from nri_midbatch.plugin.synchronize import BESTEFFORT_POD, SynchronizePass, SyncPart
 from nri_midbatch.plugin.writes import Writes
@@ -62,11 +63,15 @@ class MidBatchPlugin:
         dry_run: bool = False,
         on_decision: DecisionListener | None = None,
         store: BaselineStore | None = None,
+        deferred_timings: DeferredTimings = DeferredTimings(),
+        lowering_timings: LoweringTimings = LoweringTimings(),
     ) -> None:
         """dry_run: decide pod-level values but write no cgroup file (replay, audits).
 
         `store`: where kubelet's values are kept across restarts (state/store.py); none by
         default, as replays and tests keep nothing.
+        `deferred_timings`, `lowering_timings`: the work after replies (plugin/deferred.py),
+        and a Synchronize's wait for the runtime to lower containers (plugin/lowering.py).
         """
         self.runtime: RuntimeInfo | None = None
         #: Under the systemd driver, the units that hold our values (its task
@@ -85,11 +90,14 @@ class MidBatchPlugin:
             store if store is not None and not dry_run else BaselineStore(None),
             dry_run=dry_run,
             on_decision=on_decision,
+            after_reply=AfterReply(timings=deferred_timings),
         )
         self._records = Records(ctx)
         self._decide = Decider(ctx, self._records)
         self._writes = Writes(ctx, self._records)
-        self._sync = SynchronizePass(ctx, self._decide, self._writes, self._records)
+        self._sync = SynchronizePass(
+            ctx, self._decide, self._writes, self._records, lowering_timings
+        )
 
     # What the App, the status endpoint and tests read of the plugin.
 

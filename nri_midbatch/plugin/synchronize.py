@@ -28,7 +28,7 @@ from nri_midbatch.plugin.context import PluginContext
 from nri_midbatch.plugin.decision_log import DecisionLines
 from nri_midbatch.plugin.decisions import Decider
 from nri_midbatch.plugin.deferred import CGROUP_READS_PER_PIECE
-from nri_midbatch.plugin.lowering import Check, LoweringWait, Write
+from nri_midbatch.plugin.lowering import Check, LoweringTimings, LoweringWait, Write
 from nri_midbatch.plugin.records import Records
 from nri_midbatch.plugin.writes import Settled, Writes
 from nri_midbatch.policy import (
@@ -78,9 +78,15 @@ class SyncPart:
 
 class SynchronizePass:
     def __init__(
-        self, ctx: PluginContext, decide: Decider, writes: Writes, records: Records
+        self,
+        ctx: PluginContext,
+        decide: Decider,
+        writes: Writes,
+        records: Records,
+        lowering_timings: LoweringTimings,
     ) -> None:
         self._ctx = ctx
+        self._lowering_timings = lowering_timings
         self._decide = decide
         self._writes = writes
         self._records = records
@@ -276,7 +282,9 @@ class SynchronizePass:
         ctx, writes = self._ctx, self._writes
         if self._lowering is not None:
             self._lowering.cancel()
-        wait = self._lowering = LoweringWait(ctx.after_reply, on_stall=self._count_unconfirmed)
+        wait = self._lowering = LoweringWait(
+            ctx.after_reply, timings=self._lowering_timings, on_stall=self._count_unconfirmed
+        )
         #: pod id -> its write, for the pods that wait
         waiting: dict[str, Write] = {}
         for pod_id, view in list(pod_views.items()):

@@ -35,10 +35,10 @@ from nri_midbatch.nri.session import Session
 from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
 from nri_midbatch.plugin import cgroup_writer
 from nri_midbatch.plugin import decisions as decisions_module
-from nri_midbatch.plugin import lowering as lowering_module
 from nri_midbatch.plugin.codec import NATIVE_LIMITS_ANNOTATION
 from nri_midbatch.plugin.deferred import CGROUP_READS_PER_PIECE
 from nri_midbatch.plugin.handlers import MidBatchPlugin
+from nri_midbatch.plugin.lowering import LoweringTimings
 from nri_midbatch.policy import ContainerView, Decision, PodView, decide_container
 from nri_midbatch.policy.cpuset import RESOURCE_STATUS_ANNOTATION
 from nri_midbatch.rpc.errors import RpcError
@@ -742,9 +742,13 @@ def test_synchronize_raises_a_pod_before_the_reply_when_a_container_goes_up(
 
 
 HALVED_CONFIG = {"rules": {"cpuNormalizationRatio": 2.0}}
+#: Containers read every millisecond, so that a test sees polls in a few.
+QUICK_POLLS = LoweringTimings(poll=0.001)
 
 
-def lowered_batch_pod(tree: CgroupTree) -> tuple[api.PodSandbox, api.Container, MidBatchPlugin]:
+def lowered_batch_pod(
+    tree: CgroupTree, lowering: LoweringTimings = QUICK_POLLS
+) -> tuple[api.PodSandbox, api.Container, MidBatchPlugin]:
     """A batch pod and its container at the batch values, and a plugin that halves the quota."""
     pod = batch_pod()
     parent = pod.linux.cgroup_parent
@@ -754,7 +758,8 @@ def lowered_batch_pod(tree: CgroupTree) -> tuple[api.PodSandbox, api.Container, 
         "c-app", pod, "app", current=resources(shares=512, quota=100_000, memory=512 * MI)
     )
     ctr.annotations[NATIVE_LIMITS_ANNOTATION] = "{}"
-    return pod, ctr, MidBatchPlugin(make_config(tree, **HALVED_CONFIG))
+    plugin = MidBatchPlugin(make_config(tree, **HALVED_CONFIG), lowering_timings=lowering)
+    return pod, ctr, plugin
 
 
 def count_container_reads(monkeypatch: pytest.MonkeyPatch) -> asyncio.Queue[str]:
@@ -776,7 +781,6 @@ def test_synchronize_lowers_a_pod_only_once_the_runtime_lowered_its_containers(
     """The runtime applies the reply's updates later: the pod waits for the container files."""
     pod, ctr, plugin = lowered_batch_pod(tree)
     parent = pod.linux.cgroup_parent
-    monkeypatch.setattr(lowering_module, "POLL_SECONDS", 0.001)
 
     async def scenario() -> tuple[tuple[str, str, str], tuple[str, str, str]]:
         reads = count_container_reads(monkeypatch)
@@ -810,8 +814,7 @@ def test_synchronize_waits_for_the_container_the_runtime_lowers_last(
         ctr = make_container(f"c-{name}", pod, name, current=current)
         ctr.annotations[NATIVE_LIMITS_ANNOTATION] = "{}"
         containers.append(ctr)
-    plugin = MidBatchPlugin(make_config(tree, **HALVED_CONFIG))
-    monkeypatch.setattr(lowering_module, "POLL_SECONDS", 0.001)
+    plugin = MidBatchPlugin(make_config(tree, **HALVED_CONFIG), lowering_timings=QUICK_POLLS)
 
     async def scenario() -> tuple[list[str], tuple[str, str, str], tuple[str, str, str]]:
         reads = count_container_reads(monkeypatch)
@@ -834,12 +837,10 @@ def test_synchronize_waits_for_the_container_the_runtime_lowers_last(
 
 
 def test_synchronize_writes_a_pod_whose_containers_are_never_lowered_after_a_while(
-    tree: CgroupTree, monkeypatch: pytest.MonkeyPatch
+    tree: CgroupTree,
 ) -> None:
     """An update the runtime failed to apply must not hold the pod forever: logged, counted."""
-    pod, ctr, plugin = lowered_batch_pod(tree)
-    monkeypatch.setattr(lowering_module, "POLL_SECONDS", 0.001)
-    monkeypatch.setattr(lowering_module, "STALL_SECONDS", 0.05)
+    pod, ctr, plugin = lowered_batch_pod(tree, LoweringTimings(poll=0.001, stall=0.05))
 
     async def scenario() -> None:
         await plugin.synchronize([pod], [ctr])
@@ -874,13 +875,9 @@ def test_synchronize_takes_a_removed_container_as_lowered(tree: CgroupTree) -> N
     assert plugin.counters.pods_lowered_unconfirmed == 0
 
 
-def test_a_newer_synchronize_ends_the_wait_of_the_last_one(
-    tree: CgroupTree, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_newer_synchronize_ends_the_wait_of_the_last_one(tree: CgroupTree) -> None:
     """The newer one decides every pod anew: nothing of the old one stays waiting."""
-    pod, ctr, plugin = lowered_batch_pod(tree)
-    monkeypatch.setattr(lowering_module, "POLL_SECONDS", 0.001)
-    monkeypatch.setattr(lowering_module, "STALL_SECONDS", 60.0)
+    pod, ctr, plugin = lowered_batch_pod(tree, LoweringTimings(poll=0.001, stall=60.0))
 
     async def scenario() -> None:
         await plugin.synchronize([pod], [ctr])
