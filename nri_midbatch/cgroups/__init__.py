@@ -17,8 +17,8 @@ from nri_midbatch.cgroups.paths import CgroupDriver, CgroupPathError
 from nri_midbatch.cgroups.report import FileFailure, FileUnchanged, FileWrite, WriteReport
 from nri_midbatch.cgroups.values import (
     UNLIMITED,
+    CgroupReading,
     CgroupValues,
-    PodCgroupReading,
     cpu_shares_to_weight,
 )
 
@@ -27,12 +27,12 @@ __all__ = [
     "UNLIMITED",
     "CgroupDriver",
     "CgroupPathError",
+    "CgroupReading",
     "CgroupValues",
     "CgroupVersion",
     "FileFailure",
     "FileUnchanged",
     "FileWrite",
-    "PodCgroupReading",
     "WriteReport",
     "apply_container_values",
     "apply_pod_values",

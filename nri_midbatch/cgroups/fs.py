@@ -29,7 +29,7 @@ from nri_midbatch.cgroups.paths import (
     pod_relpath,
 )
 from nri_midbatch.cgroups.report import FileFailure, FileUnchanged, FileWrite, WriteReport
-from nri_midbatch.cgroups.values import CgroupValues, PodCgroupReading
+from nri_midbatch.cgroups.values import CgroupReading, CgroupValues
 
 DEFAULT_CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -120,7 +120,7 @@ def _apply(
     return WriteReport(version, tuple(written), tuple(unchanged), tuple(failed))
 
 
-def read_pod_values(root: Path, driver: CgroupDriver, cgroup_parent: str) -> PodCgroupReading:
+def read_pod_values(root: Path, driver: CgroupDriver, cgroup_parent: str) -> CgroupReading:
     """The pod cgroup's current cpu shares (v1) or weight (v2), quota and memory limit.
 
     Raises CgroupPathError for a refused path, OSError if a file cannot be
@@ -131,7 +131,7 @@ def read_pod_values(root: Path, driver: CgroupDriver, cgroup_parent: str) -> Pod
 
 def read_container_values(
     root: Path, driver: CgroupDriver, cgroup_parent: str, container_id: str, cgroups_path: str = ""
-) -> PodCgroupReading:
+) -> CgroupReading:
     """The same three values in a container's cgroup (found as apply_container_values does).
 
     Raises as read_pod_values does; FileNotFoundError once the container is gone.
@@ -140,7 +140,7 @@ def read_container_values(
     return _read_values(root, relpath, cgroups_path or cgroup_parent)
 
 
-def _read_values(root: Path, relpath: PurePosixPath, cgroup_parent: str) -> PodCgroupReading:
+def _read_values(root: Path, relpath: PurePosixPath, cgroup_parent: str) -> CgroupReading:
     version = detect_version(root)
     files = pod_files(version)
     with _open_targets(root, version, relpath, cgroup_parent, files) as targets:
@@ -148,7 +148,7 @@ def _read_values(root: Path, relpath: PurePosixPath, cgroup_parent: str) -> PodC
             parse_value(file, _read(target)) for file, target in zip(files, targets, strict=True)
         )
     v1 = version is CgroupVersion.V1
-    return PodCgroupReading(
+    return CgroupReading(
         cpu_shares=cpu if v1 else None,
         cpu_weight=None if v1 else cpu,
         cpu_quota=quota,

@@ -20,7 +20,7 @@ from nri_midbatch.cgroups.fs import (
 )
 from nri_midbatch.cgroups.paths import CgroupDriver, CgroupPathError
 from nri_midbatch.cgroups.systemd import SystemdUnits, UnitTarget
-from nri_midbatch.cgroups.values import PodCgroupReading
+from nri_midbatch.cgroups.values import CgroupReading
 from nri_midbatch.policy import CgroupValues, ContainerView, PodView
 
 
@@ -72,7 +72,7 @@ class CgroupWriter:
 
     def read(
         self, pod: PodView, container: ContainerView | None = None, cgroups_path: str = ""
-    ) -> PodCgroupReading:
+    ) -> CgroupReading:
         """What the cgroup holds now. Raises CgroupPathError, OSError or ValueError."""
         if container is None:
             return read_pod_values(self.root, self.driver, pod.cgroup_parent)

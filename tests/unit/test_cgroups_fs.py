@@ -20,12 +20,12 @@ from nri_midbatch.cgroups import (
     UNLIMITED,
     CgroupDriver,
     CgroupPathError,
+    CgroupReading,
     CgroupValues,
     CgroupVersion,
     FileFailure,
     FileUnchanged,
     FileWrite,
-    PodCgroupReading,
     WriteReport,
     apply_container_values,
     apply_pod_values,
@@ -302,22 +302,22 @@ def test_v2_shares_become_weight(tmp_path: Path, shares: int, weight: str) -> No
 
 def test_read_pod_values_v1(tmp_path: Path) -> None:
     make_v1(tmp_path, BE_CGROUPFS.lstrip("/"))
-    assert read_pod_values(tmp_path, AUTO, BE_CGROUPFS) == PodCgroupReading(
+    assert read_pod_values(tmp_path, AUTO, BE_CGROUPFS) == CgroupReading(
         cpu_shares=1024, cpu_weight=None, cpu_quota=UNLIMITED, memory_limit=UNLIMITED
     )
     apply_pod_values(tmp_path, AUTO, BE_CGROUPFS, BATCH)
-    assert read_pod_values(tmp_path, AUTO, BE_CGROUPFS) == PodCgroupReading(
+    assert read_pod_values(tmp_path, AUTO, BE_CGROUPFS) == CgroupReading(
         cpu_shares=512, cpu_weight=None, cpu_quota=50000, memory_limit=GIB
     )
 
 
 def test_read_pod_values_v2(tmp_path: Path) -> None:
     make_v2(tmp_path, BE_SYSTEMD_DIR)
-    assert read_pod_values(tmp_path, AUTO, BE_SYSTEMD) == PodCgroupReading(
+    assert read_pod_values(tmp_path, AUTO, BE_SYSTEMD) == CgroupReading(
         cpu_shares=None, cpu_weight=100, cpu_quota=UNLIMITED, memory_limit=UNLIMITED
     )
     apply_pod_values(tmp_path, AUTO, BE_SYSTEMD, BATCH)
-    assert read_pod_values(tmp_path, AUTO, BE_SYSTEMD) == PodCgroupReading(
+    assert read_pod_values(tmp_path, AUTO, BE_SYSTEMD) == CgroupReading(
         cpu_shares=None, cpu_weight=20, cpu_quota=50000, memory_limit=GIB
     )
 
