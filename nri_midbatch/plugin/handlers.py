@@ -26,7 +26,7 @@ from typing import Any
 import structlog
 
 from nri_midbatch.api import nri_pb2 as api
-from nri_midbatch.cgroups.paths import CgroupDriver, CgroupPathError
+from nri_midbatch.cgroups.paths import CgroupDriver
 from nri_midbatch.cgroups.systemd import SystemdUnits, UnitTarget
 from nri_midbatch.cgroups.values import (
     baseline_of,
@@ -41,7 +41,7 @@ from nri_midbatch.config.settings import ConfigError, Settings
 from nri_midbatch.config.validator import load_settings_text
 from nri_midbatch.nri.events import Event, handles
 from nri_midbatch.nri.session import RuntimeInfo
-from nri_midbatch.plugin.cgroup_writer import CgroupWriter
+from nri_midbatch.plugin.cgroup_writer import CgroupUnreadable, CgroupWriter
 from nri_midbatch.plugin.codec import (
     NATIVE_LIMITS_ANNOTATION,
     annotated_baseline,
@@ -308,7 +308,7 @@ class MidBatchPlugin:
             return view
         try:
             reading = self.cgroups.read(view)
-        except (CgroupPathError, OSError, ValueError) as exc:
+        except CgroupUnreadable as exc:
             log.debug("pod cgroup not readable", error=str(exc), pod=view.name)
             return view
         kept = replace(view, native=baseline_of(reading, view.native))
@@ -599,7 +599,7 @@ class MidBatchPlugin:
         cgroups_path = self.known.cgroups_path(container.id)
         try:
             now = self.cgroups.read(pod, container, cgroups_path)
-        except (CgroupPathError, OSError, ValueError) as exc:
+        except CgroupUnreadable as exc:
             # Gone, or unreadable: waiting would not change that; the pod's
             # own write reports what is wrong with the tree.
             log.debug("container cgroup not readable", error=str(exc), container=container.name)
@@ -622,7 +622,7 @@ class MidBatchPlugin:
             cgroups_path = self.known.cgroups_path(container.id)
             try:
                 now = self.cgroups.read(pod, container, cgroups_path)
-            except (CgroupPathError, OSError, ValueError):
+            except CgroupUnreadable:
                 continue  # gone, or not ours to read: nothing to repair here
             if holds(now, values):
                 continue
@@ -1019,7 +1019,7 @@ class MidBatchPlugin:
             return None
         try:
             now = self.cgroups.read(pod)
-        except (CgroupPathError, OSError, ValueError):
+        except CgroupUnreadable:
             return None
         shares = now.cpu_shares
         if shares is None and values.cpu_shares is not None and now.cpu_weight is not None:
