@@ -359,13 +359,15 @@ class Session:
     ) -> Sequence[api.ContainerUpdate]:
         """Ask the runtime to update containers; returns the updates that failed.
 
-        Runtimes hold their locks while an event is out with a plugin, so this
-        must run in a task of its own, never awaited from an event handler.
+        Runtimes hold their locks while an event is out with a plugin, so this is
+        awaited outside the event handlers (the reload pass does), never from one or
+        from a task one started: those inherit its context and are refused.
         """
         if _in_event_handler.get():
             raise RuntimeError(
-                "UpdateContainers awaited inside an event handler would block the runtime; "
-                "use schedule_update_containers()"
+                "UpdateContainers awaited inside an event handler (or a task it started) "
+                "would block the runtime; await it from outside the handlers, as the reload "
+                "pass does"
             )
         if self._conn is None or not self.state.configured:
             raise RuntimeError("not registered with a runtime")
@@ -377,14 +379,6 @@ class Session:
             timeout=timeout,
         )
         return list(reply.failed)
-
-    def schedule_update_containers(
-        self, updates: Sequence[api.ContainerUpdate]
-    ) -> asyncio.Task[Sequence[api.ContainerUpdate]]:
-        """Run update_containers in its own task, outside any handler's context."""
-        return asyncio.get_running_loop().create_task(
-            self.update_containers(updates), context=contextvars.Context()
-        )
 
     # -- the Plugin service --------------------------------------------------
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import structlog
 
 from nri_midbatch.cgroups.values import cpu_shares_to_weight, set_fields
-from nri_midbatch.plugin.cgroup_writer import CGROUP_READ_ERRORS
+from nri_midbatch.plugin.cgroup_writer import CgroupUnreadable
 from nri_midbatch.plugin.context import PluginContext
 from nri_midbatch.plugin.decision_log import DecisionLines
 from nri_midbatch.plugin.records import Records
@@ -174,7 +174,7 @@ class Decider:
             return None
         try:
             now = ctx.cgroups.read(pod)
-        except CGROUP_READ_ERRORS:
+        except CgroupUnreadable:
             return None
         shares = now.cpu_shares
         if shares is None and values.cpu_shares is not None and now.cpu_weight is not None:

@@ -15,7 +15,7 @@ from dataclasses import replace
 import structlog
 
 from nri_midbatch.cgroups.values import baseline_of
-from nri_midbatch.plugin.cgroup_writer import CGROUP_READ_ERRORS
+from nri_midbatch.plugin.cgroup_writer import CgroupUnreadable
 from nri_midbatch.plugin.context import PluginContext
 from nri_midbatch.policy import PodView
 from nri_midbatch.state.store import PodRecord
@@ -42,7 +42,7 @@ class Records:
             return view
         try:
             reading = ctx.cgroups.read(view)
-        except CGROUP_READ_ERRORS as exc:
+        except CgroupUnreadable as exc:
             log.debug("pod cgroup not readable", error=str(exc), pod=view.name)
             return view
         kept = replace(view, native=baseline_of(reading, view.native))

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import structlog
 
 from nri_midbatch.cgroups.values import exceeds, holds
-from nri_midbatch.plugin.cgroup_writer import CGROUP_READ_ERRORS
+from nri_midbatch.plugin.cgroup_writer import CgroupUnreadable
 from nri_midbatch.plugin.context import PluginContext
 from nri_midbatch.plugin.decisions import PodTarget, values_log
 from nri_midbatch.plugin.records import Records
@@ -114,7 +114,7 @@ class Writes:
         cgroups_path = ctx.known.cgroups_path(container.id)
         try:
             now = ctx.cgroups.read(pod, container, cgroups_path)
-        except CGROUP_READ_ERRORS as exc:
+        except CgroupUnreadable as exc:
             # Gone, or unreadable: waiting would not change that; the pod's
             # own write reports what is wrong with the tree.
             log.debug("container cgroup not readable", error=str(exc), container=container.name)
@@ -136,7 +136,7 @@ class Writes:
             cgroups_path = ctx.known.cgroups_path(container.id)
             try:
                 now = ctx.cgroups.read(pod, container, cgroups_path)
-            except CGROUP_READ_ERRORS:
+            except CgroupUnreadable:
                 continue  # gone, or not ours to read: nothing to repair here
             if holds(now, values):
                 continue

@@ -23,7 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
 from nri_midbatch.api import nri_pb2 as api
-from nri_midbatch.cgroups.fs import apply_pod_values
+from nri_midbatch.cgroups.fs import apply_values
+from nri_midbatch.cgroups.paths import CgroupLocation
 from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import load_config_file
 from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
@@ -546,11 +547,12 @@ def test_reload_lowers_a_pod_only_after_update_containers_returns(
             node.tree.add(parent, APP_VALUES, live.id)
             await node.create(pod, live)
 
-            def apply(root: Path, driver: Any, cgroup_parent: str, values: Any) -> Any:
-                seen.append(len(node.runtime.record.updates))
-                return apply_pod_values(root, driver, cgroup_parent, values)
+            def apply(root: Path, location: CgroupLocation, values: Any) -> Any:
+                if location.container_id is None:
+                    seen.append(len(node.runtime.record.updates))
+                return apply_values(root, location, values)
 
-            monkeypatch.setattr(cgroup_writer, "apply_pod_values", apply)
+            monkeypatch.setattr(cgroup_writer, "apply_values", apply)
             node.rewrite(rules={"cpuNormalizationRatio": 2.0})
             await node.app.reload("SIGHUP")
             assert node.tree.read(parent) == HALVED_VALUES
@@ -576,11 +578,12 @@ def test_cgroup_file_reload_lowers_a_pod_after_its_containers(
             node.tree.add(parent, APP_VALUES, live.id)
             await node.create(pod, live)
 
-            def apply(root: Path, driver: Any, cgroup_parent: str, values: Any) -> Any:
-                seen.append(node.tree.read(parent, live.id)[1])
-                return apply_pod_values(root, driver, cgroup_parent, values)
+            def apply(root: Path, location: CgroupLocation, values: Any) -> Any:
+                if location.container_id is None:
+                    seen.append(node.tree.read(parent, live.id)[1])
+                return apply_values(root, location, values)
 
-            monkeypatch.setattr(cgroup_writer, "apply_pod_values", apply)
+            monkeypatch.setattr(cgroup_writer, "apply_values", apply)
             node.rewrite(rules={"cpuNormalizationRatio": 2.0})
             await node.app.reload("SIGHUP")
             assert node.tree.read(parent) == HALVED_VALUES

@@ -25,7 +25,8 @@ import structlog.testing
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.cgroups import fs as cgroups_fs
 from nri_midbatch.cgroups.files import CgroupVersion
-from nri_midbatch.cgroups.fs import apply_pod_values
+from nri_midbatch.cgroups.fs import apply_values
+from nri_midbatch.cgroups.paths import CgroupLocation
 from nri_midbatch.cgroups.report import FileFailure, WriteReport
 from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import Config, load_config_text
@@ -765,13 +766,14 @@ def lowered_batch_pod(
 def count_container_reads(monkeypatch: pytest.MonkeyPatch) -> asyncio.Queue[str]:
     """Each read of a container's cgroup files by the plugin, by container id."""
     reads: asyncio.Queue[str] = asyncio.Queue()
-    real = cgroups_fs.read_container_values
+    real = cgroups_fs.read_values
 
-    def read(root: Path, driver: Any, parent: str, container_id: str, path: str = "") -> Any:
-        reads.put_nowait(container_id)
-        return real(root, driver, parent, container_id, path)
+    def read(root: Path, location: CgroupLocation) -> Any:
+        if location.container_id is not None:
+            reads.put_nowait(location.container_id)
+        return real(root, location)
 
-    monkeypatch.setattr(cgroup_writer, "read_container_values", read)
+    monkeypatch.setattr(cgroup_writer, "read_values", read)
     return reads
 
 
@@ -951,18 +953,19 @@ def test_synchronize_leaves_a_pod_removed_before_its_write_alone(tree: CgroupTre
 def fail_pod_writes(monkeypatch: pytest.MonkeyPatch, *, times: int) -> list[str]:
     """The first `times` pod writes fail with EINVAL, as v1 answers a quota below a child's."""
     refused: list[str] = []
-    real = apply_pod_values
+    real = apply_values
 
-    def apply(root: Path, driver: Any, parent: str, values: Any) -> WriteReport:
-        if len(refused) < times:
+    def apply(root: Path, location: CgroupLocation, values: Any) -> WriteReport:
+        parent = location.cgroup_parent
+        if location.container_id is None and len(refused) < times:
             refused.append(parent)
             path = root / "cpu" / parent.strip("/") / "cpu.cfs_quota_us"
             einval = OSError(errno.EINVAL, os.strerror(errno.EINVAL))
             failure = FileFailure.from_os_error(path, "write", einval)
             return WriteReport(CgroupVersion.V1, (), (), (failure,))
-        return real(root, driver, parent, values)
+        return real(root, location, values)
 
-    monkeypatch.setattr(cgroup_writer, "apply_pod_values", apply)
+    monkeypatch.setattr(cgroup_writer, "apply_values", apply)
     return refused
 
 
@@ -1392,13 +1395,14 @@ def test_synchronize_reads_settled_containers_a_few_to_a_piece_of_work(
         queue(piece)
 
     monkeypatch.setattr(plugin.after_reply, "defer", counted)
-    real = cgroups_fs.read_container_values
+    real = cgroups_fs.read_values
 
-    def read(*args: Any) -> Any:
-        pieces[-1] += 1
-        return real(*args)
+    def read(root: Path, location: CgroupLocation) -> Any:
+        if location.container_id is not None:
+            pieces[-1] += 1
+        return real(root, location)
 
-    monkeypatch.setattr(cgroup_writer, "read_container_values", read)
+    monkeypatch.setattr(cgroup_writer, "read_values", read)
 
     async def scenario() -> None:
         await plugin.synchronize(pods, containers)
