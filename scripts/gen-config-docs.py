@@ -410,6 +410,11 @@ that are gone removed at each `Synchronize`. Failure cases, each counted in
 - **A pod that becomes limited by a resize** (every container limited, where one was not)
   is read back from its cgroup after the `UpdateContainer` reply: if kubelet has not written
   its new pod limit by then, the plugin takes what the cgroup holds.
+- **A resized pod on cgroup v2 under containerd 1.7**: the pod's shares are known only from
+  its `cpu.weight`, which a range of about 26 shares gives; the plugin takes the fewest, and
+  a resize moves them by the container's change. The weight it gives back can then be one
+  below kubelet's (never above: never looser). Containerd 2.x tells the pod's resources and
+  its resizes (`UpdatePodSandbox`): exact.
 
 **On each transition**: a reload plans every workload against what the plugin last put in
 force there, not against the previous configuration, so a pass that failed halfway is

@@ -225,7 +225,10 @@ class SynchronizePass:
             known.note_set(ctr_id, claimed)
             if values is None:
                 continue
-            if differs(values, current):
+            # What the runtime reports of a container kept in its pod's record may be older
+            # than its files: the plugin may have written them itself after a reload, which
+            # the runtime never learns (and a cgroup v2 weight cannot be compared back).
+            if recorded or differs(values, current):
                 set_resources(updates.add(container_id=ctr_id).linux.resources, values)
                 fields = set_fields(values)
                 adjusted[fields] = adjusted.get(fields, 0) + 1
