@@ -32,10 +32,10 @@ sys.path.insert(0, str(ROOT))
 
 from nri_midbatch.config.model import Config  # noqa: E402
 from nri_midbatch.obs.logging import configure_logging  # noqa: E402
-from nri_midbatch.recording.reader import Problem, read_recording  # noqa: E402
 from nri_midbatch.tools.replay.command import replay_command  # noqa: E402
 from tests.e2e.containerd import Containerd, new_cgroup_parent  # noqa: E402
 from tests.e2e.plugin_process import event, wait_for_record  # noqa: E402
+from tests.unit.replay_fixtures import read_whole  # noqa: E402
 
 EXECUTABLE = Path(sys.executable).with_name("nri-midbatch")
 SPEC = "node.koordinator.sh/extended-resource-spec"
@@ -182,9 +182,7 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="nri-midbatch-demo-"))
     try:
         recording = record(workdir, fetch_containerd())
-        with recording.open("rb") as lines:
-            items = list(read_recording(lines, str(recording)))
-        problems = [item for item in items if isinstance(item, Problem)]
+        entries, problems = read_whole(recording)
         if problems:
             raise SystemExit("\n".join(str(p) for p in problems))
         targets = (
@@ -209,7 +207,7 @@ def main() -> int:
         if status != 0:
             raise SystemExit(f"the golden replies were not written (replay exited with {status})")
         written = ", ".join(str(target.relative_to(ROOT)) for target in targets)
-        print(f"{len(items)} calls recorded: {written}")
+        print(f"{len(entries)} calls recorded: {written}")
     finally:
         if args.keep:
             print(f"work directory kept: {workdir}")
