@@ -38,7 +38,9 @@ from nri_midbatch.obs.health import HealthServer
 from nri_midbatch.obs.logging import set_level
 from nri_midbatch.obs.metrics import CounterFamily, CountersCollector, Metrics
 from nri_midbatch.plugin.codec import container_update
+from nri_midbatch.plugin.deferred import DeferredTimings
 from nri_midbatch.plugin.handlers import MidBatchPlugin
+from nri_midbatch.plugin.lowering import LoweringTimings
 from nri_midbatch.policy import ErrorKind
 from nri_midbatch.process.heap import LARGE_SYNC, freeze_survivors
 from nri_midbatch.process.reload import FileWatch
@@ -85,13 +87,22 @@ class App:
         update_containers_timeout: float = DEFAULT_UPDATE_TIMEOUT,
         state_dir: Path | None = None,
         status_socket: Path | None = None,
+        metrics_retry_seconds: float = METRICS_RETRY_SECONDS,
+        deferred_timings: DeferredTimings = DeferredTimings(),
+        lowering_timings: LoweringTimings = LoweringTimings(),
     ) -> None:
+        """metrics_retry_seconds: the wait before a taken metrics address is tried again.
+
+        deferred_timings, lowering_timings: the plugin's (MidBatchPlugin).
+        """
         self.metrics = Metrics()
         self.recorder = recorder
         self.plugin = MidBatchPlugin(
             config,
             on_decision=None if recorder is None else note_decision,
             store=BaselineStore(state_dir),
+            deferred_timings=deferred_timings,
+            lowering_timings=lowering_timings,
         )
         observers: list[CallRecorder] = [self.metrics.observer()]
         if recorder is not None:
@@ -113,6 +124,7 @@ class App:
         self.metrics.add_collector(ModeCollector(lambda: str(self.plugin.config.mode)))
         self.health: HealthServer | None = None
         self._metrics_address = metrics_address
+        self._metrics_retry_seconds = metrics_retry_seconds
         #: Attempts to serve metrics that found the address taken.
         self.metrics_bind_failures = 0
         if metrics_address:
@@ -227,7 +239,7 @@ class App:
                     "cannot serve metrics, retrying",
                     address=self._metrics_address,
                     error=exc.strerror or str(exc),
-                    retry_seconds=METRICS_RETRY_SECONDS,
+                    retry_seconds=self._metrics_retry_seconds,
                 )
 
     def _start_health(self, health: HealthServer) -> None:
@@ -236,7 +248,7 @@ class App:
 
     async def _serve_metrics(self) -> None:
         while self.health is None:
-            await asyncio.sleep(METRICS_RETRY_SECONDS)
+            await asyncio.sleep(self._metrics_retry_seconds)
             self._bind_metrics()
             if self.health is not None:
                 self._start_health(self.health)
