@@ -43,9 +43,10 @@ from nri_midbatch.plugin.handlers import MidBatchPlugin
 from nri_midbatch.plugin.lowering import LoweringTimings
 from nri_midbatch.policy import ErrorKind
 from nri_midbatch.process.heap import LARGE_SYNC, freeze_survivors
-from nri_midbatch.process.record import Recorder, note_decision
 from nri_midbatch.process.reload import FileWatch
 from nri_midbatch.process.status import StatusServer
+from nri_midbatch.recording.call import note_decision
+from nri_midbatch.recording.writer import Recorder
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.state.plan import Plan, split_pods
 from nri_midbatch.state.store import BaselineStore
