@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from sys import intern
@@ -59,6 +59,7 @@ from nri_midbatch.plugin.counters import Counters
 from nri_midbatch.plugin.decision_log import DecisionLines
 from nri_midbatch.plugin.deferred import CGROUP_READS_PER_PIECE, AfterReply
 from nri_midbatch.plugin.lowering import Check, LoweringWait, Write
+from nri_midbatch.plugin.observer import Observer
 from nri_midbatch.policy import (
     CgroupValues,
     ContainerView,
@@ -90,9 +91,6 @@ _BESTEFFORT_POD = NativeLimits(cpu_shares=2)
 
 
 _RUNNING_STATES = frozenset({api.CONTAINER_CREATED, api.CONTAINER_RUNNING, api.CONTAINER_PAUSED})
-
-#: Told of every decision (container None: pod level), e.g. to record it with the call.
-DecisionListener = Callable[[PodView, ContainerView | None, Decision], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,10 +137,15 @@ class MidBatchPlugin:
         config: Settings,
         *,
         dry_run: bool = False,
-        on_decision: DecisionListener | None = None,
+        observers: Sequence[Observer] = (),
+        after_reply: AfterReply | None = None,
         store: BaselineStore | None = None,
     ) -> None:
         """dry_run: decide pod-level values but write no cgroup file (replay, audits).
+
+        observers: told of every decision. after_reply: the work left for after replies; the
+        App's is also among the session's observers, so that it yields to the runtime's
+        requests. By default one of the plugin's own, which never waits (replay, tests).
 
         `store`: where kubelet's values are kept across restarts (state/store.py); none by
         default, as replays and tests keep nothing.
@@ -152,7 +155,7 @@ class MidBatchPlugin:
         self.store = store if store is not None and not dry_run else BaselineStore(None)
         self.runtime: RuntimeInfo | None = None
         #: Log lines and Synchronize's pod cgroups, once the runtime has its reply.
-        self.after_reply = AfterReply()
+        self.after_reply = AfterReply() if after_reply is None else after_reply
         #: The last Synchronize's pods waiting for their containers to be lowered.
         self._lowering: LoweringWait | None = None
         #: The Synchronize being received, chunk by chunk.
@@ -160,7 +163,7 @@ class MidBatchPlugin:
         #: The Known a Synchronize replaces, while it is taken in.
         self._previous_known = Known()
         self._dry_run = dry_run
-        self._on_decision = on_decision
+        self._observers = tuple(observers)
         #: Under the systemd driver, the units that hold our values (its task
         #: is the App's to run); chosen at start, as the driver of a node is.
         self.systemd = (
@@ -854,8 +857,8 @@ class MidBatchPlugin:
             self._decision_failed(exc, lines.method, where, refuse)
             return False, None
         self.counters.count_decision(decision)
-        if self._on_decision is not None:
-            self._on_decision(pod, container, decision)
+        for observer in self._observers:
+            observer.decided(pod, container, decision)
         if decision.error is not None:
             where = {"namespace": pod.namespace, "pod": pod.name, "container": container.name}
             self._invalid(decision, lines.method, where, refuse)
@@ -932,8 +935,8 @@ class MidBatchPlugin:
             self._decision_failed(exc, method, where, refuse)
             return None
         self.counters.count_decision(decision)
-        if self._on_decision is not None:
-            self._on_decision(pod, None, decision)
+        for observer in self._observers:
+            observer.decided(pod, None, decision)
         if decision.error is not None:
             self._invalid(decision, method, where, refuse)
             return None

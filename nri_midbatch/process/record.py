@@ -1,9 +1,9 @@
 """Recording every NRI call the plugin serves as JSON lines, without slowing any of them.
 
-The session hands each call to a recorder (`begin`, then `replied` or `failed`). The plugin
-publishes each decision it takes to `note_decision`, which files it under the call being served:
-every call runs in a task of its own, so a context variable set at `begin` is that call's alone,
-and the plugin never learns about recorders or files.
+A recorder observes the session and the plugin (plugin/observer.py): the session shows it each
+call (`call_begun`, then `replied` or `failed`), the plugin each decision it takes (`decided`),
+which it files under the call being served: every call runs in a task of its own, so a context
+variable set at `call_begun` is that call's alone, and the plugin never learns about files.
 
 Event handlers only enqueue (`put_nowait`). One writer task converts records to JSON and writes
 them in a thread. When the queue is full the record is dropped and counted, never the event; the
@@ -38,6 +38,7 @@ import structlog
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
+from nri_midbatch.plugin.observer import Observer
 from nri_midbatch.policy import CgroupValues, ContainerView, Decision, PodView, render
 from nri_midbatch.process.redact import DEFAULT_KEPT_ANNOTATIONS, redact
 from nri_midbatch.rpc.errors import error_status
@@ -78,13 +79,6 @@ _decisions: ContextVar[list[NotedDecision] | None] = ContextVar(
 )
 
 
-def note_decision(pod: PodView, container: ContainerView | None, decision: Decision) -> None:
-    """The plugin's decision listener: file the decision under the call being served."""
-    decisions = _decisions.get()
-    if decisions is not None:
-        decisions.append(NotedDecision(pod, container, decision))
-
-
 class Call:
     """A call in flight; `replied` or `failed` completes it and hands the record on."""
 
@@ -104,6 +98,22 @@ class Call:
         code, message = error_status(error)
         self.record.error = int(code), message
         self._done(self.record)
+
+
+class CallRecorder(Observer):
+    """Records each call with the decisions taken while serving it, and `keep`s the record."""
+
+    def call_begun(self, method: str, request: Message) -> Call:
+        return Call(method, request, self.keep)
+
+    def decided(self, pod: PodView, container: ContainerView | None, decision: Decision) -> None:
+        decisions = _decisions.get()
+        if decisions is not None:
+            decisions.append(NotedDecision(pod, container, decision))
+
+    def keep(self, record: CallRecord) -> None:
+        """The call has ended: its record is complete."""
+        raise NotImplementedError
 
 
 # -- JSON --------------------------------------------------------------------
@@ -320,8 +330,8 @@ class RotatingFile:
 # -- the recorder ------------------------------------------------------------
 
 
-class Recorder:
-    """A session's CallRecorder writing to a LineSink; use as `async with recorder:`.
+class Recorder(CallRecorder):
+    """A CallRecorder writing to a LineSink; use as `async with recorder:`.
 
     A failing sink (a full disk, say) is logged once when it starts failing, then summed up
     every `failure_summary_every` seconds while it lasts, and once more when a write succeeds
@@ -353,10 +363,7 @@ class Recorder:
         self._failed: int | None = None  # records lost since writes began failing; None: fine
         self._summary_due = 0.0
 
-    def begin(self, method: str, request: Message) -> Call:
-        return Call(method, request, self._enqueue)
-
-    def _enqueue(self, record: CallRecord) -> None:
+    def keep(self, record: CallRecord) -> None:
         try:
             self._queue.put_nowait(record)
         except asyncio.QueueFull:
@@ -423,7 +430,7 @@ class Recorder:
             finally:
                 for _ in batch:
                     queue.task_done()
-            # Counted and logged here, on the event loop, where _enqueue counts too.
+            # Counted and logged here, on the event loop, where `keep` counts too.
             self.written += written.lines
             self.dropped += len(batch) - written.lines
             if written.refused:

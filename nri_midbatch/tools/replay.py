@@ -57,13 +57,12 @@ from nri_midbatch.policy import CgroupValues
 from nri_midbatch.policy.calculate import UNLIMITED
 from nri_midbatch.process.record import (
     RECORD_VERSION,
-    Call,
     CallRecord,
+    CallRecorder,
     NotedDecision,
     decision_json,
     json_line,
     message_json,
-    note_decision,
     values_json,
 )
 from nri_midbatch.rpc.errors import RpcError, error_status
@@ -277,14 +276,14 @@ def _wire(message: Message | None) -> bytes | None:
     return None if message is None else message.SerializeToString(deterministic=True)
 
 
-class _Collector:
-    """The replay's CallRecorder: holds the records of the call being replayed."""
+class _Collector(CallRecorder):
+    """The replay's recorder: holds the records of the call being replayed."""
 
     def __init__(self) -> None:
         self._records: list[CallRecord] = []
 
-    def begin(self, method: str, request: Message) -> Call:
-        return Call(method, request, self._records.append)
+    def keep(self, record: CallRecord) -> None:
+        self._records.append(record)
 
     def take(self) -> list[CallRecord]:
         records, self._records = self._records, []
@@ -326,10 +325,10 @@ async def replay_each(
     the recording.
     """
     collector = _Collector()
-    plugin = MidBatchPlugin(settings_of(config), dry_run=True, on_decision=note_decision)
+    plugin = MidBatchPlugin(settings_of(config), dry_run=True, observers=(collector,))
     # In process, a recording that starts anywhere in a session is served as it comes.
     session = Session(
-        plugin, "midbatch", "10", recorders=(collector,), enforce_lifecycle=via_socket
+        plugin, "midbatch", "10", observers=(collector,), enforce_lifecycle=via_socket
     )
     drive = _through_socket if via_socket else _in_process
     async with drive(session) as call:

@@ -33,7 +33,6 @@ from nri_midbatch.process.record import (
     RotatingFile,
     Written,
     message_json,
-    note_decision,
     redacted_json,
 )
 from nri_midbatch.rpc.errors import RpcError
@@ -78,10 +77,8 @@ async def recorded_plugin(
     recorder: Recorder, config: Config | None = None
 ) -> AsyncIterator[LoopbackRuntime]:
     """A MidBatchPlugin session recording to `recorder`, driven by a LoopbackRuntime."""
-    plugin = MidBatchPlugin(
-        settings_of(config or Config()), dry_run=True, on_decision=note_decision
-    )
-    session = Session(plugin, "midbatch", "10", recorders=(recorder,))
+    plugin = MidBatchPlugin(settings_of(config or Config()), dry_run=True, observers=(recorder,))
+    session = Session(plugin, "midbatch", "10", observers=(recorder,))
     (plugin_reader, plugin_writer), (runtime_reader, runtime_writer) = await socketpair_streams()
     serving = asyncio.create_task(session.run(plugin_reader, plugin_writer))
     runtime = LoopbackRuntime(runtime_reader, runtime_writer)
