@@ -52,12 +52,22 @@ DEFAULT_REGISTRATION_TIMEOUT = 6.0
 #: the call): a runtime that never answers must not hold the caller, a reload
 #: say, or a pending-call slot, for ever. The runtime's own request timeout is 2 s.
 DEFAULT_UPDATE_TIMEOUT = 10.0
-#: A Synchronize split into `more=true` chunks is buffered until its last chunk.
-#: Runtimes split at 4 MiB per chunk; these bounds hold 16 full chunks, and far
-#: more pods and containers than any node runs, and stop a runtime that never
-#: sends the last chunk from growing the buffer without end.
-MAX_SYNC_BYTES = 64 << 20
-MAX_SYNC_OBJECTS = 65_536
+
+
+@dataclass(frozen=True, slots=True)
+class SyncLimits:
+    """How much of a Synchronize split into `more=true` chunks is buffered until its last chunk.
+
+    Runtimes split at 4 MiB per chunk; these bounds hold 16 full chunks, and far
+    more pods and containers than any node runs, and stop a runtime that never
+    sends the last chunk from growing the buffer without end.
+    """
+
+    bytes: int = 64 << 20
+    #: Pods and containers.
+    objects: int = 65_536
+
+
 #: A warning the runtime can provoke at will (a StateChange with an event id we
 #: do not know) is logged at most this many times a minute; the next line after
 #: the minute says how many were left out.
@@ -211,11 +221,13 @@ class Session:
         registration_timeout: float = DEFAULT_REGISTRATION_TIMEOUT,
         observers: Sequence[SessionObserver] = (),
         clock: Callable[[], float] = time.monotonic,
+        sync_limits: SyncLimits = SyncLimits(),
         enforce_lifecycle: bool = True,
     ) -> None:
         """observers: told of every call, state change, connection and idle spell, in order.
 
         clock: seconds, for the bounds kept per second or per minute (flood, warnings).
+        sync_limits: the bounds of a Synchronize received in chunks.
         enforce_lifecycle: False for replay, whose recording may start anywhere in a
         session: requests the lifecycle table does not allow are then served anyway.
         Raises TypeError for a plugin that handles no event.
@@ -228,6 +240,7 @@ class Session:
         self._idx = idx
         self._registration_timeout = registration_timeout
         self._clock = clock
+        self._sync_limits = sync_limits
         self._warnings: RateLimit[str] = RateLimit(WARNINGS_PER_MINUTE, 60.0, clock=clock)
         self.state = SessionState()
         self._conn: MuxConnection | None = None
@@ -367,13 +380,15 @@ class Session:
     ) -> Sequence[api.ContainerUpdate]:
         """Ask the runtime to update containers; returns the updates that failed.
 
-        Runtimes hold their locks while an event is out with a plugin, so this
-        must run in a task of its own, never awaited from an event handler.
+        Runtimes hold their locks while an event is out with a plugin, so this is
+        awaited outside the event handlers (the reload pass does), never from one or
+        from a task one started: those inherit its context and are refused.
         """
         if _in_event_handler.get():
             raise RuntimeError(
-                "UpdateContainers awaited inside an event handler would block the runtime; "
-                "use schedule_update_containers()"
+                "UpdateContainers awaited inside an event handler (or a task it started) "
+                "would block the runtime; await it from outside the handlers, as the reload "
+                "pass does"
             )
         if self._conn is None or not self.state.configured:
             raise RuntimeError("not registered with a runtime")
@@ -385,14 +400,6 @@ class Session:
             timeout=timeout,
         )
         return list(reply.failed)
-
-    def schedule_update_containers(
-        self, updates: Sequence[api.ContainerUpdate]
-    ) -> asyncio.Task[Sequence[api.ContainerUpdate]]:
-        """Run update_containers in its own task, outside any handler's context."""
-        return asyncio.get_running_loop().create_task(
-            self.update_containers(updates), context=contextvars.Context()
-        )
 
     # -- the Plugin service --------------------------------------------------
 
@@ -491,10 +498,11 @@ class Session:
         self._sync_containers += len(request.containers)
         self.state.sync_chunks += 1
         objects = self._sync_pods + self._sync_containers
-        if self._sync_bytes > MAX_SYNC_BYTES or objects > MAX_SYNC_OBJECTS:
+        limits = self._sync_limits
+        if self._sync_bytes > limits.bytes or objects > limits.objects:
             message = (
                 f"Synchronize of {self._sync_bytes} bytes and {objects} pods and containers "
-                f"so far exceeds the bound of {MAX_SYNC_BYTES} bytes or {MAX_SYNC_OBJECTS} "
+                f"so far exceeds the bound of {limits.bytes} bytes or {limits.objects} "
                 "objects (docs/troubleshooting.md)"
             )
             self._log.error("synchronize refused", reason=message, chunks=self.state.sync_chunks)

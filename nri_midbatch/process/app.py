@@ -32,8 +32,9 @@ from nri_midbatch.obs.health import HealthServer
 from nri_midbatch.obs.logging import set_level
 from nri_midbatch.obs.metrics import CounterFamily, CountersCollector, Metrics
 from nri_midbatch.plugin.codec import container_update
-from nri_midbatch.plugin.deferred import AfterReply
+from nri_midbatch.plugin.deferred import AfterReply, DeferredTimings
 from nri_midbatch.plugin.handlers import MidBatchPlugin
+from nri_midbatch.plugin.lowering import LoweringTimings
 from nri_midbatch.plugin.observer import Observer
 from nri_midbatch.policy import ErrorKind
 from nri_midbatch.process.record import Recorder
@@ -80,18 +81,30 @@ class App:
         update_containers_timeout: float = DEFAULT_UPDATE_TIMEOUT,
         state_dir: Path | None = None,
         status_socket: Path | None = None,
+        metrics_retry_seconds: float = METRICS_RETRY_SECONDS,
+        deferred_timings: DeferredTimings = DeferredTimings(),
+        lowering_timings: LoweringTimings = LoweringTimings(),
     ) -> None:
+        """metrics_retry_seconds: the wait before a taken metrics address is tried again.
+
+        deferred_timings: those of the work left for after replies (plugin/deferred.py);
+        lowering_timings: the plugin's (MidBatchPlugin).
+        """
         self.metrics = Metrics()
         self.recorder = recorder
         # Pod cgroups and log lines left for after a reply wait while a request
         # is in progress (until the connection is idle again), and give the
         # runtime its turn after our writes: the work observes the session.
-        after_reply = AfterReply()
+        after_reply = AfterReply(timings=deferred_timings)
         observers: list[Observer] = [SessionWatch(self.metrics), after_reply]
         if recorder is not None:
             observers.append(recorder)
         self.plugin = MidBatchPlugin(
-            config, observers=observers, after_reply=after_reply, store=BaselineStore(state_dir)
+            config,
+            observers=observers,
+            after_reply=after_reply,
+            store=BaselineStore(state_dir),
+            lowering_timings=lowering_timings,
         )
         self.session = Session(
             self.plugin,
@@ -104,6 +117,7 @@ class App:
         self.metrics.add_collector(ModeCollector(lambda: str(self.plugin.config.mode)))
         self.health: HealthServer | None = None
         self._metrics_address = metrics_address
+        self._metrics_retry_seconds = metrics_retry_seconds
         #: Attempts to serve metrics that found the address taken.
         self.metrics_bind_failures = 0
         if metrics_address:
@@ -218,7 +232,7 @@ class App:
                     "cannot serve metrics, retrying",
                     address=self._metrics_address,
                     error=exc.strerror or str(exc),
-                    retry_seconds=METRICS_RETRY_SECONDS,
+                    retry_seconds=self._metrics_retry_seconds,
                 )
 
     def _start_health(self, health: HealthServer) -> None:
@@ -227,7 +241,7 @@ class App:
 
     async def _serve_metrics(self) -> None:
         while self.health is None:
-            await asyncio.sleep(METRICS_RETRY_SECONDS)
+            await asyncio.sleep(self._metrics_retry_seconds)
             self._bind_metrics()
             if self.health is not None:
                 self._start_health(self.health)

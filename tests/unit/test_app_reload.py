@@ -23,13 +23,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
 from nri_midbatch.api import nri_pb2 as api
-from nri_midbatch.cgroups.fs import apply_pod_values
+from nri_midbatch.cgroups.fs import apply_values
+from nri_midbatch.cgroups.paths import CgroupLocation
 from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import load_config_file
 from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
 from nri_midbatch.plugin import cgroup_writer
-from nri_midbatch.plugin import deferred as after_reply_module
-from nri_midbatch.plugin import lowering as lowering_module
+from nri_midbatch.plugin.deferred import DeferredTimings
+from nri_midbatch.plugin.lowering import LoweringTimings
 from nri_midbatch.process.app import App
 
 from .hostile_config import HOSTILE_YAML
@@ -182,6 +183,8 @@ async def running_node(
     state_dir: Path | None = None,
     status_socket: Path | None = None,
     synchronized: tuple[Sequence[api.PodSandbox], Sequence[api.Container]] = ((), ()),
+    deferred_timings: DeferredTimings = DeferredTimings(),
+    lowering_timings: LoweringTimings = LoweringTimings(),
     **config: Any,
 ) -> AsyncIterator[Node]:
     """An App on a fake tree at tmp_path/cgroup (kept if there: a restarted plugin's node)."""
@@ -198,6 +201,8 @@ async def running_node(
         reload_interval=0.05,
         state_dir=state_dir,
         status_socket=status_socket,
+        deferred_timings=deferred_timings,
+        lowering_timings=lowering_timings,
     )
     (plugin_reader, plugin_writer), (rt_reader, rt_writer) = await socketpair_streams()
     runtime = LoopbackRuntime(rt_reader, rt_writer, failed_updates=failed_updates)
@@ -486,9 +491,7 @@ def test_reload_with_pod_level_off_writes_no_pod_file(tmp_path: Path) -> None:
     assert node.tree.read(parent) == BESTEFFORT
 
 
-def test_a_reload_lets_a_synchronizes_pending_pod_writes_land_first(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_reload_lets_a_synchronizes_pending_pod_writes_land_first(tmp_path: Path) -> None:
     """A Synchronize's pod writes were decided under the old configuration: they go first.
 
     Otherwise a pod still waiting for the runtime to lower its containers
@@ -497,10 +500,10 @@ def test_a_reload_lets_a_synchronizes_pending_pod_writes_land_first(
     pod = batch_pod()
     parent = pod.linux.cgroup_parent
     live = container("c-app", pod, "app")
-    monkeypatch.setattr(lowering_module, "POLL_SECONDS", POLL)
 
     async def scenario() -> Node:
-        async with running_node(tmp_path, watch=False) as node:
+        polls = LoweringTimings(poll=POLL)
+        async with running_node(tmp_path, watch=False, lowering_timings=polls) as node:
             node.tree.add(parent, BESTEFFORT)
             node.tree.add(parent, BESTEFFORT, live.id)
             await node.call(
@@ -545,11 +548,12 @@ def test_reload_lowers_a_pod_only_after_update_containers_returns(
             node.tree.add(parent, APP_VALUES, live.id)
             await node.create(pod, live)
 
-            def apply(root: Path, driver: Any, cgroup_parent: str, values: Any) -> Any:
-                seen.append(len(node.runtime.record.updates))
-                return apply_pod_values(root, driver, cgroup_parent, values)
+            def apply(root: Path, location: CgroupLocation, values: Any) -> Any:
+                if location.container_id is None:
+                    seen.append(len(node.runtime.record.updates))
+                return apply_values(root, location, values)
 
-            monkeypatch.setattr(cgroup_writer, "apply_pod_values", apply)
+            monkeypatch.setattr(cgroup_writer, "apply_values", apply)
             node.rewrite(rules={"cpuNormalizationRatio": 2.0})
             await node.app.reload("SIGHUP")
             assert node.tree.read(parent) == HALVED_VALUES
@@ -575,11 +579,12 @@ def test_cgroup_file_reload_lowers_a_pod_after_its_containers(
             node.tree.add(parent, APP_VALUES, live.id)
             await node.create(pod, live)
 
-            def apply(root: Path, driver: Any, cgroup_parent: str, values: Any) -> Any:
-                seen.append(node.tree.read(parent, live.id)[1])
-                return apply_pod_values(root, driver, cgroup_parent, values)
+            def apply(root: Path, location: CgroupLocation, values: Any) -> Any:
+                if location.container_id is None:
+                    seen.append(node.tree.read(parent, live.id)[1])
+                return apply_values(root, location, values)
 
-            monkeypatch.setattr(cgroup_writer, "apply_pod_values", apply)
+            monkeypatch.setattr(cgroup_writer, "apply_values", apply)
             node.rewrite(rules={"cpuNormalizationRatio": 2.0})
             await node.app.reload("SIGHUP")
             assert node.tree.read(parent) == HALVED_VALUES
@@ -917,20 +922,17 @@ def test_a_ratio_change_rescales_a_normalized_container_quota_file_only(tmp_path
 # ---------------------------------------------------------------------------
 
 
-def test_work_held_for_a_request_goes_on_once_the_app_has_answered_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_work_held_for_a_request_goes_on_once_the_app_has_answered_it(tmp_path: Path) -> None:
     """The app's deferred work observes its session: told when the connection is idle.
 
     The wait for a busy connection is stretched to a minute: only the
     session saying the request is answered can let the work go on in time.
     """
-    monkeypatch.setattr(after_reply_module, "BUSY_RECHECK_SECONDS", 60.0)
     pod = batch_pod()
     done: list[int] = []
 
     async def scenario() -> None:
-        async with running_node(tmp_path) as node:
+        async with running_node(tmp_path, deferred_timings=DeferredTimings(recheck=60.0)) as node:
             after_reply = node.app.plugin.after_reply
             held = [True]  # as if a request were in progress
             after_reply.connected(Probe(lambda: held[0]))

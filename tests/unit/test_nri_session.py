@@ -15,7 +15,6 @@ from structlog.testing import capture_logs
 
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.api import ttrpc_pb2
-from nri_midbatch.nri import session as session_module
 from nri_midbatch.nri.events import Event
 from nri_midbatch.nri.lifecycle import Phase
 from nri_midbatch.nri.session import (
@@ -26,6 +25,7 @@ from nri_midbatch.nri.session import (
     Session,
     SessionObserver,
     SessionState,
+    SyncLimits,
 )
 from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
 from nri_midbatch.rpc.errors import RpcError
@@ -721,34 +721,8 @@ def test_update_containers_awaited_in_an_event_handler_raises() -> None:
                 api.CreateContainerResponse,
             )
             assert len(errors) == 2
-            assert all("schedule_update_containers" in str(e) for e in errors)
+            assert all("as the reload pass does" in str(e) for e in errors)
             assert lb.runtime.record.updates == []
-
-    run(scenario())
-
-
-def test_schedule_update_containers_from_a_handler_works() -> None:
-    tasks: list[asyncio.Task[object]] = []
-    holder: dict[str, Session] = {}
-
-    async def hook(_event: Event) -> None:
-        tasks.append(holder["session"].schedule_update_containers([update("c1"), update("c2")]))
-
-    plugin = RecordingPlugin(on_event=hook)
-
-    async def scenario() -> None:
-        async with loopback(plugin, failed_updates=["c2"]) as lb:
-            holder["session"] = lb.session
-            await lb.runtime.start()
-            await lb.runtime.call(
-                "StartContainer",
-                api.StartContainerRequest(pod=pod("p"), container=container("c1", "p")),
-                api.StartContainerResponse,
-            )
-            (task,) = tasks
-            failed = await task
-            assert failed == [update("c2")]
-            assert lb.runtime.record.updates == [update("c1"), update("c2")]
 
     run(scenario())
 
@@ -963,13 +937,12 @@ def test_each_chunk_goes_to_the_plugin_as_it_arrives() -> None:
     run(scenario())
 
 
-def test_split_synchronize_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_split_synchronize_is_bounded() -> None:
     """Chunks with more=true are buffered up to a bound, then refused, and the buffer dropped."""
-    monkeypatch.setattr(session_module, "MAX_SYNC_OBJECTS", 5)
     plugin = RecordingPlugin()
 
     async def scenario() -> None:
-        session = Session(plugin, "midbatch", "10")
+        session = Session(plugin, "midbatch", "10", sync_limits=SyncLimits(objects=5))
         peer, task = await registered_raw(session)
         stream = 3
         for i in range(2):
@@ -993,12 +966,11 @@ def test_split_synchronize_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     run(scenario())
 
 
-def test_split_synchronize_is_bounded_in_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(session_module, "MAX_SYNC_BYTES", 10_000)
+def test_split_synchronize_is_bounded_in_bytes() -> None:
     plugin = RecordingPlugin()
 
     async def scenario() -> None:
-        session = Session(plugin, "midbatch", "10")
+        session = Session(plugin, "midbatch", "10", sync_limits=SyncLimits(bytes=10_000))
         peer, task = await registered_raw(session)
         big = pod("p")
         big.annotations["a"] = "x" * 6_000
