@@ -135,10 +135,6 @@ PodEvent = Callable[[Event, api.PodSandbox], Awaitable[None]]
 ContainerEvent = Callable[[Event, api.PodSandbox, api.Container], Awaitable[None]]
 
 
-class RegistrationError(Exception):
-    """The runtime refused or never answered our RegisterPlugin."""
-
-
 class RecordedCall(Protocol):
     """A call an observer follows: told how it ended, once."""
 
@@ -178,6 +174,10 @@ class SessionObserver:
 
     def idle(self) -> None:
         """The runtime's requests in progress have all been answered."""
+
+
+class RegistrationError(Exception):
+    """The runtime refused or never answered our RegisterPlugin."""
 
 
 @dataclass
