@@ -7,7 +7,6 @@ so none keeps a copy that could go stale.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,12 +16,10 @@ from nri_midbatch.config.settings import Settings
 from nri_midbatch.plugin.cgroup_writer import CgroupWriter
 from nri_midbatch.plugin.counters import Counters
 from nri_midbatch.plugin.deferred import AfterReply
-from nri_midbatch.policy import ContainerView, Decision, PodView, Policy
+from nri_midbatch.plugin.observer import Observer
+from nri_midbatch.policy import Policy
 from nri_midbatch.state.known import Known
 from nri_midbatch.state.store import BaselineStore
-
-#: Told of every decision (container None: pod level), e.g. to record it with the call.
-DecisionListener = Callable[[PodView, ContainerView | None, Decision], None]
 
 
 @dataclass
@@ -33,7 +30,8 @@ class PluginContext:
     store: BaselineStore
     #: Decide pod-level values but write no cgroup file (replay, audits).
     dry_run: bool = False
-    on_decision: DecisionListener | None = None
+    #: Told of every decision, e.g. to record it with the call.
+    observers: tuple[Observer, ...] = ()
     known: Known = field(default_factory=Known)
     counters: Counters = field(default_factory=Counters)
     #: Log lines, Synchronize's pod cgroups and records, once the runtime has its reply.

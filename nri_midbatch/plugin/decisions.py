@@ -81,8 +81,8 @@ class Decider:
             self._failed(exc, lines.method, where, refuse)
             return False, None
         ctx.counters.count_decision(decision)
-        if ctx.on_decision is not None:
-            ctx.on_decision(pod, container, decision)
+        for observer in ctx.observers:
+            observer.decided(pod, container, decision)
         if decision.error is not None:
             where = {"namespace": pod.namespace, "pod": pod.name, "container": container.name}
             self._invalid(decision, lines.method, where, refuse)
@@ -125,8 +125,8 @@ class Decider:
             self._failed(exc, method, where, refuse)
             return None
         ctx.counters.count_decision(decision)
-        if ctx.on_decision is not None:
-            ctx.on_decision(pod, None, decision)
+        for observer in ctx.observers:
+            observer.decided(pod, None, decision)
         if decision.error is not None:
             self._invalid(decision, method, where, refuse)
             return None

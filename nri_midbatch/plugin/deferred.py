@@ -9,11 +9,12 @@ This relies on one property of the connection (rpc/connection.py): a reply
 is written in the same step of the event loop as its handler returns, so
 nothing queued here can run before it. Work runs in the order it was queued,
 in slices of at most `slice_seconds`, and only while the connection is idle:
-before each piece of work the `busy` probe (the session's connection: a
-request being served, being read, or bytes waiting on the socket) is asked.
-While it says yes the work waits until the connection has answered what it
-was serving (`resume`, called by the connection), or `DeferredTimings.recheck`
-if nothing is answered (bytes that are not a request yet). A request
+`AfterReply` is one of the session's observers, and before each piece of work
+it asks the connection it was last told of (`connected`) whether it is busy (a
+request being served, being read, or bytes waiting on the socket). While it
+says yes the work waits until the connection has answered what it was serving
+(`idle`), or `DeferredTimings.recheck` if nothing is answered (bytes that are
+not a request yet). A request
 arriving in the middle of a long backlog so waits for at most the piece of
 work under way (a pod's cgroup files, one container's read, 8 log lines:
 0.1-0.6 ms), not for a slice or the whole backlog.
@@ -32,7 +33,7 @@ process that wrote (the waker is expected to sleep next). The work keeps
 that core busy, so the thread would wait for the scheduler's next tick (4 ms
 at HZ=250). Two things prevent that:
 
-- after a write to the runtime (`writes` counts them) in the middle of a
+- after a write to the runtime (the connection's `writes` count) in the middle of a
   backlog, the next slice first sleeps `DeferredTimings.give_way`, which hands the
   core over at once. Not when the work is the new work of the request just
   answered (a CreateContainer's log line: the loop is idle again right after
@@ -57,6 +58,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
+
+from nri_midbatch.nri.session import Link
+from nri_midbatch.plugin.observer import Observer
 
 log = structlog.get_logger(__name__)
 
@@ -132,15 +136,16 @@ class BatchPolicy:
         return True
 
 
-def _never_busy() -> bool:
-    return False
+class _NoLink:
+    """Before any connection (replay, tests): never busy, nothing written."""
+
+    writes = 0
+
+    def busy(self) -> bool:
+        return False
 
 
-def _no_writes() -> int:
-    return 0
-
-
-class AfterReply:
+class AfterReply(Observer):
     def __init__(
         self,
         slice_seconds: float = DEFAULT_SLICE_SECONDS,
@@ -156,7 +161,7 @@ class AfterReply:
         self._queue: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
         #: The next slice, when one is due: a loop callback, cheaper than a task per reply.
         self._next_slice: asyncio.Handle | None = None
-        #: The next slice waits for a busy connection (`resume` starts it early).
+        #: The next slice waits for a busy connection (`idle` starts it early).
         self._waiting = False
         #: When a piece of work last ran, or the work began (see DeferredTimings.starved).
         self._ran_at = 0.0
@@ -165,25 +170,23 @@ class AfterReply:
         self._timers: set[asyncio.TimerHandle] = set()
         self._waiters: list[asyncio.Future[None]] = []
         self._policy = BatchPolicy(set_scheduler)
-        #: Whether a request is in progress, and the writes to the runtime; see `yield_to`.
-        self._busy_probe: Callable[[], bool] = _never_busy
-        self._writes_probe: Callable[[], int] = _no_writes
+        #: The connection to yield to, and its writes as of the last slice.
+        self._link: Link = _NoLink()
         self._writes_seen = 0
 
-    def yield_to(self, busy: Callable[[], bool], writes: Callable[[], int] = _no_writes) -> None:
-        """Run deferred work only while `busy()` is false (it is asked before each piece).
+    def connected(self, link: Link) -> None:
+        """Run deferred work only while `link.busy()` is false (it is asked before each piece).
 
-        writes: a count of writes to the runtime; when it has moved since the
-        last slice, the next one gives the core away first (see the module's text).
+        When `link.writes` has moved since the last slice, the next one gives the
+        core away first (see the module's text).
         """
-        self._busy_probe = busy
-        self._writes_probe = writes
-        self._writes_seen = writes()
+        self._link = link
+        self._writes_seen = link.writes
 
-    def resume(self) -> None:
+    def idle(self) -> None:
         """The connection has answered the requests it was serving: work waiting for it goes on.
 
-        Called by the connection after its last reply; a turn of the loop
+        Told by the session after the last reply; the slice runs a turn of the loop
         later, so that whatever that reply made ready (another request) goes first.
         """
         if self._waiting and self._next_slice is not None:
@@ -241,11 +244,12 @@ class AfterReply:
         # of the loop, and each deferring piece would add one more: timers and
         # requests waited 5, 15, 40, then 100 ms behind them.
         self._waiting = False
-        busy = self._busy_probe
+        link = self._link
+        busy = link.busy
         if not self._first_slice:
             # Before the sleep below: waking from it must not preempt the runtime.
             self._policy.enter()
-        writes = self._writes_probe()
+        writes = link.writes
         if writes != self._writes_seen:
             # Only between slices can a reply go out: the loop runs one thing at a time.
             self._writes_seen = writes
@@ -272,7 +276,7 @@ class AfterReply:
             self._next_slice = None
             self._wake_if_idle()
         elif busy():
-            # A request goes first; the connection says when it has answered.
+            # A request goes first; the session says when it has answered (`idle`).
             self._waiting = True
             loop = asyncio.get_running_loop()
             self._next_slice = loop.call_later(self._timings.recheck, self._run_slice)

@@ -36,12 +36,13 @@ from nri_midbatch.plugin.codec import (
     pod_view,
     set_resources,
 )
-from nri_midbatch.plugin.context import DecisionListener, PluginContext
+from nri_midbatch.plugin.context import PluginContext
 from nri_midbatch.plugin.counters import Counters
 from nri_midbatch.plugin.decision_log import DecisionLines
 from nri_midbatch.plugin.decisions import Decider
-from nri_midbatch.plugin.deferred import AfterReply, DeferredTimings
+from nri_midbatch.plugin.deferred import AfterReply
 from nri_midbatch.plugin.lowering import LoweringTimings
+from nri_midbatch.plugin.observer import Observer
 from nri_midbatch.plugin.records import Records
 from nri_midbatch.plugin.synchronize import BESTEFFORT_POD, SynchronizePass, SyncPart
 from nri_midbatch.plugin.writes import Writes
@@ -61,17 +62,20 @@ class MidBatchPlugin:
         config: Settings,
         *,
         dry_run: bool = False,
-        on_decision: DecisionListener | None = None,
+        observers: Sequence[Observer] = (),
+        after_reply: AfterReply | None = None,
         store: BaselineStore | None = None,
-        deferred_timings: DeferredTimings = DeferredTimings(),
         lowering_timings: LoweringTimings = LoweringTimings(),
     ) -> None:
         """dry_run: decide pod-level values but write no cgroup file (replay, audits).
 
         `store`: where kubelet's values are kept across restarts (state/store.py); none by
         default, as replays and tests keep nothing.
-        `deferred_timings`, `lowering_timings`: the work after replies (plugin/deferred.py),
-        and a Synchronize's wait for the runtime to lower containers (plugin/lowering.py).
+        `observers`: told of every decision. `after_reply`: the work left for after replies
+        (plugin/deferred.py); the App's is also among the session's observers, so that it
+        yields to the runtime's requests. By default one of the plugin's own, which never
+        waits (replay, tests). `lowering_timings`: a Synchronize's wait for the runtime to
+        lower containers (plugin/lowering.py).
         """
         self.runtime: RuntimeInfo | None = None
         #: Under the systemd driver, the units that hold our values (its task
@@ -89,8 +93,8 @@ class MidBatchPlugin:
             ),
             store if store is not None and not dry_run else BaselineStore(None),
             dry_run=dry_run,
-            on_decision=on_decision,
-            after_reply=AfterReply(timings=deferred_timings),
+            observers=tuple(observers),
+            after_reply=AfterReply() if after_reply is None else after_reply,
         )
         self._records = Records(ctx)
         self._decide = Decider(ctx, self._records)

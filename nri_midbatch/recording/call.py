@@ -1,9 +1,9 @@
 """A call as the session served it, with the decisions the plugin took while serving it.
 
-The session hands each call to a recorder (`begin`, then `replied` or `failed`). The plugin
-publishes each decision it takes to `note_decision`, which files it under the call being served:
-every call runs in a task of its own, so a context variable set at `begin` is that call's alone,
-and the plugin never learns about recorders or files.
+A recorder observes the session and the plugin (plugin/observer.py): the session shows it each
+call (`call_begun`, then `replied` or `failed`), the plugin each decision it takes (`decided`),
+which it files under the call being served: every call runs in a task of its own, so a context
+variable set at `call_begun` is that call's alone, and the plugin never learns about files.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from google.protobuf.message import Message
 
+from nri_midbatch.plugin.observer import Observer
 from nri_midbatch.policy import ContainerView, Decision, PodView
 from nri_midbatch.rpc.errors import error_status
 
@@ -46,13 +47,6 @@ _decisions: ContextVar[list[NotedDecision] | None] = ContextVar(
 )
 
 
-def note_decision(pod: PodView, container: ContainerView | None, decision: Decision) -> None:
-    """The plugin's decision listener: file the decision under the call being served."""
-    decisions = _decisions.get()
-    if decisions is not None:
-        decisions.append(NotedDecision(pod, container, decision))
-
-
 class Call:
     """A call in flight; `replied` or `failed` completes it and hands the record on."""
 
@@ -72,3 +66,19 @@ class Call:
         code, message = error_status(error)
         self.record.error = int(code), message
         self._done(self.record)
+
+
+class CallRecorder(Observer):
+    """Records each call with the decisions taken while serving it, and `keep`s the record."""
+
+    def call_begun(self, method: str, request: Message) -> Call:
+        return Call(method, request, self.keep)
+
+    def decided(self, pod: PodView, container: ContainerView | None, decision: Decision) -> None:
+        decisions = _decisions.get()
+        if decisions is not None:
+            decisions.append(NotedDecision(pod, container, decision))
+
+    def keep(self, record: CallRecord) -> None:
+        """The call has ended: its record is complete."""
+        raise NotImplementedError

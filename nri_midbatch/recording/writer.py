@@ -19,9 +19,8 @@ from types import TracebackType
 from typing import Protocol
 
 import structlog
-from google.protobuf.message import Message
 
-from nri_midbatch.recording.call import Call, CallRecord
+from nri_midbatch.recording.call import CallRecord, CallRecorder
 from nri_midbatch.recording.format import json_line, record_json
 from nri_midbatch.recording.redact import DEFAULT_KEPT_ANNOTATIONS
 
@@ -172,8 +171,8 @@ class RotatingFile:
 # -- the recorder ------------------------------------------------------------
 
 
-class Recorder:
-    """A session's CallRecorder writing to a LineSink; use as `async with recorder:`.
+class Recorder(CallRecorder):
+    """A CallRecorder writing to a LineSink; use as `async with recorder:`.
 
     A failing sink (a full disk, say) is logged once when it starts failing, then summed up
     every `failure_summary_every` seconds while it lasts, and once more when a write succeeds
@@ -205,10 +204,7 @@ class Recorder:
         self._failed: int | None = None  # records lost since writes began failing; None: fine
         self._summary_due = 0.0
 
-    def begin(self, method: str, request: Message) -> Call:
-        return Call(method, request, self._enqueue)
-
-    def _enqueue(self, record: CallRecord) -> None:
+    def keep(self, record: CallRecord) -> None:
         try:
             self._queue.put_nowait(record)
         except asyncio.QueueFull:
@@ -275,7 +271,7 @@ class Recorder:
             finally:
                 for _ in batch:
                     queue.task_done()
-            # Counted and logged here, on the event loop, where _enqueue counts too.
+            # Counted and logged here, on the event loop, where `keep` counts too.
             self.written += written.lines
             self.dropped += len(batch) - written.lines
             if written.refused:

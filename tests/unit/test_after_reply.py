@@ -8,6 +8,7 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -24,6 +25,21 @@ from nri_midbatch.wire.ttrpc import MessageType, encode_message
 from .nri_fixtures import STEP_TIMEOUT, run
 
 PLUGIN_CONN = 1
+
+
+class Probe:
+    """A connection as the deferred work asks about it (nri.session.Link), from functions."""
+
+    def __init__(self, busy: Callable[[], bool], writes: Callable[[], int] = lambda: 0) -> None:
+        self._busy = busy
+        self._writes = writes
+
+    def busy(self) -> bool:
+        return self._busy()
+
+    @property
+    def writes(self) -> int:
+        return self._writes()
 
 
 def test_work_runs_once_the_reply_is_on_the_socket() -> None:
@@ -193,10 +209,10 @@ def test_work_waits_while_the_probe_says_busy(resumed: bool) -> None:
         order.append("request answered")
         busy[0] = False
         if resumed:
-            after_reply.resume()
+            after_reply.idle()
 
     async def scenario() -> None:
-        after_reply.yield_to(lambda: busy[0])
+        after_reply.connected(Probe(lambda: busy[0]))
         for n in range(3):
             after_reply.defer(work, n)
         await after_reply.settle()
@@ -205,15 +221,15 @@ def test_work_waits_while_the_probe_says_busy(resumed: bool) -> None:
     assert order == ["work 0", "request answered", "work 1", "work 2"]
 
 
-def test_resume_with_nothing_waiting_changes_nothing() -> None:
+def test_idle_with_nothing_waiting_changes_nothing() -> None:
     after_reply = AfterReply(slice_seconds=0)
     order: list[str] = []
 
     async def scenario() -> None:
-        after_reply.resume()  # idle: no slice is started
+        after_reply.idle()  # idle: no slice is started
         for n in range(2):
             after_reply.defer(order.append, f"work {n}")
-        after_reply.resume()  # not waiting for the connection: the order stands
+        after_reply.idle()  # not waiting for the connection: the order stands
         asyncio.get_running_loop().call_soon(order.append, "request")
         await after_reply.settle()
 
@@ -242,7 +258,7 @@ def test_no_piece_runs_while_a_request_is_in_progress_unless_the_work_starves() 
             busy_until[0] = time.perf_counter() + 0.05
 
     async def scenario() -> None:
-        after_reply.yield_to(busy)
+        after_reply.connected(Probe(busy))
         for n in range(6):
             after_reply.defer(work, n)
         await after_reply.settle()
@@ -282,7 +298,7 @@ def test_work_gives_the_core_away_once_after_each_write_in_a_backlog() -> None:
         busy[0] = False
 
     async def scenario() -> None:
-        after_reply.yield_to(lambda: busy[0], lambda: writes[0])
+        after_reply.connected(Probe(lambda: busy[0], lambda: writes[0]))
         writes[0] += 1  # the reply of the handler that leaves the work
         for n in range(4):
             after_reply.defer(work, n)
@@ -304,7 +320,7 @@ def test_no_sleep_while_another_request_waits() -> None:
         writes[0] += 1
 
     async def scenario() -> None:
-        after_reply.yield_to(lambda: True, lambda: writes[0])
+        after_reply.connected(Probe(lambda: True, lambda: writes[0]))
         for _ in range(20):
             after_reply.defer(asyncio.get_running_loop().call_soon, reply)
         await after_reply.settle()
@@ -317,7 +333,7 @@ def test_no_sleep_while_another_request_waits() -> None:
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 def test_a_request_arriving_during_a_backlog_is_served_before_the_rest_of_it(loop: str) -> None:
     """On a real socket: the connection's busy() stops deferred work for a request,
-    and its on_idle hook starts it again once the request is answered.
+    and its on_idle hook (the session's `idle`) starts it again once the request is answered.
 
     The slice is a minute long, so only the probe can let the request in
     before the backlog is done. uvloop reads the socket before it runs ready
@@ -356,10 +372,8 @@ def test_a_request_arriving_during_a_backlog_is_served_before_the_rest_of_it(loo
         service = Service(
             "s", {"first": Method(api.Empty, first), "next": Method(api.Empty, following)}
         )
-        conn = MuxConnection(
-            reader, writer, {"s": service}, name="test", on_idle=after_reply.resume
-        )
-        after_reply.yield_to(conn.busy, lambda: conn.writes)
+        conn = MuxConnection(reader, writer, {"s": service}, name="test", on_idle=after_reply.idle)
+        after_reply.connected(conn)
         serving = asyncio.create_task(conn.run())
         peer.send(request(1, "first"))
         async with asyncio.timeout(STEP_TIMEOUT):
@@ -408,7 +422,7 @@ def test_work_still_gets_done_when_the_connection_is_never_idle() -> None:
     done: list[int] = []
 
     async def scenario() -> None:
-        after_reply.yield_to(lambda: True)
+        after_reply.connected(Probe(lambda: True))
         for n in range(5):
             after_reply.defer(done.append, n)
         await after_reply.settle()
@@ -428,7 +442,7 @@ def test_under_steady_load_the_work_keeps_up_with_a_piece_per_request() -> None:
         return True
 
     async def scenario() -> None:
-        after_reply.yield_to(busy)
+        after_reply.connected(Probe(busy))
         for n in range(200):
             after_reply.defer(done.append, n)
         await after_reply.settle()

@@ -35,6 +35,7 @@ from nri_midbatch.process.app import App
 
 from .hostile_config import HOSTILE_YAML
 from .nri_fixtures import STEP_TIMEOUT, run
+from .test_after_reply import Probe
 
 QOS = "koordinator.sh/qosClass"
 PRIORITY = "koordinator.sh/priority-class"
@@ -922,7 +923,7 @@ def test_a_ratio_change_rescales_a_normalized_container_quota_file_only(tmp_path
 
 
 def test_work_held_for_a_request_goes_on_once_the_app_has_answered_it(tmp_path: Path) -> None:
-    """The app wires its session's on_idle to the deferred work's resume (plugin/deferred.py).
+    """The app's deferred work observes its session: told when the connection is idle.
 
     The wait for a busy connection is stretched to a minute: only the
     session saying the request is answered can let the work go on in time.
@@ -934,8 +935,7 @@ def test_work_held_for_a_request_goes_on_once_the_app_has_answered_it(tmp_path: 
         async with running_node(tmp_path, deferred_timings=DeferredTimings(recheck=60.0)) as node:
             after_reply = node.app.plugin.after_reply
             held = [True]  # as if a request were in progress
-            session = node.app.session
-            after_reply.yield_to(lambda: held[0] or session.busy(), session.writes)
+            after_reply.connected(Probe(lambda: held[0]))
             for n in range(3):
                 after_reply.defer(done.append, n)
             await asyncio.sleep(0.01)

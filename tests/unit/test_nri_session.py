@@ -20,8 +20,11 @@ from nri_midbatch.nri.lifecycle import Phase
 from nri_midbatch.nri.session import (
     PLUGIN_SERVICE,
     RUNTIME_SERVICE,
+    Link,
     RegistrationError,
     Session,
+    SessionObserver,
+    SessionState,
     SyncLimits,
 )
 from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
@@ -419,18 +422,53 @@ def test_every_dedicated_event_rpc_reaches_the_plugin() -> None:
 
 
 def test_the_session_says_when_the_runtime_s_requests_have_been_answered() -> None:
-    """on_idle, which the plugin's deferred work waits for, is called after each answered event."""
+    """Observers are told the connection is idle (the plugin's deferred work waits for it)
+    after each answered event."""
     plugin = RecordingPlugin()
     answered: list[int] = []
 
+    class Idle(SessionObserver):
+        def idle(self) -> None:
+            answered.append(len(plugin.pod_events))
+
     async def scenario() -> None:
-        async with loopback(plugin, on_idle=lambda: answered.append(len(plugin.pod_events))) as lb:
+        async with loopback(plugin, observers=[Idle()]) as lb:
             await lb.runtime.start()
             before = len(answered)
             for n in range(2):
                 method, request_type, response_type, _ = POD_RPCS[0]
                 await lb.runtime.call(method, request_type(pod=pod(f"p{n}")), response_type)
             assert answered[before:] == [1, 2]
+
+    run(scenario())
+
+
+def test_observers_may_ask_their_connection_whether_a_request_is_in_progress() -> None:
+    """`connected` hands observers each connection: busy while an event is served, and its
+    writes to the runtime counted (what the deferred work asks before each piece)."""
+    links: list[Link] = []
+    seen: list[tuple[bool, int]] = []
+
+    async def during(_event: Event) -> None:
+        seen.append((links[-1].busy(), links[-1].writes))
+
+    class Connections(SessionObserver):
+        def connected(self, link: Link) -> None:
+            links.append(link)
+
+    plugin = RecordingPlugin(on_event=during)
+
+    async def scenario() -> None:
+        async with loopback(plugin, observers=[Connections()]) as lb:
+            await lb.runtime.start()
+            (link,) = links
+            method, request_type, response_type, _ = POD_RPCS[0]
+            await lb.runtime.call(method, request_type(pod=pod("p")), response_type)
+            await asyncio.sleep(0)
+            (during_event,) = seen
+            assert during_event[0] is True
+            assert link.busy() is False
+            assert link.writes > during_event[1]  # the event's reply, at least
 
     run(scenario())
 
@@ -501,14 +539,14 @@ def test_a_failing_handler_traceback_names_the_methods_it_went_through() -> None
         def failed(self, error: BaseException) -> None:
             failures.append(error)
 
-    class Recorder:
-        def begin(self, method: str, request: Message) -> Call:
+    class Recorder(SessionObserver):
+        def call_begun(self, method: str, request: Message) -> Call:
             return Call()
 
     async def scenario() -> None:
         (plugin_reader, plugin_writer), (rt_reader, rt_writer) = await socketpair_streams()
         runtime = LoopbackRuntime(rt_reader, rt_writer)
-        session = Session(Failing(), "midbatch", "10", recorders=[Recorder()])
+        session = Session(Failing(), "midbatch", "10", observers=[Recorder()])
         task = asyncio.create_task(session.run(plugin_reader, plugin_writer))
         await runtime.start()
         request = api.CreateContainerRequest(pod=pod("p"), container=container("c", "p"))
@@ -719,11 +757,12 @@ def test_run_returns_the_close_reason_and_resets_state() -> None:
     states: list[tuple[bool, bool, bool]] = []
     plugin = RecordingPlugin()
 
+    class States(SessionObserver):
+        def state_changed(self, state: SessionState) -> None:
+            states.append((state.registered, state.configured, state.synchronized))
+
     async def scenario() -> None:
-        async with loopback(plugin) as lb:
-            lb.session.state._listeners.append(
-                lambda s: states.append((s.registered, s.configured, s.synchronized))
-            )
+        async with loopback(plugin, observers=[States()]) as lb:
             await lb.runtime.start()
             await lb.runtime.close()
             assert await lb.task == "closed by peer"

@@ -40,6 +40,7 @@ from nri_midbatch.plugin.codec import NATIVE_LIMITS_ANNOTATION
 from nri_midbatch.plugin.deferred import CGROUP_READS_PER_PIECE
 from nri_midbatch.plugin.handlers import MidBatchPlugin
 from nri_midbatch.plugin.lowering import LoweringTimings
+from nri_midbatch.plugin.observer import Observer
 from nri_midbatch.policy import ContainerView, Decision, PodView, decide_container
 from nri_midbatch.policy.cpuset import RESOURCE_STATUS_ANNOTATION
 from nri_midbatch.rpc.errors import RpcError
@@ -625,11 +626,14 @@ def test_synchronize_decides_each_container_as_it_would_be_decided_alone(
     ]
     decided: list[tuple[PodView, ContainerView, Decision]] = []
 
-    def note(pod: PodView, container: ContainerView | None, decision: Decision) -> None:
-        if container is not None:
-            decided.append((pod, container, decision))
+    class Decisions(Observer):
+        def decided(
+            self, pod: PodView, container: ContainerView | None, decision: Decision
+        ) -> None:
+            if container is not None:
+                decided.append((pod, container, decision))
 
-    plugin = MidBatchPlugin(make_config(tree), dry_run=True, on_decision=note)
+    plugin = MidBatchPlugin(make_config(tree), dry_run=True, observers=[Decisions()])
     run(plugin.synchronize(pods[::-1], containers[::-1]))  # pods' containers apart
     assert len(decided) == len(containers)
     alone = [decide_container(pod, container, plugin.policy) for pod, container, _ in decided]

@@ -28,7 +28,6 @@ from nri_midbatch.config.model import Config, load_config_text
 from nri_midbatch.nri.session import Session
 from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
 from nri_midbatch.plugin.handlers import MidBatchPlugin
-from nri_midbatch.recording.call import note_decision
 from nri_midbatch.recording.format import message_json, redacted_json
 from nri_midbatch.recording.writer import Recorder, RotatingFile, Written
 from nri_midbatch.rpc.errors import RpcError
@@ -73,10 +72,8 @@ async def recorded_plugin(
     recorder: Recorder, config: Config | None = None
 ) -> AsyncIterator[LoopbackRuntime]:
     """A MidBatchPlugin session recording to `recorder`, driven by a LoopbackRuntime."""
-    plugin = MidBatchPlugin(
-        settings_of(config or Config()), dry_run=True, on_decision=note_decision
-    )
-    session = Session(plugin, "midbatch", "10", recorders=(recorder,))
+    plugin = MidBatchPlugin(settings_of(config or Config()), dry_run=True, observers=(recorder,))
+    session = Session(plugin, "midbatch", "10", observers=(recorder,))
     (plugin_reader, plugin_writer), (runtime_reader, runtime_writer) = await socketpair_streams()
     serving = asyncio.create_task(session.run(plugin_reader, plugin_writer))
     runtime = LoopbackRuntime(runtime_reader, runtime_writer)

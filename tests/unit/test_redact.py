@@ -118,7 +118,7 @@ def record(path: Path, calls: list[tuple[str, Message, Message]]) -> None:
     async def scenario() -> None:
         async with Recorder(RotatingFile(path), kept_annotations=KEPT_ANNOTATIONS) as recorder:
             for method, request, response in calls:
-                recorder.begin(method, request).replied(response)
+                recorder.call_begun(method, request).replied(response)
 
     asyncio.run(scenario())
 

@@ -21,7 +21,7 @@ from nri_midbatch.config.model import Config
 from nri_midbatch.nri.session import PLUGIN_SERVICE, Session
 from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
 from nri_midbatch.plugin.handlers import MidBatchPlugin
-from nri_midbatch.recording.call import Call, CallRecord, NotedDecision, Status, note_decision
+from nri_midbatch.recording.call import CallRecord, CallRecorder, NotedDecision, Status
 from nri_midbatch.recording.reader import PLUGIN_METHODS, Entry, Problem
 from nri_midbatch.rpc.errors import RpcError, error_status
 from nri_midbatch.rpc.service import CallContext
@@ -63,14 +63,14 @@ def _wire(message: Message | None) -> bytes | None:
     return None if message is None else message.SerializeToString(deterministic=True)
 
 
-class _Collector:
-    """The replay's CallRecorder: holds the records of the call being replayed."""
+class _Collector(CallRecorder):
+    """The replay's recorder: holds the records of the call being replayed."""
 
     def __init__(self) -> None:
         self._records: list[CallRecord] = []
 
-    def begin(self, method: str, request: Message) -> Call:
-        return Call(method, request, self._records.append)
+    def keep(self, record: CallRecord) -> None:
+        self._records.append(record)
 
     def take(self) -> list[CallRecord]:
         records, self._records = self._records, []
@@ -87,10 +87,10 @@ async def replay(
     is yielded, so memory stays flat in the length of the recording.
     """
     collector = _Collector()
-    plugin = MidBatchPlugin(settings_of(config), dry_run=True, on_decision=note_decision)
+    plugin = MidBatchPlugin(settings_of(config), dry_run=True, observers=(collector,))
     # In process, a recording that starts anywhere in a session is served as it comes.
     session = Session(
-        plugin, "midbatch", "10", recorders=(collector,), enforce_lifecycle=via_socket
+        plugin, "midbatch", "10", observers=(collector,), enforce_lifecycle=via_socket
     )
     drive = _through_socket if via_socket else _in_process
     async with drive(session) as call:
