@@ -10,7 +10,8 @@ is written in the same step of the event loop as its handler returns, so
 nothing queued here can run before it. Work runs in the order it was queued,
 in slices of at most `slice_seconds`, and only while the connection is idle:
 before each piece of work the `busy` probe (the session's connection: a
-request being served, being read, or bytes waiting on the socket) is asked.
+request being served, received and not yet dispatched, or bytes waiting on
+the socket) is asked.
 While it says yes the work waits until the connection has answered what it
 was serving (`resume`, called by the connection), or `DeferredTimings.recheck`
 if nothing is answered (bytes that are not a request yet). A request

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import difflib
 import json
+import socket
 from collections.abc import (
     AsyncIterator,
     Awaitable,
@@ -50,7 +51,7 @@ from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import Config
 from nri_midbatch.nri.events import Event
 from nri_midbatch.nri.session import PLUGIN_SERVICE, Session
-from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
+from nri_midbatch.nri.testing import LoopbackRuntime
 from nri_midbatch.plugin.codec import current_values
 from nri_midbatch.plugin.handlers import MidBatchPlugin
 from nri_midbatch.policy import CgroupValues
@@ -375,9 +376,9 @@ async def _in_process(session: Session) -> AsyncIterator[Caller]:
 
 @asynccontextmanager
 async def _through_socket(session: Session) -> AsyncIterator[Caller]:
-    (plugin_reader, plugin_writer), (runtime_reader, runtime_writer) = await socketpair_streams()
-    serving = asyncio.create_task(session.run(plugin_reader, plugin_writer))
-    runtime = LoopbackRuntime(runtime_reader, runtime_writer)
+    plugin_end, runtime_end = socket.socketpair()
+    serving = asyncio.create_task(session.run(plugin_end))
+    runtime = await LoopbackRuntime.over(runtime_end)
 
     async def call(method: str, request: Message) -> Reply:
         try:
