@@ -153,4 +153,3 @@ class LoopbackRuntime:
 
     async def close(self) -> None:
         self.conn.close("runtime closed")
-        await self.conn.wait_closed()
