@@ -74,6 +74,17 @@ async def _wait_for_socket(
         await _wait(stop, POLL_INTERVAL)
 
 
+async def _connect(path: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    try:
+        await asyncio.get_running_loop().sock_connect(sock, path)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 async def run_external(
     session: Session,
     socket_path: str,
@@ -113,12 +124,12 @@ async def run_external(
         if attempts > 1 and on_reconnect is not None:
             on_reconnect()
         try:
-            reader, writer = await asyncio.open_unix_connection(socket_path)
+            sock = await _connect(socket_path)
         except OSError as exc:
             log.warning("cannot connect to runtime", socket=socket_path, error=str(exc))
             stale = identity
             continue
-        run = asyncio.create_task(session.run(reader, writer))
+        run = asyncio.create_task(session.run(sock))
         stopping = asyncio.create_task(stop.wait())
         await asyncio.wait((run, stopping), return_when=asyncio.FIRST_COMPLETED)
         stopping.cancel()
@@ -163,10 +174,8 @@ async def run_prelaunched(session: Session, fd: int) -> Ended:
     The runtime never restarts a pre-launched plugin on a new fd, so there is no
     retry: a failed registration or a broken session ends it, as a failure.
     """
-    sock = socket.socket(fileno=fd)
-    reader, writer = await asyncio.open_unix_connection(sock=sock)
     try:
-        reason = await session.run(reader, writer)
+        reason = await session.run(socket.socket(fileno=fd))
     except RegistrationError as exc:
         return Ended(str(exc), failed=True)
     except Exception as exc:

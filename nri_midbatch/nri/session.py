@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -259,11 +260,9 @@ class Session:
 
     # -- running -------------------------------------------------------------
 
-    async def run(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str:
-        """Register and serve until the connection ends; returns why it ended."""
+    async def run(self, sock: socket.socket) -> str:
+        """Register and serve over the connected `sock` until it closes; returns why it ended."""
         conn = MuxConnection(
-            reader,
-            writer,
             {PLUGIN_SERVICE: self.service()},
             name=f"{self._idx}-{self._name}",
             on_idle=self._idle,
@@ -275,15 +274,14 @@ class Session:
         self._configured.clear()
         self._drop_sync_buffer()
         self._advance(Step.CONNECT)
-        # Serve connection 1 before registering: Configure may arrive before
-        # the reply to RegisterPlugin.
-        reader_task = asyncio.create_task(conn.run())
         try:
+            # Serve connection 1 before registering: Configure may arrive before
+            # the reply to RegisterPlugin.
+            await conn.attach(sock)
             await self._register(conn)
             await conn.wait_closed()
         finally:
             conn.close()
-            await asyncio.gather(reader_task, return_exceptions=True)
             self._conn = None
             self._refused_before += conn.refused
             self._ignored_before += conn.ignored

@@ -41,8 +41,6 @@ class LoopbackRuntime:
 
     def __init__(
         self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
         *,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
         failed_updates: Sequence[str] = (),
@@ -54,14 +52,24 @@ class LoopbackRuntime:
         self.answering_updates = asyncio.Event()
         self.answering_updates.set()
         self.conn = MuxConnection(
-            reader,
-            writer,
             {RUNTIME_SERVICE: self._service()},
             server_conn=RUNTIME_SERVICE_CONN,
             client_conn=PLUGIN_SERVICE_CONN,
             name="loopback-runtime",
         )
-        self._task = asyncio.create_task(self.conn.run())
+
+    @classmethod
+    async def over(
+        cls,
+        sock: socket.socket,
+        *,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        failed_updates: Sequence[str] = (),
+    ) -> LoopbackRuntime:
+        """A runtime serving on the connected `sock`."""
+        runtime = cls(request_timeout=request_timeout, failed_updates=failed_updates)
+        await runtime.conn.attach(sock)
+        return runtime
 
     def _service(self) -> Service:
         async def register(request: api.RegisterPluginRequest, _ctx: CallContext) -> api.Empty:
@@ -145,16 +153,3 @@ class LoopbackRuntime:
 
     async def close(self) -> None:
         self.conn.close("runtime closed")
-        await asyncio.gather(self._task, return_exceptions=True)
-
-
-async def socketpair_streams() -> tuple[
-    tuple[asyncio.StreamReader, asyncio.StreamWriter],
-    tuple[asyncio.StreamReader, asyncio.StreamWriter],
-]:
-    """Two connected stream ends, as a pre-launched plugin and its runtime have."""
-    left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    return (
-        await asyncio.open_unix_connection(sock=left),
-        await asyncio.open_unix_connection(sock=right),
-    )

@@ -11,10 +11,10 @@ nothing queued here can run before it. Work runs in the order it was queued,
 in slices of at most `slice_seconds`, and only while the connection is idle:
 `AfterReply` is one of the session's observers, and before each piece of work
 it asks the connection it was last told of (`connected`) whether it is busy (a
-request being served, being read, or bytes waiting on the socket). While it
-says yes the work waits until the connection has answered what it was serving
-(`idle`), or `DeferredTimings.recheck` if nothing is answered (bytes that are
-not a request yet). A request
+request being served, received and not yet dispatched, or bytes waiting on the
+socket). While it says yes the work waits until the connection has answered
+what it was serving (`idle`), or `DeferredTimings.recheck` if nothing is
+answered (bytes that are not a request yet). A request
 arriving in the middle of a long backlog so waits for at most the piece of
 work under way (a pod's cgroup files, one container's read, 8 log lines:
 0.1-0.6 ms), not for a slice or the whole backlog.

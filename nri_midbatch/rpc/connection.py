@@ -1,9 +1,10 @@
-"""One socket, two logical ttrpc connections over NRI's mux: the asyncio pump.
+"""One socket, two logical ttrpc connections over NRI's mux: an asyncio.Protocol.
 
-The protocol lives in `nri_midbatch.wire.connection`; this module moves bytes
-between the socket and it, runs one task per request, and turns call outcomes
-into results or exceptions. A plugin serves the Plugin service on mux
-connection 1 and calls the Runtime service on connection 2; a runtime does the
+The protocol's rules live in `nri_midbatch.wire.connection`; this module feeds
+it what the transport receives, runs one task per request, writes what it
+answers, and turns call outcomes into results or exceptions. A plugin serves
+the Plugin service on mux connection 1 and calls the Runtime service on
+connection 2; a runtime does the
 reverse, so the connection ids are parameters (the test and replay runtimes
 reuse this class with the roles swapped). Every reply is written as one
 `write()` so frames of concurrent replies never interleave.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import select
+import socket
 import time
 from collections.abc import Callable, Mapping
 from typing import TypeVar, cast
@@ -31,7 +33,6 @@ log = structlog.get_logger(__name__)
 
 ResponseT = TypeVar("ResponseT", bound=Message)
 
-READ_CHUNK = 256 * 1024
 #: Messages handled between two yields to the event loop. One read can hold
 #: tens of thousands of tiny messages; handling them all in one go would keep
 #: every other task (handlers, replies, cgroup writes, health) waiting.
@@ -40,11 +41,9 @@ MESSAGES_PER_TURN = 64
 _Outcome = asyncio.Future[Message]
 
 
-class MuxConnection:
+class MuxConnection(asyncio.Protocol):
     def __init__(
         self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
         services: Mapping[str, Service],
         *,
         server_conn: int = PLUGIN_SERVICE_CONN,
@@ -57,9 +56,11 @@ class MuxConnection:
         """on_idle: called when the last request in progress has been answered.
 
         max_violations_per_second, clock: the flood bound (see wire.connection).
+        The connection serves once a transport is made for it: `attach` (a
+        connected socket) or the loop's own `connection_made`.
         """
-        self._reader = reader
-        self._writer = writer
+        self._transport: asyncio.Transport | None = None
+        self._fileno = -1  # the socket's, for busy()
         self._services = services
         self._log = log.bind(connection=name)
         self._wire: wire.Connection[_Outcome] = wire.Connection(
@@ -74,8 +75,14 @@ class MuxConnection:
         )
         self._handlers: set[asyncio.Task[None]] = set()
         self._closed = asyncio.Event()
-        #: True from a read's return until its messages are dispatched.
-        self._dispatching = False
+        #: Messages received and not yet dispatched wait for a later turn; reading
+        #: is paused meanwhile, so what is held stays one read's worth.
+        self._backlog = False
+        self._next_turn: asyncio.Handle | None = None
+        #: The peer does not read what we write (the transport's high-water mark).
+        self._writing_paused = False
+        #: The peer has closed its end; we do once the backlog is dispatched.
+        self._eof = False
         #: Requests dispatched and not yet answered.
         self._serving = 0
         self._on_idle = on_idle
@@ -93,47 +100,81 @@ class MuxConnection:
 
     # -- lifecycle -----------------------------------------------------------
 
-    async def run(self) -> None:
-        """Read and dispatch until the socket closes or the peer breaks protocol."""
-        reason = "closed by peer"
+    async def attach(self, sock: socket.socket) -> None:
+        """Serve over the connected socket `sock`, which the connection then owns."""
         try:
-            while not self._closed.is_set():
-                data = await self._reader.read(READ_CHUNK)
-                if not data:
-                    break
-                self._dispatching = True
-                self._wire.receive_data(data)
-                await self._dispatch()
-                self._dispatching = False
-        except RemoteProtocolError as exc:
-            reason = f"protocol error: {exc}"
-            self.broken_by_peer = True
-            self._log.warning("dropping connection", reason=reason)
-        except (ConnectionError, OSError) as exc:
-            reason = f"socket error: {exc}"
-        finally:
-            self._shutdown(reason)
+            await asyncio.get_running_loop().connect_accepted_socket(lambda: self, sock)
+        except BaseException:
+            sock.close()
+            raise
 
-    async def _dispatch(self) -> None:
-        handled = 0
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        self._fileno = -1 if sock is None else sock.fileno()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._wire.receive_data(data)
+        except RemoteProtocolError as exc:
+            self._broken(exc)
+            return
+        if not self._backlog:  # else its next turn takes these messages too
+            self._dispatch()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        if not self._backlog:
+            self._shutdown("closed by peer")
+        return True  # the transport stays open until the backlog is dispatched
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._shutdown("closed by peer" if exc is None else f"socket error: {exc}")
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        if self._backlog and self._next_turn is None:
+            self._next_turn = asyncio.get_running_loop().call_soon(self._dispatch)
+
+    def _dispatch(self) -> None:
+        """Dispatch up to MESSAGES_PER_TURN messages; the rest wait for a later turn."""
+        self._next_turn = None
         # Answers the wire layer made itself go out together, once per turn:
         # one write (and syscall) per turn rather than one per message.
         answers: list[bytes] = []
-        while not self._closed.is_set() and (event := self._wire.next_event()) is not None:
-            if isinstance(event, wire.Refused):
-                self._note_refused(event)
-                answers.append(event.data)
-            else:
-                self._on_event(event)
-            handled += 1
-            if handled % MESSAGES_PER_TURN == 0:
-                self._write(b"".join(answers))
-                answers.clear()
-                await asyncio.sleep(0)
-                # Replies pile up in the transport if the peer does not read
-                # them; stop reading until it does (asyncio's high-water mark).
-                await self._writer.drain()
+        handled = 0
+        try:
+            while handled < MESSAGES_PER_TURN and (event := self._wire.next_event()) is not None:
+                if isinstance(event, wire.Refused):
+                    self._note_refused(event)
+                    answers.append(event.data)
+                else:
+                    self._on_event(event)
+                handled += 1
+        except RemoteProtocolError as exc:
+            self._broken(exc)
+            return
         self._write(b"".join(answers))
+        transport = self._transport
+        if self._closed.is_set() or transport is None:
+            return
+        self._backlog = handled == MESSAGES_PER_TURN
+        if self._backlog:
+            # One read can hold tens of thousands of tiny messages: the rest
+            # wait behind every other task, and reading waits for the rest.
+            if transport.is_reading():
+                transport.pause_reading()
+            # Replies pile up in the transport if the peer does not read them:
+            # then the rest waits until it does (resume_writing).
+            if not self._writing_paused:
+                self._next_turn = asyncio.get_running_loop().call_soon(self._dispatch)
+        elif self._eof:
+            self._shutdown("closed by peer")
+        elif not transport.is_reading():
+            transport.resume_reading()
 
     def close(self, reason: str = "closed locally") -> None:
         self._shutdown(reason)
@@ -142,30 +183,32 @@ class MuxConnection:
         await self._closed.wait()
 
     def busy(self) -> bool:
-        """A request is being served or read, or bytes wait on the socket.
+        """A request is being served, received, or waits to be dispatched or read.
 
         Asked by work deferred after replies (plugin/deferred.py) before each piece,
-        so that an arriving request does not wait behind it. Costs one
-        zero-timeout poll of the socket (about 2 us).
+        so that an arriving request does not wait behind it. What has been
+        received and not dispatched is the connection's own state; bytes still
+        in the kernel cost one zero-timeout poll of the socket (about 2 us).
         """
         if self._closed.is_set():
             return False
-        if self._serving or self._dispatching:
+        if self._serving or self._backlog or self._wire.holds_input:
             return True
-        # Bytes the transport has read that the reader task has not taken yet:
-        # uvloop reads the socket before it runs ready callbacks, so a request
-        # is often there and not on the socket. StreamReader has no public way
-        # to ask (its buffer is a bytearray).
-        if getattr(self._reader, "_buffer", None):
-            return True
-        sock = self._writer.get_extra_info("socket")
-        if sock is None:
+        # Deferred work holds the loop for a slice of pieces, and the loop reads
+        # nothing meanwhile: a request sent during the slice is still in the kernel.
+        if self._fileno < 0:
             return False
         try:
-            readable, _, _ = select.select((sock,), (), (), 0)
+            readable, _, _ = select.select((self._fileno,), (), (), 0)
         except (OSError, ValueError):  # closed under us: nothing to wait for
             return False
         return bool(readable)
+
+    def _broken(self, exc: RemoteProtocolError) -> None:
+        reason = f"protocol error: {exc}"
+        self.broken_by_peer = True
+        self._log.warning("dropping connection", reason=reason)
+        self._shutdown(reason)
 
     def _shutdown(self, reason: str) -> None:
         if self._closed.is_set():
@@ -178,12 +221,16 @@ class MuxConnection:
                 requests_refused=self.refused,
                 messages_ignored=self.ignored,
             )
+        if self._next_turn is not None:
+            self._next_turn.cancel()
+            self._next_turn = None
         for fut in self._wire.close():
             if not fut.done():
                 fut.set_exception(ConnectionClosed(reason))
         for task in self._handlers:
             task.cancel()
-        self._writer.close()
+        if self._transport is not None:
+            self._transport.close()
 
     # -- receiving -----------------------------------------------------------
 
@@ -247,7 +294,7 @@ class MuxConnection:
             # Served once its reply is written, in the same step (see busy()),
             # not when the task's done callbacks run a turn later.
             self._serving -= 1
-            if not self._serving and not self._dispatching and self._on_idle is not None:
+            if not self._serving and not self._backlog and self._on_idle is not None:
                 self._on_idle()
 
     # -- calling -------------------------------------------------------------
@@ -268,8 +315,8 @@ class MuxConnection:
         `response_type` is an RpcError, no reply within `timeout` is
         DEADLINE_EXCEEDED.
         """
-        if self._closed.is_set():
-            raise ConnectionClosed(self.close_reason or "closed")
+        if self._closed.is_set() or self._transport is None:
+            raise ConnectionClosed(self.close_reason or "not connected")
         fut: _Outcome = asyncio.get_running_loop().create_future()
         try:
             stream_id, data = self._wire.call(
@@ -297,6 +344,6 @@ class MuxConnection:
     # -- sending -------------------------------------------------------------
 
     def _write(self, data: bytes) -> None:
-        if data and not self._closed.is_set():
-            self._writer.write(data)
+        if data and self._transport is not None and not self._closed.is_set():
+            self._transport.write(data)
             self.writes += 1

@@ -187,6 +187,18 @@ class Connection(Generic[T]):
             self._decoders[conn_id].receive(payload)
             self._draining = conn_id
 
+    @property
+    def holds_input(self) -> bool:
+        """Bytes have been received that `next_event` has not yet turned into events.
+
+        A message under way (not all of it here yet) counts: a request is arriving.
+        """
+        return bool(
+            self._frames
+            or self._mux.buffered
+            or any(decoder.buffered for decoder in self._decoders.values())
+        )
+
     def _on_request(self, message: TtrpcMessage | OversizedMessage) -> Event[T]:
         stream_id = message.stream_id
         if isinstance(message, OversizedMessage):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import load_config_file
 from nri_midbatch.config.settings import Settings
-from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
+from nri_midbatch.nri.testing import LoopbackRuntime
 from nri_midbatch.process import app as app_module
 from nri_midbatch.process.app import App
 from nri_midbatch.rpc.service import CallContext, Method, Service
@@ -178,14 +179,9 @@ def pod_resources_of(values: Values) -> api.LinuxResources:
 class _Runtime(LoopbackRuntime):
     """A LoopbackRuntime whose UpdateContainers the fake containerd applies as it comes."""
 
-    def __init__(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        containerd: FakeContainerd,
-    ) -> None:
+    def __init__(self, containerd: FakeContainerd) -> None:
         self._containerd = containerd
-        super().__init__(reader, writer)
+        super().__init__()
 
     def _service(self) -> Service:
         """The loopback runtime's service, with UpdateContainers applied before the reply."""
@@ -229,9 +225,10 @@ class FakeContainerd:
 
     async def connect(self, app: App) -> None:
         """Accept the plugin: register, Configure, Synchronize what is kept."""
-        (plugin_reader, plugin_writer), (rt_reader, rt_writer) = await socketpair_streams()
-        self.runtime = _Runtime(rt_reader, rt_writer, self)
-        self._session_task = asyncio.create_task(app.session.run(plugin_reader, plugin_writer))
+        plugin_end, runtime_end = socket.socketpair()
+        self.runtime = _Runtime(self)
+        await self.runtime.conn.attach(runtime_end)
+        self._session_task = asyncio.create_task(app.session.run(plugin_end))
         await self.runtime.configure(
             runtime_name="containerd",
             runtime_version=self.flavour.version,

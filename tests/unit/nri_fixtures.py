@@ -26,7 +26,7 @@ from nri_midbatch.nri.session import (
     Session,
     SessionObserver,
 )
-from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
+from nri_midbatch.nri.testing import LoopbackRuntime
 from nri_midbatch.wire import mux
 from nri_midbatch.wire.ttrpc import Message as TtrpcMessage
 from nri_midbatch.wire.ttrpc import MessageDecoder, MessageType, OversizedMessage, encode_message
@@ -244,12 +244,12 @@ async def loopback(
     registration_timeout: float = STEP_TIMEOUT,
     observers: Sequence[SessionObserver] = (),
 ) -> AsyncIterator[Loopback]:
-    (plugin_reader, plugin_writer), (rt_reader, rt_writer) = await socketpair_streams()
-    runtime = LoopbackRuntime(rt_reader, rt_writer, failed_updates=failed_updates)
+    plugin_end, runtime_end = socket.socketpair()
+    runtime = await LoopbackRuntime.over(runtime_end, failed_updates=failed_updates)
     session = Session(
         plugin, name, idx, registration_timeout=registration_timeout, observers=observers
     )
-    task = asyncio.create_task(session.run(plugin_reader, plugin_writer))
+    task = asyncio.create_task(session.run(plugin_end))
     try:
         yield Loopback(session, runtime, task)
     finally:
@@ -277,12 +277,15 @@ class RawPeer:
         self._messages: dict[int, deque[TtrpcMessage | OversizedMessage]] = {}
 
     @classmethod
-    async def pair(cls) -> tuple[RawPeer, tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
-        """A raw peer and the stream ends of the other side."""
-        left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        other = await asyncio.open_unix_connection(sock=left)
-        reader, writer = await asyncio.open_unix_connection(sock=right)
-        return cls(reader, writer), other
+    async def over(cls, sock: socket.socket) -> RawPeer:
+        """A raw peer on the connected `sock`."""
+        return cls(*await asyncio.open_unix_connection(sock=sock))
+
+    @classmethod
+    async def pair(cls) -> tuple[RawPeer, socket.socket]:
+        """A raw peer and the socket of the other side."""
+        ours, theirs = socket.socketpair()
+        return await cls.over(ours), theirs
 
     # -- writing -------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from nri_midbatch.cgroups.fs import apply_values
 from nri_midbatch.cgroups.paths import CgroupLocation
 from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import load_config_file
-from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
+from nri_midbatch.nri.testing import LoopbackRuntime
 from nri_midbatch.plugin import cgroup_writer
 from nri_midbatch.plugin.deferred import DeferredTimings
 from nri_midbatch.plugin.lowering import LoweringTimings
@@ -204,8 +205,8 @@ async def running_node(
         deferred_timings=deferred_timings,
         lowering_timings=lowering_timings,
     )
-    (plugin_reader, plugin_writer), (rt_reader, rt_writer) = await socketpair_streams()
-    runtime = LoopbackRuntime(rt_reader, rt_writer, failed_updates=failed_updates)
+    plugin_end, runtime_end = socket.socketpair()
+    runtime = await LoopbackRuntime.over(runtime_end, failed_updates=failed_updates)
     node = Node(app, runtime, tree, config_path, base)
     reload = app.reload
 
@@ -214,7 +215,7 @@ async def running_node(
         node.reloaded.put_nowait(reason)
 
     app.reload = reload_and_tell  # type: ignore[method-assign]
-    task = asyncio.create_task(app.session.run(plugin_reader, plugin_writer))
+    task = asyncio.create_task(app.session.run(plugin_end))
     services = app._services() if watch else _nothing()
     try:
         async with services:

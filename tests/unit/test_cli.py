@@ -6,7 +6,6 @@ exactly NRI_PLUGIN_NAME, NRI_PLUGIN_IDX and NRI_PLUGIN_SOCKET, and stdio on /dev
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import os
@@ -427,8 +426,7 @@ def test_prelaunched_process_registers_configures_and_exits_on_close(
     container = api.Container(id="c", pod_sandbox_id="p", name="app")
 
     async def scenario() -> None:
-        reader, writer = await asyncio.open_unix_connection(sock=runtime_end)
-        runtime = LoopbackRuntime(reader, writer)
+        runtime = await LoopbackRuntime.over(runtime_end)
         try:
             configured, synced = await runtime.start(
                 runtime_name="containerd",

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import json
 import re
+import socket
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -24,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import load_config_text
-from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
+from nri_midbatch.nri.testing import LoopbackRuntime
 from nri_midbatch.obs.metrics import WebhookMetrics
 from nri_midbatch.process.app import App
 from nri_midbatch.recording.writer import Recorder, Written
@@ -124,9 +125,9 @@ def exposed_families(tmp_path: Path) -> dict[str, tuple[str, frozenset[str]]]:
             recorder=Recorder(_NullSink()),
             metrics_address=None,
         )
-        (plugin_r, plugin_w), (runtime_r, runtime_w) = await socketpair_streams()
-        runtime = LoopbackRuntime(runtime_r, runtime_w)
-        task = asyncio.create_task(app.session.run(plugin_r, plugin_w))
+        plugin_end, runtime_end = socket.socketpair()
+        runtime = await LoopbackRuntime.over(runtime_end)
+        task = asyncio.create_task(app.session.run(plugin_end))
         try:
             good, bad = _pod("good", BATCH_SPEC), _pod("bad", "{not json")
             await runtime.start(pods=[good], containers=[_container("c0", good)])

@@ -64,7 +64,9 @@ class FakeRuntime:
     def __init__(self, path: Path, behaviour: str = "normal") -> None:
         self.path = path
         self.behaviour = behaviour
-        self.server: asyncio.Server | None = None
+        self.listener: socket.socket | None = None
+        self._accepting: asyncio.Task[None] | None = None
+        self._handling: set[asyncio.Task[None]] = set()
         self.runtimes: list[LoopbackRuntime] = []
         self.synced: asyncio.Queue[LoopbackRuntime] = asyncio.Queue()
         self.accepted = 0
@@ -76,13 +78,26 @@ class FakeRuntime:
         self.flood_answers = b""
 
     async def start(self) -> None:
-        self.server = await asyncio.start_unix_server(self._handle, path=str(self.path))
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(self.path))
+        self.listener.listen()
+        self.listener.setblocking(False)
+        self._accepting = asyncio.create_task(self._accept(self.listener))
+
+    async def _accept(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            sock, _ = await loop.sock_accept(listener)
+            task = asyncio.create_task(self._handle(sock))
+            self._handling.add(task)
+            task.add_done_callback(self._handling.discard)
 
     async def stop_listening(self) -> None:
         """Close the listener and remove the socket, as a stopping runtime does."""
-        assert self.server is not None
-        self.server.close()
-        await self.server.wait_closed()
+        assert self._accepting is not None and self.listener is not None
+        self._accepting.cancel()
+        await asyncio.gather(self._accepting, return_exceptions=True)
+        self.listener.close()
         self.path.unlink()
 
     async def drop_connections(self) -> None:
@@ -94,7 +109,7 @@ class FakeRuntime:
         await self.stop_listening()
         await self.start()
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _handle(self, sock: socket.socket) -> None:
         self.accepted += 1
         self.accept_times.append(asyncio.get_running_loop().time())
         self.live += 1
@@ -102,16 +117,16 @@ class FakeRuntime:
         self.idle.clear()
         try:
             if self.behaviour == "flood" and self.accepted == 1:
-                await self._flood(RawPeer(reader, writer))
+                await self._flood(await RawPeer.over(sock))
                 return
             if self.behaviour in ("normal", "flood"):
-                runtime = LoopbackRuntime(reader, writer)
+                runtime = await LoopbackRuntime.over(sock)
                 self.runtimes.append(runtime)
                 await runtime.start(registration_timeout=STEP)
                 await self.synced.put(runtime)
                 await runtime.conn.wait_closed()
                 return
-            peer = RawPeer(reader, writer)
+            peer = await RawPeer.over(sock)
             message, _ = await peer.read_request(2)
             if self.behaviour in BAD_REPLIES:
                 msg_type, body = BAD_REPLIES[self.behaviour]
@@ -142,9 +157,9 @@ class FakeRuntime:
 
     async def close(self) -> None:
         await self.drop_connections()
-        if self.server is not None:
-            self.server.close()
-            await self.server.wait_closed()
+        if self._accepting is not None and not self._accepting.done():
+            await self.stop_listening()
+        await asyncio.gather(*self._handling, return_exceptions=True)
 
 
 def socket_path(tmp_path: Path) -> Path:
@@ -444,8 +459,7 @@ def test_run_prelaunched_serves_the_inherited_fd_until_it_closes() -> None:
     async def scenario() -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         fd = ours.detach()
-        reader, writer = await asyncio.open_unix_connection(sock=theirs)
-        runtime = LoopbackRuntime(reader, writer)
+        runtime = await LoopbackRuntime.over(theirs)
         session = Session(plugin, "midbatch", "10")
         task = asyncio.create_task(run_prelaunched(session, fd))
         configured, _ = await runtime.start(config="from conf.d", runtime_version="v1.7.0")
@@ -475,8 +489,7 @@ def test_run_prelaunched_serves_the_inherited_fd_until_it_closes() -> None:
 def test_run_prelaunched_returns_when_the_runtime_hangs_up_early() -> None:
     async def scenario() -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        reader, writer = await asyncio.open_unix_connection(sock=theirs)
-        peer = RawPeer(reader, writer)
+        peer = await RawPeer.over(theirs)
         session = Session(RecordingPlugin(), "midbatch", "10")
         task = asyncio.create_task(run_prelaunched(session, ours.detach()))
         await peer.read_request(2)
@@ -498,8 +511,7 @@ def test_prelaunched_app_says_why_and_exits_non_zero(behaviour: str) -> None:
 
     async def scenario() -> int:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        reader, writer = await asyncio.open_unix_connection(sock=theirs)
-        peer = RawPeer(reader, writer)
+        peer = await RawPeer.over(theirs)
         app = App(settings_of(Config()), name="midbatch", idx="10", config_path=None)
         task = asyncio.create_task(app.run_prelaunched(ours.detach()))
         message, _ = await peer.read_request(2)
@@ -524,12 +536,12 @@ def test_runner_survives_a_session_that_raises(tmp_path: Path) -> None:
     class Flaky(Session):
         failures = 0
 
-        async def run(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str:
+        async def run(self, sock: socket.socket) -> str:
             if Flaky.failures < 2:
                 Flaky.failures += 1
-                writer.close()
+                sock.close()
                 raise ValueError("a bug")
-            return await super().run(reader, writer)
+            return await super().run(sock)
 
     async def scenario() -> None:
         fake = FakeRuntime(path)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import socket
 import traceback
 
 import pytest
@@ -27,7 +28,7 @@ from nri_midbatch.nri.session import (
     SessionState,
     SyncLimits,
 )
-from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
+from nri_midbatch.nri.testing import LoopbackRuntime
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.wire.status import Code
 
@@ -97,9 +98,9 @@ def test_conn_1_is_served_before_register_plugin_is_answered() -> None:
     plugin = RecordingPlugin()
 
     async def scenario() -> None:
-        peer, (reader, writer) = await RawPeer.pair()
+        peer, sock = await RawPeer.pair()
         session = Session(plugin, "midbatch", "10", registration_timeout=STEP_TIMEOUT)
-        task = asyncio.create_task(session.run(reader, writer))
+        task = asyncio.create_task(session.run(sock))
         message, request = await peer.read_request(2)
         # The plugin's first message: RegisterPlugin on conn 2, stream 1.
         assert peer.frames[0][0] == 2
@@ -141,9 +142,9 @@ def test_conn_1_is_served_before_register_plugin_is_answered() -> None:
 
 def test_registration_refused_raises_registration_error() -> None:
     async def scenario() -> None:
-        peer, (reader, writer) = await RawPeer.pair()
+        peer, sock = await RawPeer.pair()
         session = Session(RecordingPlugin(), "bad name!", "1")
-        task = asyncio.create_task(session.run(reader, writer))
+        task = asyncio.create_task(session.run(sock))
         message, _ = await peer.read_request(2)
         error = ttrpc_pb2.Response(status={"code": 2, "message": "invalid plugin index"})
         peer.send_response(2, message.stream_id, raw=error.SerializeToString())
@@ -157,9 +158,9 @@ def test_registration_refused_raises_registration_error() -> None:
 
 def test_connection_closed_during_registration_is_a_registration_error() -> None:
     async def scenario() -> None:
-        peer, (reader, writer) = await RawPeer.pair()
+        peer, sock = await RawPeer.pair()
         session = Session(RecordingPlugin(), "midbatch", "10")
-        task = asyncio.create_task(session.run(reader, writer))
+        task = asyncio.create_task(session.run(sock))
         await peer.read_request(2)
         peer.close()  # the runtime goes away before answering RegisterPlugin
         with pytest.raises(RegistrationError):
@@ -170,9 +171,9 @@ def test_connection_closed_during_registration_is_a_registration_error() -> None
 
 def test_connection_closed_before_configure_is_a_registration_error() -> None:
     async def scenario() -> None:
-        peer, (reader, writer) = await RawPeer.pair()
+        peer, sock = await RawPeer.pair()
         session = Session(RecordingPlugin(), "midbatch", "10")
-        task = asyncio.create_task(session.run(reader, writer))
+        task = asyncio.create_task(session.run(sock))
         message, _ = await peer.read_request(2)
         peer.send_response(2, message.stream_id, raw=b"")
         # Close only once the session has the reply: then it waits for Configure.
@@ -188,9 +189,9 @@ def test_connection_closed_before_configure_is_a_registration_error() -> None:
 
 def test_no_configure_within_registration_timeout() -> None:
     async def scenario() -> None:
-        peer, (reader, writer) = await RawPeer.pair()
+        peer, sock = await RawPeer.pair()
         session = Session(RecordingPlugin(), "midbatch", "10", registration_timeout=0.1)
-        task = asyncio.create_task(session.run(reader, writer))
+        task = asyncio.create_task(session.run(sock))
         message, _ = await peer.read_request(2)
         peer.send_response(2, message.stream_id, raw=b"")
         with pytest.raises(RegistrationError, match="no Configure"):
@@ -544,10 +545,10 @@ def test_a_failing_handler_traceback_names_the_methods_it_went_through() -> None
             return Call()
 
     async def scenario() -> None:
-        (plugin_reader, plugin_writer), (rt_reader, rt_writer) = await socketpair_streams()
-        runtime = LoopbackRuntime(rt_reader, rt_writer)
+        plugin_end, runtime_end = socket.socketpair()
+        runtime = await LoopbackRuntime.over(runtime_end)
         session = Session(Failing(), "midbatch", "10", observers=[Recorder()])
-        task = asyncio.create_task(session.run(plugin_reader, plugin_writer))
+        task = asyncio.create_task(session.run(plugin_end))
         await runtime.start()
         request = api.CreateContainerRequest(pod=pod("p"), container=container("c", "p"))
         with pytest.raises(RpcError):
@@ -789,8 +790,8 @@ def test_session_close_ends_run() -> None:
 
 async def registered_raw(session: Session) -> tuple[RawPeer, asyncio.Task[str]]:
     """A raw runtime that has registered and configured `session`."""
-    peer, (reader, writer) = await RawPeer.pair()
-    task = asyncio.create_task(session.run(reader, writer))
+    peer, sock = await RawPeer.pair()
+    task = asyncio.create_task(session.run(sock))
     message, _ = await peer.read_request(2)
     peer.send_response(2, message.stream_id, raw=b"")
     peer.send_request(1, 1, PLUGIN_SERVICE, "Configure", configure())
@@ -854,9 +855,9 @@ def test_event_before_configure_and_second_configure_are_refused() -> None:
     plugin = RecordingPlugin()
 
     async def scenario() -> None:
-        peer, (reader, writer) = await RawPeer.pair()
+        peer, sock = await RawPeer.pair()
         session = Session(plugin, "midbatch", "10", registration_timeout=STEP_TIMEOUT)
-        task = asyncio.create_task(session.run(reader, writer))
+        task = asyncio.create_task(session.run(sock))
         await peer.read_request(2)
         create = api.CreateContainerRequest(pod=pod("p"), container=container("c", "p"))
         peer.send_request(1, 1, PLUGIN_SERVICE, "CreateContainer", create)

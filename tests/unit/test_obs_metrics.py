@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import platform
+import socket
 import threading
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager
@@ -26,7 +27,7 @@ from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import Config, load_config_text
 from nri_midbatch.config.validator import load_startup_settings
-from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
+from nri_midbatch.nri.testing import LoopbackRuntime
 from nri_midbatch.process.app import App
 from nri_midbatch.rpc.errors import RpcError
 
@@ -187,9 +188,9 @@ async def running_app(config: Config) -> AsyncIterator[Running]:
         # Not ready before anything connected.
         status, _, body = await asyncio.to_thread(http_get, base + "/readyz")
         assert (status, body) == (503, "not registered with a runtime\n")
-        (plugin_reader, plugin_writer), (rt_reader, rt_writer) = await socketpair_streams()
-        runtime = LoopbackRuntime(rt_reader, rt_writer)
-        task = asyncio.create_task(app.session.run(plugin_reader, plugin_writer))
+        plugin_end, runtime_end = socket.socketpair()
+        runtime = await LoopbackRuntime.over(runtime_end)
+        task = asyncio.create_task(app.session.run(plugin_end))
         try:
             yield Running(app, runtime, task, base)
         finally:

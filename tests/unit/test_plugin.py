@@ -11,6 +11,7 @@ import asyncio
 import errno
 import json
 import os
+import socket
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from nri_midbatch.config.model import Config, load_config_text
 from nri_midbatch.config.settings import Settings
 from nri_midbatch.nri.events import Event
 from nri_midbatch.nri.session import Session
-from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
+from nri_midbatch.nri.testing import LoopbackRuntime
 from nri_midbatch.plugin import cgroup_writer
 from nri_midbatch.plugin import decisions as decisions_module
 from nri_midbatch.plugin.codec import NATIVE_LIMITS_ANNOTATION
@@ -277,10 +278,10 @@ async def connected(
 ) -> AsyncIterator[Connected]:
     """Register, Configure; the caller sends Synchronize and events."""
     plugin = MidBatchPlugin(config)
-    (plugin_reader, plugin_writer), (rt_reader, rt_writer) = await socketpair_streams()
-    runtime = LoopbackRuntime(rt_reader, rt_writer)
+    plugin_end, runtime_end = socket.socketpair()
+    runtime = await LoopbackRuntime.over(runtime_end)
     session = Session(plugin, "midbatch", "10", registration_timeout=STEP_TIMEOUT)
-    task = asyncio.create_task(session.run(plugin_reader, plugin_writer))
+    task = asyncio.create_task(session.run(plugin_end))
     try:
         configured = await runtime.configure(
             config=config_text,

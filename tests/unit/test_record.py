@@ -8,6 +8,7 @@ import errno
 import json
 import os
 import signal
+import socket
 import subprocess
 import threading
 import urllib.request
@@ -26,7 +27,7 @@ from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import Config, load_config_text
 from nri_midbatch.nri.session import Session
-from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
+from nri_midbatch.nri.testing import LoopbackRuntime
 from nri_midbatch.plugin.handlers import MidBatchPlugin
 from nri_midbatch.recording.format import message_json, redacted_json
 from nri_midbatch.recording.writer import Recorder, RotatingFile, Written
@@ -74,9 +75,9 @@ async def recorded_plugin(
     """A MidBatchPlugin session recording to `recorder`, driven by a LoopbackRuntime."""
     plugin = MidBatchPlugin(settings_of(config or Config()), dry_run=True, observers=(recorder,))
     session = Session(plugin, "midbatch", "10", observers=(recorder,))
-    (plugin_reader, plugin_writer), (runtime_reader, runtime_writer) = await socketpair_streams()
-    serving = asyncio.create_task(session.run(plugin_reader, plugin_writer))
-    runtime = LoopbackRuntime(runtime_reader, runtime_writer)
+    plugin_end, runtime_end = socket.socketpair()
+    serving = asyncio.create_task(session.run(plugin_end))
+    runtime = await LoopbackRuntime.over(runtime_end)
     async with recorder:
         try:
             yield runtime
@@ -483,8 +484,7 @@ def run_plugin_process(
     )
 
     async def drive() -> None:
-        reader, writer = await asyncio.open_unix_connection(sock=runtime_end)
-        runtime = LoopbackRuntime(reader, writer)
+        runtime = await LoopbackRuntime.over(runtime_end)
         await scenario(runtime, log_file)
         process.send_signal(signal.SIGTERM)
         await asyncio.to_thread(process.wait, STARTUP_TIMEOUT)

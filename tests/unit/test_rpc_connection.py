@@ -10,14 +10,14 @@ import asyncio
 import struct
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import pytest
 import structlog
 
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.api import rpc_status_pb2, ttrpc_pb2
-from nri_midbatch.rpc.connection import MuxConnection
+from nri_midbatch.rpc.connection import MESSAGES_PER_TURN, MuxConnection
 from nri_midbatch.rpc.errors import ConnectionClosed, RpcError
 from nri_midbatch.rpc.service import CallContext, Method, Service
 from nri_midbatch.wire.connection import MAX_PENDING_CALLS, MAX_REQUESTS_IN_FLIGHT
@@ -102,17 +102,14 @@ async def served(
 ) -> AsyncIterator[tuple[MuxConnection, RawPeer]]:
     """A MuxConnection serving `test.Echo` on conn 1 and calling on conn 2."""
     handlers = handlers or Handlers()
-    peer, (reader, writer) = await RawPeer.pair()
-    conn = MuxConnection(
-        reader, writer, {SERVICE: handlers.service()}, name="test", on_idle=on_idle
-    )
-    task = asyncio.create_task(conn.run())
+    peer, sock = await RawPeer.pair()
+    conn = MuxConnection({SERVICE: handlers.service()}, name="test", on_idle=on_idle)
+    await conn.attach(sock)
     try:
         yield conn, peer
     finally:
         conn.close("test over")
         peer.close()
-        await asyncio.gather(task, return_exceptions=True)
 
 
 def status_only(response: ttrpc_pb2.Response) -> tuple[int, str]:
@@ -508,21 +505,18 @@ def test_each_message_goes_out_in_one_write() -> None:
     """Both frames of a large reply in one write(): concurrent replies cannot interleave."""
 
     async def scenario() -> list[bytes]:
-        reader = asyncio.StreamReader()
-        writer = RecordingWriter()
-        conn = MuxConnection(reader, writer, {SERVICE: Handlers().service()})  # type: ignore[arg-type]
-        task = asyncio.create_task(conn.run())
+        conn, transport = connected({SERVICE: Handlers().service()})
         request = ttrpc_pb2.Request(
             service=SERVICE, method="Big", payload=KV(value="9000").SerializeToString()
         ).SerializeToString()
-        reader.feed_data(frame_message(1, encode_message(1, MessageType.REQUEST, request)))
+        conn.data_received(frame_message(1, encode_message(1, MessageType.REQUEST, request)))
         request = ttrpc_pb2.Request(service=SERVICE, method="Empty").SerializeToString()
-        reader.feed_data(frame_message(1, encode_message(3, MessageType.REQUEST, request)))
-        while len(writer.writes) < 2:
+        conn.data_received(frame_message(1, encode_message(3, MessageType.REQUEST, request)))
+        while len(transport.writes) < 2:
             await asyncio.sleep(0)
-        reader.feed_eof()
-        await task
-        return writer.writes
+        conn.eof_received()
+        await conn.wait_closed()
+        return transport.writes
 
     writes = run(scenario())
     sizes = sorted([[len(p) for _, p in MuxDecoder(frozenset({1})).feed(w)] for w in writes])
@@ -556,18 +550,18 @@ def test_oversized_reply_fails_the_call_with_resource_exhausted() -> None:
 
 def test_garbage_closes_connection_and_fails_pending_calls() -> None:
     async def scenario() -> None:
-        peer, (reader, writer) = await RawPeer.pair()
-        conn = MuxConnection(reader, writer, {SERVICE: Handlers().service()})
-        task = asyncio.create_task(conn.run())
+        peer, sock = await RawPeer.pair()
+        conn = MuxConnection({SERVICE: Handlers().service()})
+        await conn.attach(sock)
         call = asyncio.create_task(conn.call(RUNTIME, "Do", KV(), KV))
         await peer.read_request(2)
         peer.write(b"\xff" * 16)  # a mux header declaring ~4 GiB
         with pytest.raises(ConnectionClosed):
             await call
-        await task  # run() returns; it does not raise
-        assert conn.close_reason is not None
+        await conn.wait_closed()
         assert conn.close_reason is not None
         assert conn.close_reason.startswith("protocol error")
+        assert conn.broken_by_peer
         assert await peer.read_eof() == b""  # and the socket is closed on our side
         with pytest.raises(ConnectionClosed):
             await conn.call(RUNTIME, "Do", KV(), KV)
@@ -580,9 +574,9 @@ def test_truncated_frame_then_eof_closes_cleanly() -> None:
     handlers = Handlers()
 
     async def scenario() -> None:
-        peer, (reader, writer) = await RawPeer.pair()
-        conn = MuxConnection(reader, writer, {SERVICE: handlers.service()})
-        task = asyncio.create_task(conn.run())
+        peer, sock = await RawPeer.pair()
+        conn = MuxConnection({SERVICE: handlers.service()})
+        await conn.attach(sock)
         peer.send_request(1, 1, SERVICE, "Slow")
         async with asyncio.timeout(STEP_TIMEOUT):
             await handlers.slow_started.wait()
@@ -592,7 +586,7 @@ def test_truncated_frame_then_eof_closes_cleanly() -> None:
         peer.writer.write_eof()
         with pytest.raises(ConnectionClosed):
             await call
-        await task
+        await conn.wait_closed()
         assert conn.close_reason == "closed by peer"
         await asyncio.sleep(0)
         assert handlers.cancelled == ["Slow"]  # in-flight handlers are cancelled
@@ -716,17 +710,19 @@ def test_large_request_is_4096_then_one_remainder_frame() -> None:
 
 
 # ---------------------------------------------------------------------------
-# A writer that keeps every write (the fuzz test is now pure: test_wire_connection.py)
+# A transport that keeps every write (the fuzz test is now pure: test_wire_connection.py)
 # ---------------------------------------------------------------------------
 
 
-class RecordingWriter:
+class RecordingTransport(asyncio.Transport):
     def __init__(self) -> None:
+        super().__init__()
         self.data = bytearray()
         self.writes: list[bytes] = []
         self.closed = False
+        self.reading = True
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | bytearray | memoryview) -> None:
         assert not self.closed
         self.data += data
         self.writes.append(bytes(data))
@@ -734,8 +730,27 @@ class RecordingWriter:
     def close(self) -> None:
         self.closed = True
 
-    async def drain(self) -> None:
-        pass
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def is_reading(self) -> bool:
+        return self.reading and not self.closed
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+
+def connected(
+    services: dict[str, Service], **options: Any
+) -> tuple[MuxConnection, RecordingTransport]:
+    """A connection on a transport that records what it is given; its input is fed by hand."""
+    conn = MuxConnection(services, **options)
+    transport = RecordingTransport()
+    conn.connection_made(transport)
+    return conn, transport
 
 
 # ---------------------------------------------------------------------------
@@ -751,43 +766,37 @@ def test_a_flood_of_tiny_messages_does_not_starve_a_request_before_it() -> None:
     whole flood was handled in one go, then EOF cancelled it).
     """
 
-    async def scenario() -> RecordingWriter:
-        reader = asyncio.StreamReader()
-        writer = RecordingWriter()
-        conn = MuxConnection(
-            reader,
-            writer,  # type: ignore[arg-type]
-            {SERVICE: Handlers().service()},
-            max_violations_per_second=FLOODS,
+    async def scenario() -> RecordingTransport:
+        conn, transport = connected(
+            {SERVICE: Handlers().service()}, max_violations_per_second=FLOODS
         )
-        task = asyncio.create_task(conn.run())
         echo = ttrpc_pb2.Request(
             service=SERVICE, method="Echo", payload=KV(key="first").SerializeToString()
         ).SerializeToString()
         # Even stream ids: each message of the flood is refused on the spot.
         flood = b"".join(HEADER.pack(0, 2, MessageType.REQUEST, 0) for _ in range(5000))
-        reader.feed_data(
+        conn.data_received(
             frame_message(1, encode_message(1, MessageType.REQUEST, echo))
             + struct.pack(">II", 1, len(flood))
             + flood
         )
-        reader.feed_eof()
-        await task
-        return writer
+        conn.eof_received()
+        await conn.wait_closed()
+        return transport
 
-    writer = run(scenario())
+    transport = run(scenario())
     decoder = MessageDecoder()
     streams = [
         m.stream_id
-        for _, payload in MuxDecoder(frozenset({1})).feed(bytes(writer.data))
+        for _, payload in MuxDecoder(frozenset({1})).feed(bytes(transport.data))
         for m in decoder.feed(payload)
     ]
     assert len(streams) == 5001
     assert streams.index(1) < 5000 - 64
 
 
-def replies(writer: RecordingWriter) -> int:
-    frames = MuxDecoder(frozenset({1})).feed(bytes(writer.data))
+def replies(transport: RecordingTransport) -> int:
+    frames = MuxDecoder(frozenset({1})).feed(bytes(transport.data))
     decoder = MessageDecoder()
     return sum(len(decoder.feed(payload)) for _, payload in frames)
 
@@ -795,34 +804,58 @@ def replies(writer: RecordingWriter) -> int:
 def test_replies_the_peer_does_not_read_stop_the_reading() -> None:
     """Bounded output: while the transport is over its high-water mark, no more is read."""
 
-    class BlockedWriter(RecordingWriter):
-        def __init__(self) -> None:
-            super().__init__()
-            self.unblocked = asyncio.Event()
-
-        async def drain(self) -> None:
-            await self.unblocked.wait()
-
     async def scenario() -> None:
-        reader = asyncio.StreamReader()
-        writer = BlockedWriter()
-        conn = MuxConnection(
-            reader,
-            writer,  # type: ignore[arg-type]
-            {SERVICE: Handlers().service()},
-            max_violations_per_second=FLOODS,
+        conn, transport = connected(
+            {SERVICE: Handlers().service()}, max_violations_per_second=FLOODS
         )
-        task = asyncio.create_task(conn.run())
+        conn.pause_writing()
         flood = b"".join(HEADER.pack(0, 2, MessageType.REQUEST, 0) for _ in range(1000))
-        reader.feed_data(struct.pack(">II", 1, len(flood)) + flood)
+        conn.data_received(struct.pack(">II", 1, len(flood)) + flood)
         for _ in range(20):
             await asyncio.sleep(0)
         # One turn's worth of answers, then waiting for the peer to read.
-        assert replies(writer) == 64
-        writer.unblocked.set()
-        reader.feed_eof()
-        await task
-        assert replies(writer) == 1000
+        assert replies(transport) == 64
+        assert not transport.reading
+        conn.resume_writing()
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert replies(transport) == 1000
+        assert transport.reading  # the backlog is done: the next bytes are welcome
+        conn.eof_received()
+        assert conn.close_reason == "closed by peer"
+
+    run(scenario())
+
+
+def test_busy_while_a_request_is_received_and_not_yet_dispatched() -> None:
+    """What deferred work asks before each piece (plugin/deferred.py), from the connection's
+    own state: part of a request, or a request behind a turn's worth of messages."""
+    handlers = Handlers()
+
+    async def scenario() -> None:
+        conn, transport = connected({SERVICE: handlers.service()}, max_violations_per_second=FLOODS)
+        echo = ttrpc_pb2.Request(service=SERVICE, method="Echo").SerializeToString()
+        request = frame_message(1, encode_message(1, MessageType.REQUEST, echo))
+        assert not conn.busy()
+        conn.data_received(request[:-1])
+        assert conn.busy() and not handlers.contexts
+        conn.data_received(request[-1:])
+        assert conn.busy()  # served now
+        while replies(transport) < 1:
+            await asyncio.sleep(0)
+        assert not conn.busy()
+
+        refused = b"".join(
+            HEADER.pack(0, 2, MessageType.REQUEST, 0) for _ in range(MESSAGES_PER_TURN)
+        )
+        echo_3 = frame_message(1, encode_message(3, MessageType.REQUEST, echo))
+        conn.data_received(struct.pack(">II", 1, len(refused)) + refused + echo_3)
+        assert conn.refused == MESSAGES_PER_TURN and len(handlers.contexts) == 1
+        assert conn.busy()
+        while replies(transport) < MESSAGES_PER_TURN + 2:
+            await asyncio.sleep(0)
+        assert len(handlers.contexts) == 2
+        assert not conn.busy()
 
     run(scenario())
 
@@ -831,25 +864,19 @@ def test_a_flood_of_bad_messages_logs_once_and_counts() -> None:
     """Log volume is bounded: the first refusal and the first ignored message, then totals."""
 
     async def scenario() -> MuxConnection:
-        reader = asyncio.StreamReader()
-        writer = RecordingWriter()
-        conn = MuxConnection(
-            reader,
-            writer,  # type: ignore[arg-type]
-            {SERVICE: Handlers().service()},
-            max_violations_per_second=FLOODS,
+        conn, _transport = connected(
+            {SERVICE: Handlers().service()}, max_violations_per_second=FLOODS
         )
-        task = asyncio.create_task(conn.run())
         refused = b"".join(HEADER.pack(0, 2, MessageType.REQUEST, 0) for _ in range(1000))
         stray = b"".join(HEADER.pack(0, 7, MessageType.RESPONSE, 0) for _ in range(1000))
-        reader.feed_data(
+        conn.data_received(
             struct.pack(">II", 1, len(refused))
             + refused
             + struct.pack(">II", 2, len(stray))
             + stray
         )
-        reader.feed_eof()
-        await task
+        conn.eof_received()
+        await conn.wait_closed()
         return conn
 
     with structlog.testing.capture_logs() as logs:

@@ -9,6 +9,7 @@ dry-run mode, so pod-level cgroup values are decided and reported, never written
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import Config
 from nri_midbatch.nri.session import PLUGIN_SERVICE, Session
-from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
+from nri_midbatch.nri.testing import LoopbackRuntime
 from nri_midbatch.plugin.handlers import MidBatchPlugin
 from nri_midbatch.recording.call import CallRecord, CallRecorder, NotedDecision, Status
 from nri_midbatch.recording.reader import PLUGIN_METHODS, Entry, Problem
@@ -136,9 +137,9 @@ async def _in_process(session: Session) -> AsyncIterator[Caller]:
 
 @asynccontextmanager
 async def _through_socket(session: Session) -> AsyncIterator[Caller]:
-    (plugin_reader, plugin_writer), (runtime_reader, runtime_writer) = await socketpair_streams()
-    serving = asyncio.create_task(session.run(plugin_reader, plugin_writer))
-    runtime = LoopbackRuntime(runtime_reader, runtime_writer)
+    plugin_end, runtime_end = socket.socketpair()
+    serving = asyncio.create_task(session.run(plugin_end))
+    runtime = await LoopbackRuntime.over(runtime_end)
 
     async def call(method: str, request: Message) -> Reply:
         try:
