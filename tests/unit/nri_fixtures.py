@@ -24,6 +24,7 @@ from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
 from nri_midbatch.wire import mux
 from nri_midbatch.wire.ttrpc import Message as TtrpcMessage
 from nri_midbatch.wire.ttrpc import MessageDecoder, MessageType, OversizedMessage, encode_message
+from tests.factory import update
 
 T = TypeVar("T")
 
@@ -68,51 +69,6 @@ def start_prelaunched(
     )
     plugin_end.close()
     return process, runtime_end
-
-
-# ---------------------------------------------------------------------------
-# Builders
-# ---------------------------------------------------------------------------
-
-
-def pod(
-    pod_id: str = "pod0", *, name: str | None = None, namespace: str = "default"
-) -> api.PodSandbox:
-    return api.PodSandbox(
-        id=pod_id, name=name or f"{pod_id}-name", uid=f"uid-{pod_id}", namespace=namespace
-    )
-
-
-def container(
-    container_id: str = "ctr0", pod_id: str = "pod0", *, name: str | None = None
-) -> api.Container:
-    return api.Container(
-        id=container_id, pod_sandbox_id=pod_id, name=name or f"{container_id}-name"
-    )
-
-
-def resources(
-    *,
-    shares: int | None = None,
-    quota: int | None = None,
-    period: int | None = None,
-    memory: int | None = None,
-) -> api.LinuxResources:
-    """LinuxResources with only the given fields present, as a runtime sends them."""
-    result = api.LinuxResources()
-    if shares is not None:
-        result.cpu.shares.value = shares
-    if quota is not None:
-        result.cpu.quota.value = quota
-    if period is not None:
-        result.cpu.period.value = period
-    if memory is not None:
-        result.memory.limit.value = memory
-    return result
-
-
-def update(container_id: str) -> api.ContainerUpdate:
-    return api.ContainerUpdate(container_id=container_id)
 
 
 # ---------------------------------------------------------------------------
