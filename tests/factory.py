@@ -105,6 +105,11 @@ def batch_pod(
     )
 
 
+def prod_pod(pod_id: str = "prod") -> api.PodSandbox:
+    """An LS koord-prod pod without tier resources: no tier changes its values."""
+    return pod(pod_id, qos="LS", priority="koord-prod")
+
+
 def container(
     container_id: str = "ctr0",
     pod: api.PodSandbox | str = "pod0",

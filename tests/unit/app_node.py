@@ -1,5 +1,6 @@
-"""A running App on a fake node: a LoopbackRuntime drives it, its cgroup files are a
-FakeTree under tmp_path/cgroup and its configuration file is rewritten as a ConfigMap is.
+"""A running App driven by a LoopbackRuntime: `running_node` on a FakeTree under
+tmp_path/cgroup with its configuration file rewritten as a ConfigMap is; `running_app`
+serving its metrics and health over HTTP.
 """
 
 from __future__ import annotations
@@ -7,19 +8,23 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.config.compile import settings_of
-from nri_midbatch.config.model import load_config_file
+from nri_midbatch.config.model import Config, load_config_file, load_config_text
 from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
 from nri_midbatch.process.app import App
 from tests.fake_cgroups import FakeTree
 
+from .http_fixtures import http_get
 from .nri_fixtures import STEP_TIMEOUT
 
 #: How often `until` looks again.
@@ -151,3 +156,110 @@ async def until(condition: Callable[[], bool], what: str, timeout: float = STEP_
         while not condition():
             await asyncio.sleep(POLL)
     assert condition(), what
+
+
+# ---------------------------------------------------------------------------
+# An App serving metrics and health
+# ---------------------------------------------------------------------------
+
+
+def make_config(root: Path, **extra: Any) -> Config:
+    return load_config_text(json.dumps({"cgroups": {"root": str(root)}, **extra}), "test")
+
+
+# ---------------------------------------------------------------------------
+# Scraping
+# ---------------------------------------------------------------------------
+
+
+class Scrape:
+    """One /metrics answer, parsed by prometheus_client's own parser."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.samples: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                self.samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+
+    def value(self, name: str, **labels: str) -> float | None:
+        return self.samples.get((name, frozenset(labels.items())))
+
+
+@dataclass
+class Running:
+    app: App
+    runtime: LoopbackRuntime
+    task: asyncio.Task[str]
+    base: str
+
+    async def get(self, path: str) -> tuple[int, str, str]:
+        # From another thread: the server must not need the loop to answer.
+        return await asyncio.to_thread(http_get, self.base + path)
+
+    async def scrape(self) -> Scrape:
+        status, content_type, text = await self.get("/metrics")
+        assert status == 200
+        assert content_type.startswith("text/plain; version=0.0.4")
+        return Scrape(text)
+
+    async def configure(self) -> api.ConfigureResponse:
+        return await self.runtime.configure()
+
+    async def sync(
+        self, pods: list[api.PodSandbox], containers: list[api.Container]
+    ) -> api.SynchronizeResponse:
+        return await self.runtime.call(
+            "Synchronize",
+            api.SynchronizeRequest(pods=pods, containers=containers),
+            api.SynchronizeResponse,
+        )
+
+    async def create(
+        self, pod: api.PodSandbox, container: api.Container
+    ) -> api.CreateContainerResponse:
+        return await self.runtime.call(
+            "CreateContainer",
+            api.CreateContainerRequest(pod=pod, container=container),
+            api.CreateContainerResponse,
+        )
+
+    async def run_pod_sandbox(self, pod: api.PodSandbox) -> api.RunPodSandboxResponse:
+        return await self.runtime.call(
+            "RunPodSandbox", api.RunPodSandboxRequest(pod=pod), api.RunPodSandboxResponse
+        )
+
+
+def _stop_in_background(app: App) -> None:
+    # HealthServer.stop() joins the server's thread; nothing here needs to wait.
+    assert app.health is not None
+    threading.Thread(target=app.health.stop, daemon=True).start()
+
+
+@asynccontextmanager
+async def running_app(config: Config) -> AsyncIterator[Running]:
+    app = App(
+        settings_of(config),
+        name="midbatch",
+        idx="10",
+        config_path=None,
+        metrics_address="127.0.0.1:0",
+    )
+    assert app.health is not None
+    app.health.start()
+    base = f"http://127.0.0.1:{app.health.port}"
+    try:
+        # Not ready before anything connected.
+        status, _, body = await asyncio.to_thread(http_get, base + "/readyz")
+        assert (status, body) == (503, "not registered with a runtime\n")
+        (plugin_reader, plugin_writer), (rt_reader, rt_writer) = await socketpair_streams()
+        runtime = LoopbackRuntime(rt_reader, rt_writer)
+        task = asyncio.create_task(app.session.run(plugin_reader, plugin_writer))
+        try:
+            yield Running(app, runtime, task, base)
+        finally:
+            await runtime.close()
+            app.session.close()
+            await asyncio.gather(task, return_exceptions=True)
+    finally:
+        _stop_in_background(app)

@@ -52,6 +52,7 @@ from tests.factory import (
     MID_CPU,
     MID_MEMORY,
     batch_pod,
+    prod_pod,
     resources,
     spec,
 )
@@ -336,7 +337,7 @@ def test_update_container_names_the_container_and_decides_from_the_request(
 
 
 def test_update_container_of_untouched_pod_returns_no_update(tree: FakeTree) -> None:
-    pod = make_pod("prod", qos="LS", priority="koord-prod", annotation=None)
+    pod = prod_pod("prod")
     ctr = make_container("c", pod, "app")
 
     async def scenario() -> None:
@@ -367,7 +368,7 @@ class SyncNode:
 def sync_node(tree: FakeTree) -> SyncNode:
     """3 pods, 5 containers: one at tier values, one off, one stopped, one prod, one orphan."""
     batch = batch_pod("batch", annotation=spec({"app": BATCH_APP, "sidecar": SIDECAR}))
-    prod = make_pod("prod", qos="LS", priority="koord-prod", annotation=None)
+    prod = prod_pod("prod")
     mid = make_pod("mid", qos="BE", priority="koord-mid", annotation=spec({"worker": MID_WORKER}))
     tree.write(batch.linux.cgroup_parent, BESTEFFORT)
     tree.write(prod.linux.cgroup_parent, BURSTABLE_DEFAULTS)
@@ -512,7 +513,7 @@ def test_synchronize_decides_each_container_as_it_would_be_decided_alone(
         batch_pod("batch", annotation=spec({"app": BATCH_APP, "sidecar": SIDECAR})),
         make_pod("mid", qos="LS", priority="koord-mid", annotation=spec({"worker": MID_WORKER})),
         batch_pod("garbled", annotation="{not json"),
-        make_pod("prod", qos="LS", priority="koord-prod", annotation=None),
+        prod_pod("prod"),
         batch_pod("pinned"),
     ]
     pods[-1].annotations[RESOURCE_STATUS_ANNOTATION] = '{"cpuset": "0-3"}'
@@ -1342,7 +1343,7 @@ def normalizing_config(tree: FakeTree) -> Settings:
 
 
 def test_normalization_claims_only_the_quota(tree: FakeTree) -> None:
-    pod = make_pod("web", qos="LS", priority="koord-prod", annotation=None)
+    pod = prod_pod("web")
     kubelet = resources(shares=1024, quota=200_000, period=100_000, memory=GI)
     ctr = make_container("c-web", pod, "web", state=api.CONTAINER_CREATED, current=kubelet)
 
@@ -1368,7 +1369,7 @@ def test_normalization_claims_only_the_quota(tree: FakeTree) -> None:
 
 
 def test_normalization_at_synchronize_scales_only_known_kubelet_quotas(tree: FakeTree) -> None:
-    pod = make_pod("web", qos="LS", priority="koord-prod", annotation=None)
+    pod = prod_pod("web")
     scaled = make_container("c-ours", pod, "web", current=resources(shares=1024, quota=160_000))
     scaled.annotations[NATIVE_LIMITS_ANNOTATION] = '{"cpuQuota":200000,"cpuPeriod":100000}'
     unknown = make_container("c-old", pod, "web", current=resources(shares=1024, quota=200_000))
@@ -1389,7 +1390,7 @@ def test_normalization_at_synchronize_scales_only_known_kubelet_quotas(tree: Fak
 
 
 def test_normalization_writes_only_the_pod_quota_file(tree: FakeTree) -> None:
-    pod = make_pod("web", qos="LS", priority="koord-prod", annotation=None)
+    pod = prod_pod("web")
     pod.linux.pod_resources.CopyFrom(
         resources(shares=1024, quota=200_000, period=100_000, memory=GI)
     )
