@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -33,6 +32,8 @@ from nri_midbatch.nri.events import Event
 from nri_midbatch.plugin.handlers import MidBatchPlugin
 from nri_midbatch.policy import CgroupValues, ContainerView, PodView
 from nri_midbatch.state.plan import ContainerChange, Plan, PodChange
+from tests import factory
+from tests.factory import MI, tier_spec
 
 from .fake_systemd import (
     FakeManager,
@@ -45,9 +46,6 @@ from .fake_systemd import (
 )
 from .nri_fixtures import run
 
-MI = 1024 * 1024
-SPEC = "node.koordinator.sh/extended-resource-spec"
-BATCH_CPU, BATCH_MEMORY = "kubernetes.io/batch-cpu", "kubernetes.io/batch-memory"
 SLICE = "kubepods-besteffort-poduid_batch.slice"
 SLICE_DIR = Path("kubepods.slice/kubepods-besteffort.slice") / SLICE
 SCOPE = "cri-containerd-c1.scope"
@@ -56,20 +54,12 @@ KUBELET_BESTEFFORT = Held(1, INFINITY, INFINITY)
 
 
 def batch_pod(cpu_limit: str, cgroup_parent: str = SLICE, uid: str = "uid_batch") -> api.PodSandbox:
-    spec = {
-        "app": {
-            "requests": {BATCH_CPU: "250"},
-            "limits": {BATCH_CPU: cpu_limit, BATCH_MEMORY: "256Mi"},
-        }
-    }
-    return api.PodSandbox(
-        id="batch",
+    return factory.batch_pod(
         name="batch",
         uid=uid,
         namespace="jobs",
-        labels={"koordinator.sh/qosClass": "BE", "koordinator.sh/priority-class": "koord-batch"},
-        annotations={SPEC: json.dumps({"containers": spec})},
-        linux=api.LinuxPodSandbox(cgroup_parent=cgroup_parent),
+        cgroup_parent=cgroup_parent,
+        annotation=tier_spec("batch", app=("250", cpu_limit, "256Mi")),
     )
 
 

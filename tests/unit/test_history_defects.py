@@ -69,7 +69,7 @@ def quota(node: HistoryNode, pod: PodModel, container: str | None = None) -> int
     relpath = (
         pod.cgroup_parent if container is None else f"{pod.cgroup_parent}/{pod.id}-{container}"
     )
-    return node.tree.read(relpath)[1]
+    return node.tree.read(relpath).quota
 
 
 NORMALIZING = Config(ratio="1.2", normalization_tier=True)
@@ -120,9 +120,9 @@ def test_cfs_quota_off_keeps_a_burstable_mid_pod_within_kubelets_pod_limits(
         return node
 
     node = run(scenario())
-    _shares, pod_quota, pod_memory = node.tree.read(pod.cgroup_parent)
-    assert 0 < pod_quota <= 50_000
-    assert 0 < pod_memory <= 512 * MI
+    held = node.tree.read(pod.cgroup_parent)
+    assert 0 < held.quota <= 50_000
+    assert 0 < held.memory <= 512 * MI
     assert node.mismatches() == []
 
 
