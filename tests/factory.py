@@ -1,6 +1,7 @@
-"""What the tests build: Koordinator's label and annotation names, quantities, and the NRI
-pods, containers and views a runtime or the policy sees. A test names only what its case
-changes; everything else is one pod of the default namespace in kubelet's cgroup layout.
+"""What the tests build: Koordinator's label and annotation names, quantities, the NRI
+pods and containers a runtime sends, and the views and policies the policy decides with.
+A test names only what its case changes; everything else is one pod of the default
+namespace in kubelet's cgroup layout.
 """
 
 from __future__ import annotations
@@ -9,7 +10,16 @@ import json
 from collections.abc import Mapping
 
 from nri_midbatch.api import nri_pb2 as api
-from nri_midbatch.policy import NativeLimits, PodView
+from nri_midbatch.config.compile import compile_policy
+from nri_midbatch.config.model import load_config_text
+from nri_midbatch.policy import (
+    ContainerView,
+    Decision,
+    NativeLimits,
+    PodView,
+    Policy,
+    decide_container,
+)
 
 QOS = "koordinator.sh/qosClass"
 PRIORITY = "koordinator.sh/priority-class"
@@ -39,9 +49,8 @@ def spec(containers: Mapping[str, object]) -> str:
     return json.dumps({"containers": containers})
 
 
-def tier_spec(tier: str, **containers: Quantities) -> str:
-    """The annotation for containers of one tier: name=(cpu request, cpu limit, memory limit)."""
-    cpu, memory = f"kubernetes.io/{tier}-cpu", f"kubernetes.io/{tier}-memory"
+def resource_spec(cpu: str, memory: str, **containers: Quantities) -> str:
+    """The annotation for containers asking these resources: name=(request, limit, memory)."""
     entries = {}
     for name, (request, limit, memory_limit) in containers.items():
         entry: dict[str, dict[str, str]] = {}
@@ -52,6 +61,14 @@ def tier_spec(tier: str, **containers: Quantities) -> str:
             entry["limits"] = {k: v for k, v in limits.items() if v is not None}
         entries[name] = entry
     return spec(entries)
+
+
+def batch_spec(**containers: Quantities) -> str:
+    return resource_spec(BATCH_CPU, BATCH_MEMORY, **containers)
+
+
+def mid_spec(**containers: Quantities) -> str:
+    return resource_spec(MID_CPU, MID_MEMORY, **containers)
 
 
 def cgroup_parent_of(uid: str, qos: str | None) -> str:
@@ -172,3 +189,20 @@ def pod_view(
         cgroup_parent=f"/kubepods/besteffort/pod{uid}",
         native=native or NativeLimits(),
     )
+
+
+def policy(yaml: str = "") -> Policy:
+    """The policy of a configuration file holding `yaml`; "" gives Koordinator's defaults."""
+    return compile_policy(load_config_text(yaml, "test"))
+
+
+DEFAULT_POLICY = policy()
+
+#: The container the policy tests decide for, unless they name another.
+MAIN = ContainerView(id="c0", name="main")
+
+
+def decide(
+    pod: PodView, container: ContainerView = MAIN, policy: Policy = DEFAULT_POLICY
+) -> Decision:
+    return decide_container(pod, container, policy)

@@ -33,7 +33,7 @@ from nri_midbatch.plugin.handlers import MidBatchPlugin
 from nri_midbatch.policy import CgroupValues, ContainerView, PodView
 from nri_midbatch.state.plan import ContainerChange, Plan, PodChange
 from tests import factory
-from tests.factory import MI, tier_spec
+from tests.factory import MI, batch_spec
 
 from .fake_systemd import (
     FakeManager,
@@ -59,7 +59,7 @@ def batch_pod(cpu_limit: str, cgroup_parent: str = SLICE, uid: str = "uid_batch"
         uid=uid,
         namespace="jobs",
         cgroup_parent=cgroup_parent,
-        annotation=tier_spec("batch", app=("250", cpu_limit, "256Mi")),
+        annotation=batch_spec(app=("250", cpu_limit, "256Mi")),
     )
 
 
