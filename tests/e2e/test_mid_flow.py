@@ -23,11 +23,11 @@ from nri_midbatch.config.compile import compile_policy
 from nri_midbatch.config.model import Config
 from nri_midbatch.tools.webhook.admission import handle
 from nri_midbatch.tools.webhook.pods import cgroup_parent, read_pod
+from tests.admission import review
 from tests.e2e.containerd import Containerd
 from tests.e2e.node import NODE
 from tests.e2e.plugin_process import PluginProcess
-from tests.e2e.test_tiers import GIB, SPEC
-from tests.unit.test_webhook import review
+from tests.factory import GI, SPEC
 
 MID_CPU, MID_MEMORY = "kubernetes.io/mid-cpu", "kubernetes.io/mid-memory"
 
@@ -115,5 +115,5 @@ def test_a_koord_mid_pod_as_koordinator_leaves_it_gets_mid_values(
 
     # Mid formulas: request 1000 -> shares 1024; limit 2000 -> quota 200000; memory 1Gi.
     # Nothing native to keep (never-loosen has nothing to compare with).
-    assert NODE.read_values(parent, container_id) == NODE.expect(1024, 200000, GIB)
-    assert NODE.read_values(parent, None) == NODE.expect(1024, 200000, GIB)
+    assert NODE.read_values(parent, container_id) == NODE.expect(1024, 200000, GI)
+    assert NODE.read_values(parent, None) == NODE.expect(1024, 200000, GI)
