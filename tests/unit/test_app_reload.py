@@ -371,7 +371,7 @@ def test_cgroup_file_reload_lowers_a_pod_after_its_containers(
     parent = pod.linux.cgroup_parent
     live = container("c-app", pod, "app")
     #: the container's quota at each pod write
-    seen: list[str] = []
+    seen: list[int] = []
 
     async def scenario() -> None:
         async with running_node(tmp_path, watch=False) as node:

@@ -589,7 +589,7 @@ def sync_directly(
     plugin: MidBatchPlugin,
     pods: list[api.PodSandbox],
     ctrs: list[api.Container],
-) -> tuple[Sequence[api.ContainerUpdate], tuple[str, str, str], tuple[str, str, str]]:
+) -> tuple[Sequence[api.ContainerUpdate], Values, Values]:
     """Synchronize one pod: (updates, its pod files at the reply, its pod files after)."""
     (pod,) = pods
     parent = pod.linux.cgroup_parent
@@ -679,7 +679,7 @@ def test_synchronize_lowers_a_pod_only_once_the_runtime_lowered_its_containers(
     parent = pod.linux.cgroup_parent
     monkeypatch.setattr(lowering_module, "POLL_SECONDS", 0.001)
 
-    async def scenario() -> tuple[tuple[str, str, str], tuple[str, str, str]]:
+    async def scenario() -> tuple[Values, Values]:
         reads = count_container_reads(monkeypatch)
         response = await plugin.synchronize([pod], [ctr])
         assert [values_of(u.linux.resources) for u in response.update] == [(512, 50_000, 512 * MI)]
@@ -714,7 +714,7 @@ def test_synchronize_waits_for_the_container_the_runtime_lowers_last(
     plugin = MidBatchPlugin(make_config(tree, **HALVED_CONFIG))
     monkeypatch.setattr(lowering_module, "POLL_SECONDS", 0.001)
 
-    async def scenario() -> tuple[list[str], tuple[str, str, str], tuple[str, str, str]]:
+    async def scenario() -> tuple[list[str], Values, Values]:
         reads = count_container_reads(monkeypatch)
         response = await plugin.synchronize([pod], containers)
         assert [u.container_id for u in response.update] == ["c-app", "c-side"]
@@ -1220,7 +1220,7 @@ def test_fail_refuses_a_workload_whose_decision_raises(
 
 
 def settled_batch_pod(
-    tree: FakeTree, container_files: tuple[str, str, str]
+    tree: FakeTree, container_files: Values
 ) -> tuple[api.PodSandbox, api.Container, MidBatchPlugin]:
     """A batch container the runtime reports at the batch values, its files as given."""
     pod = batch_pod()
