@@ -8,6 +8,7 @@ it too (tests/unit/fake_systemd.py writes their files). Values are (shares, quot
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from tests.oracle.targets import UNLIMITED, Values, weight_of
@@ -64,17 +65,17 @@ class FakeTree:
         cpu = self.directory("cpu", relpath, container_id)
         memory = self.directory("memory", relpath, container_id)
         if self.version == 2:
-            max_quota = (cpu / "cpu.max").read_text().split()[0]
-            max_memory = (memory / "memory.max").read_text().strip()
+            max_quota = _text(cpu / "cpu.max").split()[0]
+            max_memory = _text(memory / "memory.max")
             return Values(
-                int((cpu / "cpu.weight").read_text()),
+                int(_text(cpu / "cpu.weight")),
                 UNLIMITED if max_quota == "max" else int(max_quota),
                 UNLIMITED if max_memory == "max" else int(max_memory),
             )
-        limit = int((memory / "memory.limit_in_bytes").read_text())
+        limit = int(_text(memory / "memory.limit_in_bytes"))
         return Values(
-            int((cpu / "cpu.shares").read_text()),
-            int((cpu / "cpu.cfs_quota_us").read_text()),
+            int(_text(cpu / "cpu.shares")),
+            int(_text(cpu / "cpu.cfs_quota_us")),
             UNLIMITED if limit >= V1_UNLIMITED_MEMORY else limit,
         )
 
@@ -90,3 +91,12 @@ class FakeTree:
             for path in sorted(self.root.rglob("*"))
             if path.is_file()
         }
+
+
+def _text(path: Path) -> str:
+    """The file's value. Unlike a kernel's cgroup file, a plain file the plugin is rewriting
+    reads empty between its truncation and its write: read it again then."""
+    deadline = time.monotonic() + 1.0
+    while not (text := path.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return text

@@ -46,11 +46,6 @@ from tests.webhook_client import Client, read_reply
 
 
 @pytest.fixture(scope="module")
-def tls(tmp_path_factory: pytest.TempPathFactory) -> Tls:
-    return issue_tls(tmp_path_factory.mktemp("tls"))
-
-
-@pytest.fixture(scope="module")
 def server(tls: Tls) -> Iterator[WebhookServer]:
     webhook = WebhookServer("127.0.0.1:0", tls.cert, tls.key, Config(), reload_interval=3600)
     webhook.start()

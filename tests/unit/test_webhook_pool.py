@@ -25,18 +25,13 @@ from tests.admission import (
     review,
 )
 from tests.factory import PRIORITY, SPEC
-from tests.tls import Tls, issue_tls
+from tests.tls import Tls
 from tests.webhook_client import Client, scrape
 
 #: A body larger than this takes the large lane; the wide pod below is far over it.
 LARGE_BODY = 64 * 1024
 #: The wide pod: 1,000 containers, a body of about 200 KB.
 WIDE = 1_000
-
-
-@pytest.fixture(scope="module")
-def tls(tmp_path_factory: pytest.TempPathFactory) -> Tls:
-    return issue_tls(tmp_path_factory.mktemp("tls"))
 
 
 class Gate:

@@ -31,11 +31,6 @@ from .http_fixtures import PROMETHEUS_ACCEPT, openmetrics_families
 CAP = 8
 
 
-@pytest.fixture(scope="module")
-def tls(tmp_path_factory: pytest.TempPathFactory) -> Tls:
-    return issue_tls(tmp_path_factory.mktemp("tls"))
-
-
 #: The per-connection deadline of the slow-client tests: long enough that a loaded machine
 #: finishes an honest TLS handshake and request within it, far below the 20 s and more
 #: that the trickles would take.
