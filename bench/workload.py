@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nri_midbatch.api import nri_pb2 as api
-from nri_midbatch.cgroups.paths import CgroupDriver, container_relpath
+from nri_midbatch.cgroups.paths import CgroupDriver, CgroupLocation
 from nri_midbatch.cgroups.values import cpu_shares_to_weight
 
 #: Stands for a 12-hex-digit counter in pre-encoded requests; not hex, so never ambiguous.
@@ -103,10 +103,8 @@ def create_pod_cgroup(root: Path, cgroup_parent: str) -> Path:
 def container_cgroup_dir(root: Path, container: api.Container) -> Path:
     """A container's cgroup: at its own `cgroups_path`, as the plugin reads it."""
     parent = container.linux.cgroups_path.split(":", 1)[0]
-    relpath = container_relpath(
-        CgroupDriver.AUTO, parent, container.id, container.linux.cgroups_path
-    )
-    return root / relpath
+    location = CgroupLocation(CgroupDriver.AUTO, parent, container.id, container.linux.cgroups_path)
+    return root / location.relpath()
 
 
 def write_cgroup_files(directory: Path, files: dict[str, str], *, create: bool = True) -> None:

@@ -34,6 +34,7 @@ from pydantic_core import PydanticUndefined
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from nri_midbatch.config import bounded_yaml  # noqa: E402
 from nri_midbatch.config import model as config_module  # noqa: E402
 from nri_midbatch.config.model import Config, effective_config_yaml  # noqa: E402
 
@@ -329,13 +330,13 @@ invalid configuration, without reading or parsing further:
   blocking.
 - **At most {config_module.MAX_CONFIG_BYTES:,} bytes** (1 MiB, a ConfigMap's own limit),
   as UTF-8.
-- **Nested at most {config_module.MAX_DEPTH} levels deep** (the settings themselves go 4
+- **Nested at most {bounded_yaml.MAX_DEPTH} levels deep** (the settings themselves go 4
   deep).
-- **At most {config_module.MAX_NODES:,} values once YAML aliases are expanded**, and no
+- **At most {bounded_yaml.MAX_NODES:,} values once YAML aliases are expanded**, and no
   alias inside the node it refers to: anchors and aliases may share a list between tiers,
   but a few lines that alias each other into billions of values (an "alias bomb") are
   refused while they are still a few lines, and a long list as soon as its
-  {config_module.MAX_NODES + 1:,}th value is read. Within these bounds a configuration
+  {bounded_yaml.MAX_NODES + 1:,}th value is read. Within these bounds a configuration
   costs at most about a second of CPU to read.
 - Values YAML itself cannot read, such as an integer of more than 4,300 digits, make the
   file invalid like any other error.
@@ -343,7 +344,7 @@ invalid configuration, without reading or parsing further:
 ### Numbers
 
 A number (today only `rules.cpuNormalizationRatio`) is written as a decimal:
-{config_module.DECIMAL_SYNTAX}. That is the one grammar, for plain values and for explicit
+{bounded_yaml.DECIMAL_SYNTAX}. That is the one grammar, for plain values and for explicit
 `!!float` / `!!int` tags alike. YAML 1.1, which the configuration is otherwise read as,
 also takes `0x10`, `0o17`, `1_000` and `1:30` (base 60) for numbers, `010` for octal
 eight, and reads `1e300` (an exponent without a dot) as text; here `010` is ten, `1e300`
@@ -410,6 +411,11 @@ that are gone removed at each `Synchronize`. Failure cases, each counted in
 - **A pod that becomes limited by a resize** (every container limited, where one was not)
   is read back from its cgroup after the `UpdateContainer` reply: if kubelet has not written
   its new pod limit by then, the plugin takes what the cgroup holds.
+- **A resized pod on cgroup v2 under containerd 1.7**: the pod's shares are known only from
+  its `cpu.weight`, which a range of about 26 shares gives; the plugin takes the fewest, and
+  a resize moves them by the container's change. The weight it gives back can then be one
+  below kubelet's (never above: never looser). Containerd 2.x tells the pod's resources and
+  its resizes (`UpdatePodSandbox`): exact.
 
 **On each transition**: a reload plans every workload against what the plugin last put in
 force there, not against the previous configuration, so a pass that failed halfway is

@@ -17,6 +17,7 @@ Needs root and cgroup v1, as the e2e tests do. Run: .venv/bin/python scripts/rec
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import shutil
 import signal
@@ -31,9 +32,10 @@ sys.path.insert(0, str(ROOT))
 
 from nri_midbatch.config.model import Config  # noqa: E402
 from nri_midbatch.obs.logging import configure_logging  # noqa: E402
-from nri_midbatch.tools.replay import load_recording, replay, write_expected  # noqa: E402
+from nri_midbatch.tools.replay.command import replay_command  # noqa: E402
 from tests.e2e.containerd import Containerd, new_cgroup_parent  # noqa: E402
 from tests.e2e.plugin_process import event, wait_for_record  # noqa: E402
+from tests.unit.replay_fixtures import read_whole  # noqa: E402
 
 EXECUTABLE = Path(sys.executable).with_name("nri-midbatch")
 SPEC = "node.koordinator.sh/extended-resource-spec"
@@ -180,7 +182,7 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="nri-midbatch-demo-"))
     try:
         recording = record(workdir, fetch_containerd())
-        entries, problems = load_recording(recording)
+        entries, problems = read_whole(recording)
         if problems:
             raise SystemExit("\n".join(str(p) for p in problems))
         targets = (
@@ -191,8 +193,19 @@ def main() -> int:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(recording, target)
         # The golden replies come from the default configuration, as the test replays it.
-        outcomes = replay(entries, Config(), runtime_config=True, via_socket=False)
-        write_expected(ROOT / "tests" / "replay" / "containerd-1.7.24.expected.jsonl", outcomes)
+        status = replay_command(
+            recording,
+            Config(),
+            runtime_config=True,
+            via_socket=False,
+            fmt="json",
+            expect=None,
+            write_expected_to=ROOT / "tests" / "replay" / "containerd-1.7.24.expected.jsonl",
+            out=io.StringIO(),
+            err=sys.stderr,
+        )
+        if status != 0:
+            raise SystemExit(f"the golden replies were not written (replay exited with {status})")
         written = ", ".join(str(target.relative_to(ROOT)) for target in targets)
         print(f"{len(entries)} calls recorded: {written}")
     finally:

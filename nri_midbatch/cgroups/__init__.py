@@ -8,17 +8,16 @@ UpdateContainers is unsafe.
 from nri_midbatch.cgroups.files import CgroupVersion
 from nri_midbatch.cgroups.fs import (
     DEFAULT_CGROUP_ROOT,
-    apply_container_values,
-    apply_pod_values,
+    apply_values,
     detect_version,
-    read_pod_values,
+    read_values,
 )
-from nri_midbatch.cgroups.paths import CgroupDriver, CgroupPathError
+from nri_midbatch.cgroups.paths import CgroupDriver, CgroupLocation, CgroupPathError
 from nri_midbatch.cgroups.report import FileFailure, FileUnchanged, FileWrite, WriteReport
 from nri_midbatch.cgroups.values import (
     UNLIMITED,
+    CgroupReading,
     CgroupValues,
-    PodCgroupReading,
     cpu_shares_to_weight,
 )
 
@@ -26,17 +25,17 @@ __all__ = [
     "DEFAULT_CGROUP_ROOT",
     "UNLIMITED",
     "CgroupDriver",
+    "CgroupLocation",
     "CgroupPathError",
+    "CgroupReading",
     "CgroupValues",
     "CgroupVersion",
     "FileFailure",
     "FileUnchanged",
     "FileWrite",
-    "PodCgroupReading",
     "WriteReport",
-    "apply_container_values",
-    "apply_pod_values",
+    "apply_values",
     "cpu_shares_to_weight",
     "detect_version",
-    "read_pod_values",
+    "read_values",
 ]

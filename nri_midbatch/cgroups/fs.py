@@ -22,14 +22,9 @@ from nri_midbatch.cgroups.files import (
     pod_files,
     pod_settings,
 )
-from nri_midbatch.cgroups.paths import (
-    CgroupDriver,
-    CgroupPathError,
-    container_relpath,
-    pod_relpath,
-)
+from nri_midbatch.cgroups.paths import CgroupLocation, CgroupPathError
 from nri_midbatch.cgroups.report import FileFailure, FileUnchanged, FileWrite, WriteReport
-from nri_midbatch.cgroups.values import CgroupValues, PodCgroupReading
+from nri_midbatch.cgroups.values import CgroupReading, CgroupValues
 
 DEFAULT_CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -58,50 +53,24 @@ def detect_version(root: Path) -> CgroupVersion:
     return CgroupVersion.V1
 
 
-def apply_pod_values(
-    root: Path, driver: CgroupDriver, cgroup_parent: str, values: CgroupValues
-) -> WriteReport:
-    """Write the pod's cpu shares (or weight), CFS quota and memory limit.
+def apply_values(root: Path, location: CgroupLocation, values: CgroupValues) -> WriteReport:
+    """Write the cgroup's cpu shares (or weight), CFS quota and memory limit.
+
+    Pods' because NRI cannot adjust a pod sandbox; containers' when a new configuration
+    must reach them and the runtime's UpdateContainers is unsafe.
 
     Raises CgroupPathError, before touching any file, if any target path is
     refused. Read and write errors do not raise: each file is attempted and
     its outcome (written with old and new text, unchanged, or failed with the
     errno) goes into the report.
     """
-    return _apply(root, pod_relpath(driver, cgroup_parent), cgroup_parent, values)
-
-
-def apply_container_values(
-    root: Path,
-    driver: CgroupDriver,
-    cgroup_parent: str,
-    container_id: str,
-    values: CgroupValues,
-    cgroups_path: str = "",
-    runtime: str = "",
-) -> WriteReport:
-    """The same three files in a container's cgroup, for runtimes we cannot ask to update.
-
-    Used when a new configuration must reach running containers and the
-    runtime's UpdateContainers is unsafe; confined and reported like pods.
-    `cgroups_path` is the runtime's own path for the container, when known;
-    else the path follows the naming of `runtime` (its name from Configure).
-    """
-    relpath = container_relpath(driver, cgroup_parent, container_id, cgroups_path, runtime)
-    return _apply(root, relpath, cgroups_path or cgroup_parent, values)
-
-
-def _apply(
-    root: Path, relpath: PurePosixPath, cgroup_parent: str, values: CgroupValues
-) -> WriteReport:
+    relpath, named = location.relpath(), location.named
     version = detect_version(root)
     settings = pod_settings(version, values)
     written: list[FileWrite] = []
     unchanged: list[FileUnchanged] = []
     failed: list[FileFailure] = []
-    with _open_targets(
-        root, version, relpath, cgroup_parent, [s.file for s in settings]
-    ) as targets:
+    with _open_targets(root, version, relpath, named, [s.file for s in settings]) as targets:
         for setting, target in zip(settings, targets, strict=True):
             try:
                 old = _read(target)
@@ -120,35 +89,22 @@ def _apply(
     return WriteReport(version, tuple(written), tuple(unchanged), tuple(failed))
 
 
-def read_pod_values(root: Path, driver: CgroupDriver, cgroup_parent: str) -> PodCgroupReading:
-    """The pod cgroup's current cpu shares (v1) or weight (v2), quota and memory limit.
+def read_values(root: Path, location: CgroupLocation) -> CgroupReading:
+    """The cgroup's current cpu shares (v1) or weight (v2), quota and memory limit.
 
     Raises CgroupPathError for a refused path, OSError if a file cannot be
-    read and ValueError if its content is not a cgroup value.
+    read (FileNotFoundError once the cgroup is gone) and ValueError if its
+    content is not a cgroup value.
     """
-    return _read_values(root, pod_relpath(driver, cgroup_parent), cgroup_parent)
-
-
-def read_container_values(
-    root: Path, driver: CgroupDriver, cgroup_parent: str, container_id: str, cgroups_path: str = ""
-) -> PodCgroupReading:
-    """The same three values in a container's cgroup (found as apply_container_values does).
-
-    Raises as read_pod_values does; FileNotFoundError once the container is gone.
-    """
-    relpath = container_relpath(driver, cgroup_parent, container_id, cgroups_path)
-    return _read_values(root, relpath, cgroups_path or cgroup_parent)
-
-
-def _read_values(root: Path, relpath: PurePosixPath, cgroup_parent: str) -> PodCgroupReading:
+    relpath, named = location.relpath(), location.named
     version = detect_version(root)
     files = pod_files(version)
-    with _open_targets(root, version, relpath, cgroup_parent, files) as targets:
+    with _open_targets(root, version, relpath, named, files) as targets:
         cpu, quota, memory = (
             parse_value(file, _read(target)) for file, target in zip(files, targets, strict=True)
         )
     v1 = version is CgroupVersion.V1
-    return PodCgroupReading(
+    return CgroupReading(
         cpu_shares=cpu if v1 else None,
         cpu_weight=None if v1 else cpu,
         cpu_quota=quota,

@@ -1,9 +1,10 @@
-"""Cgroup parent strings -> directory paths relative to the cgroup root.
+"""Where a pod's or a container's cgroup is (`CgroupLocation`) -> its directory relative to
+the cgroup root.
 
 Pure: no file system access. The strings come from NRI's
-`PodSandbox.linux.cgroup_parent`, i.e. from the runtime, so they are checked
-here before anything joins them onto a real directory; confinement after
-symlink resolution is checked again where the I/O happens (`fs.py`).
+`PodSandbox.linux.cgroup_parent` and `Container.linux.cgroups_path`, i.e. from the
+runtime, so they are checked here before anything joins them onto a real directory;
+confinement after symlink resolution is checked again where the I/O happens (`fs.py`).
 
 Only cgroups kubelet creates for pods are accepted, and containers directly
 inside them: the parent is a runtime's or a CRI client's to choose, and a
@@ -14,8 +15,10 @@ services. kubelet's default `--cgroup-root` (`/`) is assumed: pods below
 """
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import PurePosixPath
+from typing import Literal
 
 _SLICE_SUFFIX = ".slice"
 
@@ -35,6 +38,9 @@ _KUBEPODS = "kubepods"
 _QOS_LEVELS = ("burstable", "besteffort")
 _POD_PREFIX = "pod"
 _SCOPE_SUFFIX = ".scope"
+
+#: Whose cgroup: a pod's, or a container's inside it.
+Level = Literal["pod", "container"]
 
 
 class CgroupPathError(ValueError):
@@ -58,11 +64,73 @@ def resolve_driver(driver: CgroupDriver, cgroup_parent: str) -> CgroupDriver:
     return CgroupDriver.CGROUPFS
 
 
-def pod_relpath(driver: CgroupDriver, cgroup_parent: str) -> PurePosixPath:
-    """The pod's cgroup directory relative to the root (of a v1 hierarchy or of v2).
+@dataclass(frozen=True, slots=True)
+class CgroupLocation:
+    """What finds a pod's cgroup, or one of its containers', below the cgroup root.
 
-    Raises CgroupPathError for anything that is not a plain downward path.
+    All of it comes from the runtime (NRI's PodSandbox and Container, Configure's runtime
+    name), so `relpath` checks it before it is joined onto a real directory.
     """
+
+    driver: CgroupDriver
+    cgroup_parent: str
+    #: None: the pod's own cgroup.
+    container_id: str | None = None
+    #: The runtime's own path for the container (NRI's `Container.linux.cgroups_path`).
+    cgroups_path: str = ""
+    #: The runtime's name from Configure: its naming finds a container sent without a path.
+    runtime: str = ""
+
+    @property
+    def level(self) -> Level:
+        return "pod" if self.container_id is None else "container"
+
+    @property
+    def named(self) -> str:
+        """The runtime's string the cgroup was found by, for messages."""
+        return self.cgroups_path or self.cgroup_parent
+
+    def relpath(self) -> PurePosixPath:
+        """The cgroup's directory relative to the root (of a v1 hierarchy or of v2).
+
+        Raises CgroupPathError for anything that is not a plain downward path to a pod
+        cgroup of kubelet's, or to a container's directly inside one.
+        """
+        if self.container_id is None:
+            return _pod_relpath(self.driver, self.cgroup_parent)
+        return self._container_relpath(self.container_id)
+
+    def _container_relpath(self, container_id: str) -> PurePosixPath:
+        # The runtime's own `cgroups_path` wins when it is known, since runtimes
+        # name containers differently. Else the naming of `runtime`: containerd
+        # nests `<id>` (cgroupfs) or `cri-containerd-<id>.scope` (systemd) in the
+        # pod's cgroup, CRI-O `crio-<id>` or `crio-<id>.scope`. An unknown runtime
+        # is taken for containerd.
+        if self.cgroups_path:
+            relpath = runtime_cgroups_relpath(self.cgroups_path)
+            if not _is_kubepods_container(relpath.parts):
+                raise CgroupPathError(
+                    f"cgroups path {self.cgroups_path!r}: not a container cgroup directly "
+                    "inside a pod cgroup of kubelet's"
+                )
+            return relpath
+        parent = self.cgroup_parent
+        pod = _pod_relpath(self.driver, parent)
+        _check_text(container_id, parent)
+        if not _is_segment(container_id):
+            raise CgroupPathError(
+                f"container id {container_id!r} (cgroup parent {parent!r}) "
+                "is not a single path segment"
+            )
+        cgroupfs_prefix, scope_prefix = _CONTAINER_PREFIXES.get(
+            self.runtime.strip().lower(), _CONTAINER_PREFIXES[_DEFAULT_RUNTIME]
+        )
+        if resolve_driver(self.driver, parent) is CgroupDriver.SYSTEMD:
+            return pod / f"{scope_prefix}{container_id}.scope"
+        return pod / f"{cgroupfs_prefix}{container_id}"
+
+
+def _pod_relpath(driver: CgroupDriver, cgroup_parent: str) -> PurePosixPath:
     _check_text(cgroup_parent, cgroup_parent)
     concrete = resolve_driver(driver, cgroup_parent)
     # A systemd parent with slashes is already an expanded path (the form
@@ -78,45 +146,6 @@ def pod_relpath(driver: CgroupDriver, cgroup_parent: str) -> PurePosixPath:
             "(kubepods[/<qos>]/pod<uid>, or a kubepods[-<qos>]-pod<uid>.slice)"
         )
     return PurePosixPath(*segments)
-
-
-def container_relpath(
-    driver: CgroupDriver,
-    cgroup_parent: str,
-    container_id: str,
-    cgroups_path: str = "",
-    runtime: str = "",
-) -> PurePosixPath:
-    """A container's cgroup directory relative to the root.
-
-    The runtime's own `cgroups_path` (NRI's `Container.linux.cgroups_path`)
-    wins when it is known, since runtimes name containers differently. Else
-    the naming of `runtime` (its name from Configure): containerd nests
-    `<id>` (cgroupfs) or `cri-containerd-<id>.scope` (systemd) in the pod's
-    cgroup, CRI-O `crio-<id>` or `crio-<id>.scope`. An unknown runtime is
-    taken for containerd.
-    """
-    if cgroups_path:
-        relpath = runtime_cgroups_relpath(cgroups_path)
-        if not _is_kubepods_container(relpath.parts):
-            raise CgroupPathError(
-                f"cgroups path {cgroups_path!r}: not a container cgroup directly inside "
-                "a pod cgroup of kubelet's"
-            )
-        return relpath
-    pod = pod_relpath(driver, cgroup_parent)
-    _check_text(container_id, cgroup_parent)
-    if not _is_segment(container_id):
-        raise CgroupPathError(
-            f"container id {container_id!r} (cgroup parent {cgroup_parent!r}) "
-            "is not a single path segment"
-        )
-    cgroupfs_prefix, scope_prefix = _CONTAINER_PREFIXES.get(
-        runtime.strip().lower(), _CONTAINER_PREFIXES[_DEFAULT_RUNTIME]
-    )
-    if resolve_driver(driver, cgroup_parent) is CgroupDriver.SYSTEMD:
-        return pod / f"{scope_prefix}{container_id}.scope"
-    return pod / f"{cgroupfs_prefix}{container_id}"
 
 
 def runtime_cgroups_relpath(cgroups_path: str) -> PurePosixPath:

@@ -35,19 +35,14 @@ import asyncio
 import errno
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
 from nri_midbatch.cgroups.files import CgroupVersion
-from nri_midbatch.cgroups.fs import apply_container_values, apply_pod_values, detect_version
-from nri_midbatch.cgroups.paths import (
-    CgroupDriver,
-    CgroupPathError,
-    container_relpath,
-    pod_relpath,
-)
+from nri_midbatch.cgroups.fs import apply_values, detect_version
+from nri_midbatch.cgroups.paths import CgroupLocation, CgroupPathError, Level
 from nri_midbatch.cgroups.reload_burst import DEFAULT_TIMINGS, ReloadBurst, RepairTimings
 from nri_midbatch.cgroups.report import WriteReport
 from nri_midbatch.cgroups.values import UNLIMITED, CgroupValues, cpu_shares_to_weight
@@ -58,7 +53,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-Level = Literal["pod", "container"]
 LEVELS: tuple[Level, ...] = ("pod", "container")
 
 #: systemd's "no limit" for CPUQuotaPerSecUSec (USEC_INFINITY) and MemoryMax
@@ -98,46 +92,25 @@ RETRY_MAX = 60.0
 class UnitTarget:
     """A pod slice or a container scope, and the values the plugin gives it."""
 
-    level: Level
+    #: Its cgroup, as the plugin writes it under the systemd driver.
+    location: CgroupLocation
+    values: CgroupValues
     pod_uid: str
     namespace: str
     pod: str
-    cgroup_parent: str
-    values: CgroupValues
     container: str = ""  # name, for logs
-    container_id: str = ""
-    cgroups_path: str = ""
-    runtime: str = ""  # its name: how it names container cgroups without cgroups_path
+
+    @property
+    def level(self) -> Level:
+        return self.location.level
 
     @property
     def key(self) -> tuple[str, str]:
-        return self.pod_uid, self.container_id
-
-    def relpath(self) -> PurePosixPath:
-        """The unit's cgroup directory; raises CgroupPathError as the file writers do."""
-        if self.level == "pod":
-            return pod_relpath(CgroupDriver.SYSTEMD, self.cgroup_parent)
-        return container_relpath(
-            CgroupDriver.SYSTEMD,
-            self.cgroup_parent,
-            self.container_id,
-            self.cgroups_path,
-            self.runtime,
-        )
+        return self.pod_uid, self.location.container_id or ""
 
     def apply_files(self, root: Path) -> WriteReport:
         """Write what differs in the unit's files (blocking; see cgroups.fs)."""
-        if self.level == "pod":
-            return apply_pod_values(root, CgroupDriver.SYSTEMD, self.cgroup_parent, self.values)
-        return apply_container_values(
-            root,
-            CgroupDriver.SYSTEMD,
-            self.cgroup_parent,
-            self.container_id,
-            self.values,
-            self.cgroups_path,
-            self.runtime,
-        )
+        return apply_values(root, self.location, self.values)
 
     def where(self) -> dict[str, str]:
         where = {"namespace": self.namespace, "pod": self.pod}
@@ -408,7 +381,7 @@ class SystemdUnits:
         from dbus_fast import Message, Variant
 
         try:
-            unit = target.relpath().name
+            unit = target.location.relpath().name
         except CgroupPathError as exc:  # the file write said so already
             self._count_set(target, ok=False)
             log.warning("unit not set through systemd", reason=str(exc), **target.where())

@@ -1,4 +1,4 @@
-"""Pod-level cgroup values as the cgroup files take them, and the v1 -> v2 conversions. Pure.
+"""Cgroup values as the cgroup files take them, and the v1 -> v2 conversions. Pure.
 
 The values are the policy's `CgroupValues` (cgroup v1 units, as Koordinator computes
 them) and so are the constants: one type and one set of limits for the whole plugin.
@@ -18,8 +18,8 @@ __all__ = [
     "CPU_WEIGHT_MIN",
     "UNLIMITED",
     "VALUE_FIELDS",
+    "CgroupReading",
     "CgroupValues",
-    "PodCgroupReading",
     "baseline_of",
     "check_writable",
     "clamp_cpu_shares",
@@ -54,8 +54,9 @@ def check_writable(values: CgroupValues) -> None:
 
 
 @dataclass(frozen=True)
-class PodCgroupReading:
-    """What a pod's cgroup holds now; unlimited reads back as UNLIMITED on both versions.
+class CgroupReading:
+    """What a pod's or a container's cgroup holds now; unlimited reads back as UNLIMITED on
+    both versions.
 
     Exactly one of cpu_shares (v1) and cpu_weight (v2) is set: weight cannot
     be converted back to the shares it came from.
@@ -118,7 +119,7 @@ def lowers(current: CgroupValues, new: CgroupValues) -> bool:
     )
 
 
-def holds(reading: PodCgroupReading, values: CgroupValues) -> bool:
+def holds(reading: CgroupReading, values: CgroupValues) -> bool:
     """Whether a container's cgroup holds `values`, as far as it can be compared.
 
     The memory limit reads back rounded down to the page; cgroup v2 holds a
@@ -142,7 +143,7 @@ def holds(reading: PodCgroupReading, values: CgroupValues) -> bool:
     )
 
 
-def exceeds(reading: PodCgroupReading, values: CgroupValues) -> bool:
+def exceeds(reading: CgroupReading, values: CgroupValues) -> bool:
     """Whether a cgroup holds more than `values` in any file it can be compared on.
 
     cgroup v2 holds a weight, which the runtime converts from shares its own
@@ -173,7 +174,7 @@ def set_fields(values: CgroupValues) -> tuple[str, ...]:
     return tuple(name for name in VALUE_FIELDS if getattr(values, name) is not None)
 
 
-def baseline_of(reading: PodCgroupReading, told: NativeLimits) -> NativeLimits:
+def baseline_of(reading: CgroupReading, told: NativeLimits) -> NativeLimits:
     """Kubelet's values as a cgroup the plugin has not written holds them.
 
     cgroup v2 keeps a weight: the fewest shares that give it back (cgroups/values.py).

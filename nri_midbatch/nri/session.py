@@ -17,7 +17,7 @@ import asyncio
 import contextvars
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import structlog
@@ -52,12 +52,22 @@ DEFAULT_REGISTRATION_TIMEOUT = 6.0
 #: the call): a runtime that never answers must not hold the caller, a reload
 #: say, or a pending-call slot, for ever. The runtime's own request timeout is 2 s.
 DEFAULT_UPDATE_TIMEOUT = 10.0
-#: A Synchronize split into `more=true` chunks is buffered until its last chunk.
-#: Runtimes split at 4 MiB per chunk; these bounds hold 16 full chunks, and far
-#: more pods and containers than any node runs, and stop a runtime that never
-#: sends the last chunk from growing the buffer without end.
-MAX_SYNC_BYTES = 64 << 20
-MAX_SYNC_OBJECTS = 65_536
+
+
+@dataclass(frozen=True, slots=True)
+class SyncLimits:
+    """How much of a Synchronize split into `more=true` chunks is buffered until its last chunk.
+
+    Runtimes split at 4 MiB per chunk; these bounds hold 16 full chunks, and far
+    more pods and containers than any node runs, and stop a runtime that never
+    sends the last chunk from growing the buffer without end.
+    """
+
+    bytes: int = 64 << 20
+    #: Pods and containers.
+    objects: int = 65_536
+
+
 #: A warning the runtime can provoke at will (a StateChange with an event id we
 #: do not know) is logged at most this many times a minute; the next line after
 #: the minute says how many were left out.
@@ -126,15 +136,44 @@ ContainerEvent = Callable[[Event, api.PodSandbox, api.Container], Awaitable[None
 
 
 class RecordedCall(Protocol):
+    """A call an observer follows: told how it ended, once."""
+
     def replied(self, response: Message) -> None: ...
 
     def failed(self, error: BaseException) -> None: ...
 
 
-class CallRecorder(Protocol):
-    """Sees every Plugin-service call; it may only take note, never block or fail the call."""
+class Link(Protocol):
+    """The connection to the runtime, as observers may ask about it (rpc.connection)."""
 
-    def begin(self, method: str, request: Message) -> RecordedCall: ...
+    @property
+    def writes(self) -> int:
+        """Writes to the runtime so far on this connection."""
+        ...
+
+    def busy(self) -> bool:
+        """A request from the runtime is in progress: being served, read, or on the socket."""
+        ...
+
+
+class SessionObserver:
+    """Told what a session does; each method does nothing unless a subclass says otherwise.
+
+    An observer may only take note: it must never block, and never fail, what it is told of.
+    """
+
+    def call_begun(self, method: str, request: Message) -> RecordedCall | None:
+        """A Plugin-service call begins, in the call's own task; return it to follow it."""
+        return None
+
+    def state_changed(self, state: SessionState) -> None:
+        """The phase changed, or a chunk of a Synchronize was taken in."""
+
+    def connected(self, link: Link) -> None:
+        """A connection to the runtime opened: asking `link` tells of it until the next one."""
+
+    def idle(self) -> None:
+        """The runtime's requests in progress have all been answered."""
 
 
 class RegistrationError(Exception):
@@ -151,14 +190,13 @@ class SessionState:
     events: int = 0
     sync_chunks: int = 0
     #: Pods and containers of the Synchronize being received, so far (0 between them);
-    #: listeners are told after each chunk is taken in.
+    #: observers are told after each chunk is taken in.
     sync_receiving: int = 0
     sync_pods: int = 0
     sync_containers: int = 0
     #: Completed Synchronizes, and how long the last took from first chunk to reply.
     syncs: int = 0
     last_sync_seconds: float = 0.0
-    _listeners: list[Callable[[SessionState], None]] = field(default_factory=list, repr=False)
 
     @property
     def registered(self) -> bool:
@@ -172,10 +210,6 @@ class SessionState:
     def synchronized(self) -> bool:
         return self.phase is Phase.READY
 
-    def changed(self) -> None:
-        for listener in self._listeners:
-            listener(self)
-
 
 class Session:
     def __init__(
@@ -185,15 +219,15 @@ class Session:
         idx: str,
         *,
         registration_timeout: float = DEFAULT_REGISTRATION_TIMEOUT,
-        on_state: Callable[[SessionState], None] | None = None,
-        on_idle: Callable[[], None] | None = None,
-        recorders: Sequence[CallRecorder] = (),
+        observers: Sequence[SessionObserver] = (),
         clock: Callable[[], float] = time.monotonic,
+        sync_limits: SyncLimits = SyncLimits(),
         enforce_lifecycle: bool = True,
     ) -> None:
-        """on_idle: called when the runtime's requests in progress have all been answered.
+        """observers: told of every call, state change, connection and idle spell, in order.
 
         clock: seconds, for the bounds kept per second or per minute (flood, warnings).
+        sync_limits: the bounds of a Synchronize received in chunks.
         enforce_lifecycle: False for replay, whose recording may start anywhere in a
         session: requests the lifecycle table does not allow are then served anyway.
         Raises TypeError for a plugin that handles no event.
@@ -201,16 +235,14 @@ class Session:
         self._plugin = plugin
         self._handlers = _Handlers.of(plugin)
         self._enforce_lifecycle = enforce_lifecycle
-        self._on_idle = on_idle
-        self._recorders = tuple(recorders)
+        self._observers = tuple(observers)
         self._name = name
         self._idx = idx
         self._registration_timeout = registration_timeout
         self._clock = clock
+        self._sync_limits = sync_limits
         self._warnings: RateLimit[str] = RateLimit(WARNINGS_PER_MINUTE, 60.0, clock=clock)
         self.state = SessionState()
-        if on_state is not None:
-            self.state._listeners.append(on_state)
         self._conn: MuxConnection | None = None
         #: What the wire layer refused or ignored on connections now closed.
         self._refused_before = 0
@@ -227,14 +259,6 @@ class Session:
 
     # -- running -------------------------------------------------------------
 
-    def busy(self) -> bool:
-        """A request from the runtime is in progress (see MuxConnection.busy)."""
-        return self._conn is not None and self._conn.busy()
-
-    def writes(self) -> int:
-        """Writes to the runtime on the current connection (see MuxConnection.writes)."""
-        return 0 if self._conn is None else self._conn.writes
-
     async def run(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str:
         """Register and serve until the connection ends; returns why it ended."""
         conn = MuxConnection(
@@ -242,10 +266,12 @@ class Session:
             writer,
             {PLUGIN_SERVICE: self.service()},
             name=f"{self._idx}-{self._name}",
-            on_idle=self._on_idle,
+            on_idle=self._idle,
             clock=self._clock,
         )
         self._conn = conn
+        for observer in self._observers:
+            observer.connected(conn)
         self._configured.clear()
         self._drop_sync_buffer()
         self._advance(Step.CONNECT)
@@ -325,7 +351,15 @@ class Session:
             replied = True
         if (phase, replied) != (state.phase, state.register_replied):
             state.phase, state.register_replied = phase, replied
-            state.changed()
+            self._state_changed()
+
+    def _state_changed(self) -> None:
+        for observer in self._observers:
+            observer.state_changed(self.state)
+
+    def _idle(self) -> None:
+        for observer in self._observers:
+            observer.idle()
 
     def _check(self, step: Step) -> None:
         """Raise RpcError if `step` is illegal now, without taking it."""
@@ -346,13 +380,15 @@ class Session:
     ) -> Sequence[api.ContainerUpdate]:
         """Ask the runtime to update containers; returns the updates that failed.
 
-        Runtimes hold their locks while an event is out with a plugin, so this
-        must run in a task of its own, never awaited from an event handler.
+        Runtimes hold their locks while an event is out with a plugin, so this is
+        awaited outside the event handlers (the reload pass does), never from one or
+        from a task one started: those inherit its context and are refused.
         """
         if _in_event_handler.get():
             raise RuntimeError(
-                "UpdateContainers awaited inside an event handler would block the runtime; "
-                "use schedule_update_containers()"
+                "UpdateContainers awaited inside an event handler (or a task it started) "
+                "would block the runtime; await it from outside the handlers, as the reload "
+                "pass does"
             )
         if self._conn is None or not self.state.configured:
             raise RuntimeError("not registered with a runtime")
@@ -365,20 +401,12 @@ class Session:
         )
         return list(reply.failed)
 
-    def schedule_update_containers(
-        self, updates: Sequence[api.ContainerUpdate]
-    ) -> asyncio.Task[Sequence[api.ContainerUpdate]]:
-        """Run update_containers in its own task, outside any handler's context."""
-        return asyncio.get_running_loop().create_task(
-            self.update_containers(updates), context=contextvars.Context()
-        )
-
     # -- the Plugin service --------------------------------------------------
 
     def service(self) -> Service:
         """The Plugin service: the table of handlers, each a method of the session.
 
-        Every call goes through `_around` (recording, the lifecycle table); replay
+        Every call goes through `_around` (observers, the lifecycle table); replay
         calls it without a socket (see `enforce_lifecycle`).
         """
         methods = {
@@ -401,10 +429,14 @@ class Session:
         return Service(PLUGIN_SERVICE, methods, around=self._around)
 
     async def _around(self, handler: Handler, request: Any, ctx: CallContext) -> Message:
-        """Every call: recorded, checked against the lifecycle table, then handled."""
-        # Begun in the call's own task, so a recorder can tie what the plugin
+        """Every call: shown to the observers, checked against the lifecycle table, handled."""
+        # Begun in the call's own task, so an observer can tie what the plugin
         # publishes during the call to this call.
-        calls = [recorder.begin(ctx.method, request) for recorder in self._recorders]
+        calls = [
+            call
+            for observer in self._observers
+            if (call := observer.call_begun(ctx.method, request)) is not None
+        ]
         try:
             step = _METHOD_STEPS.get(ctx.method, Step.EVENT)
             if step is not None:
@@ -466,10 +498,11 @@ class Session:
         self._sync_containers += len(request.containers)
         self.state.sync_chunks += 1
         objects = self._sync_pods + self._sync_containers
-        if self._sync_bytes > MAX_SYNC_BYTES or objects > MAX_SYNC_OBJECTS:
+        limits = self._sync_limits
+        if self._sync_bytes > limits.bytes or objects > limits.objects:
             message = (
                 f"Synchronize of {self._sync_bytes} bytes and {objects} pods and containers "
-                f"so far exceeds the bound of {MAX_SYNC_BYTES} bytes or {MAX_SYNC_OBJECTS} "
+                f"so far exceeds the bound of {limits.bytes} bytes or {limits.objects} "
                 "objects (docs/troubleshooting.md)"
             )
             self._log.error("synchronize refused", reason=message, chunks=self.state.sync_chunks)
@@ -480,7 +513,7 @@ class Session:
         # with this frame, so the peak memory is one chunk's, not the node's.
         self._plugin.synchronize_part(request.pods, request.containers, first=first)
         self.state.sync_receiving = objects
-        self.state.changed()
+        self._state_changed()
         if request.more:
             # The runtime closes a plugin that answers a partial chunk with
             # anything but more=true.

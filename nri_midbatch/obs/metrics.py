@@ -7,19 +7,17 @@ collectors. The text of a scrape is `obs.exposition`'s.
 
 Hot-path code does not touch metric objects: the plugin keeps plain
 counters, and a `CountersCollector` (registered by the App) turns them into
-metric families when scraped. Per-call latency and results come from a session call
-observer, which costs one clock read and one histogram observation per call.
+metric families when scraped. Per-call latency and results come from the App's session
+observer (process/session_watch.py), which costs one clock read and one histogram
+observation per call.
 """
 
 from __future__ import annotations
 
 import platform
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import NamedTuple
 
 import prometheus_client
-from google.protobuf.message import Message
 from prometheus_client import (
     Counter,
     Gauge,
@@ -130,9 +128,6 @@ class Metrics:
         # Configuration reloads are counted by the App's CountersCollector.
         build_info(r)
 
-    def observer(self) -> CallObserver:
-        return CallObserver(self)
-
     def add_collector(self, collector: Collector) -> None:
         self.registry.register(collector)
 
@@ -185,50 +180,6 @@ class WebhookMetrics:
             self.certificate_reloads.labels(result)
         self.dropped = connections_dropped("nri_midbatch_webhook_connections_dropped", r)
         build_info(r)
-
-
-class _ObservedCall:
-    __slots__ = ("_series", "_start")
-
-    def __init__(self, series: _MethodSeries) -> None:
-        self._series = series
-        self._start = time.perf_counter()
-
-    def replied(self, response: Message) -> None:
-        self._done(self._series.ok)
-
-    def failed(self, error: BaseException) -> None:
-        self._done(self._series.error)
-
-    def _done(self, result: Counter) -> None:
-        result.inc()
-        self._series.duration.observe(time.perf_counter() - self._start)
-
-
-class _MethodSeries(NamedTuple):
-    ok: Counter
-    error: Counter
-    duration: Histogram
-
-
-class CallObserver:
-    """A session call recorder that counts and times every Plugin-service call."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self._metrics = metrics
-        #: method -> its series, looked up once per method rather than twice per call
-        self._series: dict[str, _MethodSeries] = {}
-
-    def begin(self, method: str, request: Message) -> _ObservedCall:
-        series = self._series.get(method)
-        if series is None:
-            m = self._metrics
-            series = self._series[method] = _MethodSeries(
-                m.events.labels(method, "ok"),
-                m.events.labels(method, "error"),
-                m.event_duration.labels(method),
-            )
-        return _ObservedCall(series)
 
 
 #: (name, help, label names, {label values: count})

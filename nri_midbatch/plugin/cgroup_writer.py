@@ -4,7 +4,8 @@ Every write goes through `write`, whatever asked for it (RunPodSandbox, a
 Synchronize, a reload, a repair), so every write is confined to the root the
 same way, reports its failures the same way, and, under the systemd driver, is
 handed to systemd to hold (cgroups/systemd.py) so a daemon-reload puts back our
-values rather than older ones. What to log and count is the caller's business.
+values rather than older ones. Every read goes through `read`, and fails one way
+(CgroupUnreadable). What to log and count is the caller's business.
 """
 
 from __future__ import annotations
@@ -12,16 +13,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from nri_midbatch.cgroups.fs import (
-    apply_container_values,
-    apply_pod_values,
-    read_container_values,
-    read_pod_values,
-)
-from nri_midbatch.cgroups.paths import CgroupDriver, CgroupPathError
+from nri_midbatch.cgroups.fs import apply_values, read_values
+from nri_midbatch.cgroups.paths import CgroupDriver, CgroupLocation, CgroupPathError
 from nri_midbatch.cgroups.systemd import SystemdUnits, UnitTarget
-from nri_midbatch.cgroups.values import PodCgroupReading
+from nri_midbatch.cgroups.values import CgroupReading
 from nri_midbatch.policy import CgroupValues, ContainerView, PodView
+
+
+class CgroupUnreadable(Exception):
+    """A cgroup whose values cannot be read: its path is refused, a file is missing (the
+    cgroup is gone) or unreadable, or holds no cgroup value."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +40,7 @@ class CgroupWriter:
     driver: CgroupDriver
     #: The runtime's name: where it sends no cgroups path, its naming finds the container.
     runtime: str = ""
+    #: Only under the systemd driver.
     systemd: SystemdUnits | None = None
 
     def write(
@@ -49,19 +51,9 @@ class CgroupWriter:
         cgroups_path: str = "",
     ) -> Written:
         """Write the pod's (container None) or the container's values."""
+        location = self.location(pod, container, cgroups_path)
         try:
-            if container is None:
-                report = apply_pod_values(self.root, self.driver, pod.cgroup_parent, values)
-            else:
-                report = apply_container_values(
-                    self.root,
-                    self.driver,
-                    pod.cgroup_parent,
-                    container.id,
-                    values,
-                    cgroups_path,
-                    self.runtime,
-                )
+            report = apply_values(self.root, location, values)
         except CgroupPathError as exc:
             return Written(str(exc))
         if not report.ok:
@@ -72,12 +64,24 @@ class CgroupWriter:
 
     def read(
         self, pod: PodView, container: ContainerView | None = None, cgroups_path: str = ""
-    ) -> PodCgroupReading:
-        """What the cgroup holds now. Raises CgroupPathError, OSError or ValueError."""
+    ) -> CgroupReading:
+        """What the cgroup holds now. Raises CgroupUnreadable."""
+        try:
+            return read_values(self.root, self.location(pod, container, cgroups_path))
+        except (CgroupPathError, OSError, ValueError) as exc:
+            reason = str(exc)
+        # Raised without the error as its cause: that one's traceback holds this frame,
+        # which holds it, a cycle for the garbage collector on every gone container.
+        raise CgroupUnreadable(reason)
+
+    def location(
+        self, pod: PodView, container: ContainerView | None, cgroups_path: str = ""
+    ) -> CgroupLocation:
+        """Where the pod's (container None) or the container's cgroup is."""
         if container is None:
-            return read_pod_values(self.root, self.driver, pod.cgroup_parent)
-        return read_container_values(
-            self.root, self.driver, pod.cgroup_parent, container.id, cgroups_path
+            return CgroupLocation(self.driver, pod.cgroup_parent)
+        return CgroupLocation(
+            self.driver, pod.cgroup_parent, container.id, cgroups_path, self.runtime
         )
 
     def unit_target(
@@ -88,17 +92,6 @@ class CgroupWriter:
         cgroups_path: str = "",
     ) -> UnitTarget:
         """The systemd unit that holds these values: the pod's slice or the container's scope."""
-        if container is None:
-            return UnitTarget("pod", pod.uid, pod.namespace, pod.name, pod.cgroup_parent, values)
-        return UnitTarget(
-            "container",
-            pod.uid,
-            pod.namespace,
-            pod.name,
-            pod.cgroup_parent,
-            values,
-            container.name,
-            container.id,
-            cgroups_path,
-            self.runtime,
-        )
+        location = self.location(pod, container, cgroups_path)
+        name = "" if container is None else container.name
+        return UnitTarget(location, values, pod.uid, pod.namespace, pod.name, name)

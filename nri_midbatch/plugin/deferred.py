@@ -9,20 +9,21 @@ This relies on one property of the connection (rpc/connection.py): a reply
 is written in the same step of the event loop as its handler returns, so
 nothing queued here can run before it. Work runs in the order it was queued,
 in slices of at most `slice_seconds`, and only while the connection is idle:
-before each piece of work the `busy` probe (the session's connection: a
-request being served, being read, or bytes waiting on the socket) is asked.
-While it says yes the work waits until the connection has answered what it
-was serving (`resume`, called by the connection), or `BUSY_RECHECK_SECONDS`
-if nothing is answered (bytes that are not a request yet). A request
+`AfterReply` is one of the session's observers, and before each piece of work
+it asks the connection it was last told of (`connected`) whether it is busy (a
+request being served, being read, or bytes waiting on the socket). While it
+says yes the work waits until the connection has answered what it was serving
+(`idle`), or `DeferredTimings.recheck` if nothing is answered (bytes that are
+not a request yet). A request
 arriving in the middle of a long backlog so waits for at most the piece of
 work under way (a pod's cgroup files, one container's read, 8 log lines:
 0.1-0.6 ms), not for a slice or the whole backlog.
 
-Only under steady load, when the work has not run for `BUSY_STARVED_SECONDS`
+Only under steady load, when the work has not run for `DeferredTimings.starved`
 because a request was always in flight, does it run regardless, for
-`BUSY_RUN_SECONDS`: it must keep up, or what it holds (log lines, a piece
+`DeferredTimings.run`: it must keep up, or what it holds (log lines, a piece
 per request) would grow without end. It used to do so after any wait of
-`BUSY_RECHECK_SECONDS`, and requests that came about a millisecond apart
+`DeferredTimings.recheck`, and requests that came about a millisecond apart
 (the benchmark's probes, a runtime starting containers one by one) met that
 forced run, in step with it, in one case in ten.
 
@@ -32,8 +33,8 @@ process that wrote (the waker is expected to sleep next). The work keeps
 that core busy, so the thread would wait for the scheduler's next tick (4 ms
 at HZ=250). Two things prevent that:
 
-- after a write to the runtime (`writes` counts them) in the middle of a
-  backlog, the next slice first sleeps `GIVE_WAY_SECONDS`, which hands the
+- after a write to the runtime (the connection's `writes` count) in the middle of a
+  backlog, the next slice first sleeps `DeferredTimings.give_way`, which hands the
   core over at once. Not when the work is the new work of the request just
   answered (a CreateContainer's log line: the loop is idle again right after
   it), nor while another request waits: serving it comes first, and under
@@ -53,9 +54,13 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
+
+from nri_midbatch.nri.session import Link
+from nri_midbatch.plugin.observer import Observer
 
 log = structlog.get_logger(__name__)
 
@@ -65,21 +70,32 @@ DEFAULT_SLICE_SECONDS = 0.002
 #: container's three files takes 0.1 ms on a quiet node and 0.5 ms on this
 #: project's 2-core VM.
 CGROUP_READS_PER_PIECE = 1
-#: How long deferred work waits for a busy connection that answers nothing before
-#: it asks again: a request takes a fraction of a millisecond, and nothing
-#: deferred is urgent.
-BUSY_RECHECK_SECONDS = 0.001
-#: How long the work must have been kept from running by a busy connection before
-#: it runs regardless: only steady load (a request always in flight) keeps it
-#: from running that long; the connection is idle between requests that are not.
-BUSY_STARVED_SECONDS = 0.002
-#: How long it then runs: a fifth of the time under steady load, many times
-#: what the work of the requests needs.
-BUSY_RUN_SECONDS = 0.0005
-#: How long a slice sleeps after a write to the runtime before it begins: enough
-#: for the scheduler to switch to the thread the write woke, short next to the
-#: work (with timer slack, 0.1 ms).
-GIVE_WAY_SECONDS = 0.00005
+
+
+@dataclass(frozen=True, slots=True)
+class DeferredTimings:
+    """How deferred work waits for a busy connection and gives the runtime its core."""
+
+    #: How long deferred work waits for a busy connection that answers nothing
+    #: before it asks again: a request takes a fraction of a millisecond, and
+    #: nothing deferred is urgent.
+    recheck: float = 0.001
+    #: How long the work must have been kept from running by a busy connection
+    #: before it runs regardless: only steady load (a request always in flight)
+    #: keeps it from running that long; the connection is idle between requests
+    #: that are not.
+    starved: float = 0.002
+    #: How long it then runs: a fifth of the time under steady load, many times
+    #: what the work of the requests needs.
+    run: float = 0.0005
+    #: How long a slice sleeps after a write to the runtime before it begins:
+    #: enough for the scheduler to switch to the thread the write woke, short
+    #: next to the work (with timer slack, 0.1 ms).
+    give_way: float = 0.00005
+
+
+#: os.sched_setscheduler's signature: the thread (0: the caller), the policy, its parameter.
+SetScheduler = Callable[[int, int, os.sched_param], None]
 
 
 class BatchPolicy:
@@ -92,7 +108,8 @@ class BatchPolicy:
     under the thread's policy as it is, and that is logged once.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, set_scheduler: SetScheduler = os.sched_setscheduler) -> None:
+        self._set_scheduler = set_scheduler
         self._usable: bool | None = None  # known at the first enter, in the loop's thread
         self._entered = False
 
@@ -111,7 +128,7 @@ class BatchPolicy:
 
     def _set(self, policy: int) -> bool:
         try:
-            os.sched_setscheduler(0, policy, os.sched_param(0))
+            self._set_scheduler(0, policy, os.sched_param(0))
         except OSError as exc:
             self._usable = False
             log.info("deferred work runs under the thread's own scheduling policy", error=str(exc))
@@ -119,48 +136,57 @@ class BatchPolicy:
         return True
 
 
-def _never_busy() -> bool:
-    return False
+class _NoLink:
+    """Before any connection (replay, tests): never busy, nothing written."""
+
+    writes = 0
+
+    def busy(self) -> bool:
+        return False
 
 
-def _no_writes() -> int:
-    return 0
-
-
-class AfterReply:
-    def __init__(self, slice_seconds: float = DEFAULT_SLICE_SECONDS) -> None:
+class AfterReply(Observer):
+    def __init__(
+        self,
+        slice_seconds: float = DEFAULT_SLICE_SECONDS,
+        *,
+        timings: DeferredTimings = DeferredTimings(),
+        sleep: Callable[[float], None] = time.sleep,
+        set_scheduler: SetScheduler = os.sched_setscheduler,
+    ) -> None:
+        """sleep: how a slice gives the core away; set_scheduler: how it moves to SCHED_BATCH."""
         self._slice = slice_seconds
+        self._timings = timings
+        self._sleep = sleep
         self._queue: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
         #: The next slice, when one is due: a loop callback, cheaper than a task per reply.
         self._next_slice: asyncio.Handle | None = None
-        #: The next slice waits for a busy connection (`resume` starts it early).
+        #: The next slice waits for a busy connection (`idle` starts it early).
         self._waiting = False
-        #: When a piece of work last ran, or the work began (see BUSY_STARVED_SECONDS).
+        #: When a piece of work last ran, or the work began (see DeferredTimings.starved).
         self._ran_at = 0.0
         #: The next slice is the first since the loop had nothing deferred.
         self._first_slice = False
         self._timers: set[asyncio.TimerHandle] = set()
         self._waiters: list[asyncio.Future[None]] = []
-        self._policy = BatchPolicy()
-        #: Whether a request is in progress, and the writes to the runtime; see `yield_to`.
-        self._busy_probe: Callable[[], bool] = _never_busy
-        self._writes_probe: Callable[[], int] = _no_writes
+        self._policy = BatchPolicy(set_scheduler)
+        #: The connection to yield to, and its writes as of the last slice.
+        self._link: Link = _NoLink()
         self._writes_seen = 0
 
-    def yield_to(self, busy: Callable[[], bool], writes: Callable[[], int] = _no_writes) -> None:
-        """Run deferred work only while `busy()` is false (it is asked before each piece).
+    def connected(self, link: Link) -> None:
+        """Run deferred work only while `link.busy()` is false (it is asked before each piece).
 
-        writes: a count of writes to the runtime; when it has moved since the
-        last slice, the next one gives the core away first (see the module's text).
+        When `link.writes` has moved since the last slice, the next one gives the
+        core away first (see the module's text).
         """
-        self._busy_probe = busy
-        self._writes_probe = writes
-        self._writes_seen = writes()
+        self._link = link
+        self._writes_seen = link.writes
 
-    def resume(self) -> None:
+    def idle(self) -> None:
         """The connection has answered the requests it was serving: work waiting for it goes on.
 
-        Called by the connection after its last reply; a turn of the loop
+        Told by the session after the last reply; the slice runs a turn of the loop
         later, so that whatever that reply made ready (another request) goes first.
         """
         if self._waiting and self._next_slice is not None:
@@ -218,23 +244,24 @@ class AfterReply:
         # of the loop, and each deferring piece would add one more: timers and
         # requests waited 5, 15, 40, then 100 ms behind them.
         self._waiting = False
-        busy = self._busy_probe
+        link = self._link
+        busy = link.busy
         if not self._first_slice:
             # Before the sleep below: waking from it must not preempt the runtime.
             self._policy.enter()
-        writes = self._writes_probe()
+        writes = link.writes
         if writes != self._writes_seen:
             # Only between slices can a reply go out: the loop runs one thing at a time.
             self._writes_seen = writes
             if not self._first_slice and not busy():
-                time.sleep(GIVE_WAY_SECONDS)
+                self._sleep(self._timings.give_way)
         now = time.perf_counter()
         if self._first_slice:
             self._first_slice = False
             self._ran_at = now
         deadline = now + self._slice
-        if now - self._ran_at >= BUSY_STARVED_SECONDS and busy():
-            forced_until = now + BUSY_RUN_SECONDS
+        if now - self._ran_at >= self._timings.starved and busy():
+            forced_until = now + self._timings.run
             while self._queue:
                 self._run_one()
                 self._ran_at = time.perf_counter()
@@ -249,10 +276,10 @@ class AfterReply:
             self._next_slice = None
             self._wake_if_idle()
         elif busy():
-            # A request goes first; the connection says when it has answered.
+            # A request goes first; the session says when it has answered (`idle`).
             self._waiting = True
             loop = asyncio.get_running_loop()
-            self._next_slice = loop.call_later(BUSY_RECHECK_SECONDS, self._run_slice)
+            self._next_slice = loop.call_later(self._timings.recheck, self._run_slice)
         else:
             # Behind whatever became ready meanwhile.
             self._next_slice = asyncio.get_running_loop().call_soon(self._run_slice)

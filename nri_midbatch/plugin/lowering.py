@@ -16,16 +16,16 @@ that order holds no more than the values sent for it (or its cgroup is gone),
 and is written then: one container read per pod, not one per container.
 (After a reload, UpdateContainers returns once the runtime has applied the
 updates, and the cgroup-file path writes containers itself: the order holds
-there without waiting; see MidBatchPlugin.write_plan.)
+there without waiting; see writes.py `Writes.plan`.)
 
 Bounded in time and reads:
-- polled every `POLL_SECONDS`, from the work queue that runs after replies,
+- polled every `LoweringTimings.poll`, from the work queue that runs after replies,
   `CGROUP_READS_PER_PIECE` containers to a piece of work, so a poll never delays a
   request by more than those few reads;
 - pods are waited for in the order of their last updates, which is the
   order the runtime gets to them: a poll stops at the first pod not yet
   lowered, so it usually reads one container's files;
-- with no container seen lowered for `STALL_SECONDS` (an update the runtime
+- with no container seen lowered for `LoweringTimings.stall` (an update the runtime
   failed to apply, or one changed again since), the pods still waiting are
   written anyway, the kernel decides, and the warning names them.
 """
@@ -43,10 +43,16 @@ from nri_midbatch.plugin.deferred import CGROUP_READS_PER_PIECE, AfterReply
 
 log = structlog.get_logger(__name__)
 
-#: Fine next to the 0.3-0.9 s the runtime takes; one read of two or three files each.
-POLL_SECONDS = 0.02
-#: Longer than containerd takes for one container (a runc update, 10-50 ms under load).
-STALL_SECONDS = 5.0
+
+@dataclass(frozen=True, slots=True)
+class LoweringTimings:
+    """How often the containers are read, and how long the pods wait for them at most."""
+
+    #: Fine next to the 0.3-0.9 s the runtime takes; one read of two or three files each.
+    poll: float = 0.02
+    #: Longer than containerd takes for one container (a runc update, 10-50 ms under load).
+    stall: float = 5.0
+
 
 #: True once the container holds no more than what the runtime was asked to set.
 Check = Callable[[], bool]
@@ -68,13 +74,14 @@ class LoweringWait:
         self,
         after_reply: AfterReply,
         *,
+        timings: LoweringTimings = LoweringTimings(),
         on_stall: Callable[[int], None] | None = None,
     ) -> None:
         """on_stall(pods): told how many pods are written unconfirmed, to count them."""
         self._after_reply = after_reply
         self._on_stall = on_stall
-        self._poll = POLL_SECONDS
-        self._stall = STALL_SECONDS
+        self._poll = timings.poll
+        self._stall = timings.stall
         self._waiting: deque[_Waiting] = deque()
         self._progress_at = 0.0
         self._cancelled = False

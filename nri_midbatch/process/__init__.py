@@ -1,1 +1,1 @@
-"""The plugin as a process: composition, configuration watch, recording, heap."""
+"""The plugin as a process: composition (the recorder too), configuration watch, heap."""

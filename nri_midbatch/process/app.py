@@ -26,24 +26,21 @@ from nri_midbatch.cgroups.values import VALUE_FIELDS
 from nri_midbatch.config.settings import ConfigError, Settings
 from nri_midbatch.config.validator import load_settings_file
 from nri_midbatch.nri.runner import run_external, run_prelaunched
-from nri_midbatch.nri.session import (
-    DEFAULT_REGISTRATION_TIMEOUT,
-    DEFAULT_UPDATE_TIMEOUT,
-    CallRecorder,
-    Session,
-    SessionState,
-)
+from nri_midbatch.nri.session import DEFAULT_REGISTRATION_TIMEOUT, DEFAULT_UPDATE_TIMEOUT, Session
 from nri_midbatch.nri.version import Version
 from nri_midbatch.obs.health import HealthServer
 from nri_midbatch.obs.logging import set_level
 from nri_midbatch.obs.metrics import CounterFamily, CountersCollector, Metrics
 from nri_midbatch.plugin.codec import container_update
+from nri_midbatch.plugin.deferred import AfterReply, DeferredTimings
 from nri_midbatch.plugin.handlers import MidBatchPlugin
+from nri_midbatch.plugin.lowering import LoweringTimings
+from nri_midbatch.plugin.observer import Observer
 from nri_midbatch.policy import ErrorKind
-from nri_midbatch.process.heap import LARGE_SYNC, freeze_survivors
-from nri_midbatch.process.record import Recorder, note_decision
 from nri_midbatch.process.reload import FileWatch
+from nri_midbatch.process.session_watch import SessionWatch
 from nri_midbatch.process.status import StatusServer
+from nri_midbatch.recording.writer import Recorder
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.state.plan import Plan, split_pods
 from nri_midbatch.state.store import BaselineStore
@@ -84,34 +81,43 @@ class App:
         update_containers_timeout: float = DEFAULT_UPDATE_TIMEOUT,
         state_dir: Path | None = None,
         status_socket: Path | None = None,
+        metrics_retry_seconds: float = METRICS_RETRY_SECONDS,
+        deferred_timings: DeferredTimings = DeferredTimings(),
+        lowering_timings: LoweringTimings = LoweringTimings(),
     ) -> None:
+        """metrics_retry_seconds: the wait before a taken metrics address is tried again.
+
+        deferred_timings: those of the work left for after replies (plugin/deferred.py);
+        lowering_timings: the plugin's (MidBatchPlugin).
+        """
         self.metrics = Metrics()
         self.recorder = recorder
-        self.plugin = MidBatchPlugin(
-            config,
-            on_decision=None if recorder is None else note_decision,
-            store=BaselineStore(state_dir),
-        )
-        observers: list[CallRecorder] = [self.metrics.observer()]
+        # Pod cgroups and log lines left for after a reply wait while a request
+        # is in progress (until the connection is idle again), and give the
+        # runtime its turn after our writes: the work observes the session.
+        after_reply = AfterReply(timings=deferred_timings)
+        observers: list[Observer] = [SessionWatch(self.metrics), after_reply]
         if recorder is not None:
             observers.append(recorder)
+        self.plugin = MidBatchPlugin(
+            config,
+            observers=observers,
+            after_reply=after_reply,
+            store=BaselineStore(state_dir),
+            lowering_timings=lowering_timings,
+        )
         self.session = Session(
             self.plugin,
             name,
             idx,
-            recorders=observers,
-            on_state=self._on_state,
-            on_idle=self.plugin.after_reply.resume,
+            observers=observers,
             registration_timeout=registration_timeout,
         )
-        # Pod cgroups and log lines left for after a reply wait while a request
-        # is in progress (until the connection is idle again), and give the
-        # runtime its turn after our writes.
-        self.plugin.after_reply.yield_to(self.session.busy, self.session.writes)
         self.metrics.add_collector(CountersCollector(self._counter_families))
         self.metrics.add_collector(ModeCollector(lambda: str(self.plugin.config.mode)))
         self.health: HealthServer | None = None
         self._metrics_address = metrics_address
+        self._metrics_retry_seconds = metrics_retry_seconds
         #: Attempts to serve metrics that found the address taken.
         self.metrics_bind_failures = 0
         if metrics_address:
@@ -226,7 +232,7 @@ class App:
                     "cannot serve metrics, retrying",
                     address=self._metrics_address,
                     error=exc.strerror or str(exc),
-                    retry_seconds=METRICS_RETRY_SECONDS,
+                    retry_seconds=self._metrics_retry_seconds,
                 )
 
     def _start_health(self, health: HealthServer) -> None:
@@ -235,7 +241,7 @@ class App:
 
     async def _serve_metrics(self) -> None:
         while self.health is None:
-            await asyncio.sleep(METRICS_RETRY_SECONDS)
+            await asyncio.sleep(self._metrics_retry_seconds)
             self._bind_metrics()
             if self.health is not None:
                 self._start_health(self.health)
@@ -250,20 +256,6 @@ class App:
         if self._prelaunched and state.runtime.nri_version < PRELAUNCHED_SYNC_FROM:
             return True, "ok"
         return False, "registered, waiting for Synchronize"
-
-    def _on_state(self, state: SessionState) -> None:
-        self.metrics.registered.set(1 if state.configured else 0)
-        self.metrics.synchronized.set(1 if state.synchronized else 0)
-        if state.sync_receiving >= LARGE_SYNC:
-            freeze_survivors()  # a chunk taken in: its views are here to stay
-        if state.syncs > self._syncs_seen:
-            self._syncs_seen = state.syncs
-            if state.sync_pods + state.sync_containers >= LARGE_SYNC:
-                # Now, before the work left for after the reply allocates.
-                freeze_survivors()
-            self.metrics.sync_duration.observe(state.last_sync_seconds)
-            self.metrics.sync_objects.labels("pods").set(state.sync_pods)
-            self.metrics.sync_objects.labels("containers").set(state.sync_containers)
 
     def _counter_families(self) -> Iterable[CounterFamily]:
         """Read on the metrics server's thread while the loop counts: each dict the loop may

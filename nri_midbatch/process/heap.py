@@ -1,8 +1,8 @@
 """The process's heap: glibc's reuse of large buffers, and the collector after a large Synchronize.
 
 Process policy, not protocol: `reuse_large_buffers` runs once, at start-up;
-the App triggers `freeze_survivors` as the chunks of a large Synchronize come
-in and once it has been answered.
+the App's session observer (session_watch.py) triggers `freeze_survivors` as
+the chunks of a large Synchronize come in and once it has been answered.
 """
 
 from __future__ import annotations

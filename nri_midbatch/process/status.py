@@ -22,8 +22,8 @@ from typing import Any
 
 import structlog
 
-from nri_midbatch.cgroups.paths import CgroupPathError
 from nri_midbatch.cgroups.values import holds
+from nri_midbatch.plugin.cgroup_writer import CgroupUnreadable
 from nri_midbatch.plugin.handlers import MidBatchPlugin
 from nri_midbatch.policy import (
     CgroupValues,
@@ -90,7 +90,7 @@ def status_document(plugin: MidBatchPlugin, rows: list[_Row]) -> dict[str, Any]:
         unreadable: str | None
         try:
             reading = plugin.cgroups.read(row.pod, row.container, row.cgroups_path)
-        except (CgroupPathError, OSError, ValueError) as exc:
+        except CgroupUnreadable as exc:
             now, drift, unreadable = None, None, str(exc)
         else:
             now = {

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from nri_midbatch.policy import (
     CgroupValues,
     ContainerView,
+    NativeLimits,
     PodView,
     Policy,
     decide_container,
@@ -96,7 +97,9 @@ def split_pods(plan: Plan) -> tuple[tuple[PodChange, ...], tuple[PodChange, ...]
     up = {
         change.pod.cgroup_parent
         for change in plan.containers
-        if raises_quota(quota_in_force(change.before, change.container), change.values.cpu_quota)
+        if raises_quota(
+            quota_in_force(change.before, change.container.native), change.values.cpu_quota
+        )
     }
     first = tuple(change for change in plan.pods if change.pod.cgroup_parent in up)
     last = tuple(change for change in plan.pods if change.pod.cgroup_parent not in up)
@@ -108,10 +111,10 @@ def raises_quota(current: int, new: int) -> bool:
     return current >= 0 and (new < 0 or new > current)
 
 
-def quota_in_force(applied: CgroupValues | None, container: ContainerView) -> int:
-    """The quota a container holds: the plugin's, else kubelet's."""
+def quota_in_force(applied: CgroupValues | None, kubelet: NativeLimits) -> int:
+    """The quota a pod or container holds: the plugin's, else kubelet's."""
     if applied is not None:
         return applied.cpu_quota
-    quota = kubelet_value(container.native, "cpu_quota")
+    quota = kubelet_value(kubelet, "cpu_quota")
     assert quota is not None  # only the shares can be unknown
     return quota

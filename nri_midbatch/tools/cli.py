@@ -25,8 +25,8 @@ import structlog
 from nri_midbatch import __version__
 from nri_midbatch.nri.session import DEFAULT_REGISTRATION_TIMEOUT
 from nri_midbatch.obs.logging import LEVELS, JournalWriter, configure_logging, open_sink
-from nri_midbatch.process.record import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, Recorder, RotatingFile
-from nri_midbatch.process.redact import kept_annotations
+from nri_midbatch.recording.redact import kept_annotations
+from nri_midbatch.recording.writer import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, Recorder, RotatingFile
 
 if TYPE_CHECKING:  # loaded by the commands that need it: `--version` stays fast
     from nri_midbatch.config.model import Config
@@ -402,7 +402,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from nri_midbatch.tools.replay import EXIT_CANNOT_RUN, replay_command
+    from nri_midbatch.tools.replay.command import EXIT_CANNOT_RUN, replay_command
 
     configure_logging(args.log_level, "console")
     config = _startup_config(args.config)

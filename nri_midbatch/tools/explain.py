@@ -39,7 +39,8 @@ from nri_midbatch.policy.qos import ContainerResourceLists, kubernetes_qos, qos_
 from nri_midbatch.policy.quantity import Quantity, QuantityError, parse_quantity
 from nri_midbatch.policy.spec import ExtendedSpec, load_spec
 from nri_midbatch.policy.trace import NoTier, TierCheck
-from nri_midbatch.process.record import NotedDecision, decision_json
+from nri_midbatch.recording.call import NotedDecision
+from nri_midbatch.recording.format import decision_json
 
 
 class PodInputError(ValueError):

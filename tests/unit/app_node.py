@@ -21,6 +21,8 @@ from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import Config, load_config_file, load_config_text
 from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
+from nri_midbatch.plugin.deferred import DeferredTimings
+from nri_midbatch.plugin.lowering import LoweringTimings
 from nri_midbatch.process.app import App
 from tests.fake_cgroups import FakeTree
 
@@ -100,6 +102,8 @@ async def running_node(
     state_dir: Path | None = None,
     status_socket: Path | None = None,
     synchronized: tuple[Sequence[api.PodSandbox], Sequence[api.Container]] = ((), ()),
+    deferred_timings: DeferredTimings = DeferredTimings(),
+    lowering_timings: LoweringTimings = LoweringTimings(),
     **config: Any,
 ) -> AsyncIterator[Node]:
     """An App on a fake tree at tmp_path/cgroup (kept if there: a restarted plugin's node)."""
@@ -116,6 +120,8 @@ async def running_node(
         reload_interval=0.05,
         state_dir=state_dir,
         status_socket=status_socket,
+        deferred_timings=deferred_timings,
+        lowering_timings=lowering_timings,
     )
     (plugin_reader, plugin_writer), (rt_reader, rt_writer) = await socketpair_streams()
     runtime = LoopbackRuntime(rt_reader, rt_writer, failed_updates=failed_updates)

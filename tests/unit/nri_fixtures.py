@@ -19,7 +19,13 @@ from google.protobuf.message import Message
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.api import ttrpc_pb2
 from nri_midbatch.nri.events import CONTAINER_EVENTS, HANDLER_NAMES, POD_EVENTS, Event, handles
-from nri_midbatch.nri.session import ContainerEvent, PodEvent, RuntimeInfo, Session
+from nri_midbatch.nri.session import (
+    ContainerEvent,
+    PodEvent,
+    RuntimeInfo,
+    Session,
+    SessionObserver,
+)
 from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
 from nri_midbatch.wire import mux
 from nri_midbatch.wire.ttrpc import Message as TtrpcMessage
@@ -69,6 +75,21 @@ def start_prelaunched(
     )
     plugin_end.close()
     return process, runtime_end
+
+
+class Probe:
+    """A connection as the deferred work asks about it (nri.session.Link), from functions."""
+
+    def __init__(self, busy: Callable[[], bool], writes: Callable[[], int] = lambda: 0) -> None:
+        self._busy = busy
+        self._writes = writes
+
+    def busy(self) -> bool:
+        return self._busy()
+
+    @property
+    def writes(self) -> int:
+        return self._writes()
 
 
 # ---------------------------------------------------------------------------
@@ -192,11 +213,13 @@ async def loopback(
     idx: str = "50",
     failed_updates: Sequence[str] = (),
     registration_timeout: float = STEP_TIMEOUT,
-    on_idle: Callable[[], None] | None = None,
+    observers: Sequence[SessionObserver] = (),
 ) -> AsyncIterator[Loopback]:
     (plugin_reader, plugin_writer), (rt_reader, rt_writer) = await socketpair_streams()
     runtime = LoopbackRuntime(rt_reader, rt_writer, failed_updates=failed_updates)
-    session = Session(plugin, name, idx, registration_timeout=registration_timeout, on_idle=on_idle)
+    session = Session(
+        plugin, name, idx, registration_timeout=registration_timeout, observers=observers
+    )
     task = asyncio.create_task(session.run(plugin_reader, plugin_writer))
     try:
         yield Loopback(session, runtime, task)

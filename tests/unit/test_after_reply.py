@@ -15,14 +15,13 @@ import structlog
 
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.api import ttrpc_pb2
-from nri_midbatch.plugin import deferred as after_reply_module
-from nri_midbatch.plugin.deferred import AfterReply
+from nri_midbatch.plugin.deferred import AfterReply, DeferredTimings
 from nri_midbatch.rpc.connection import MuxConnection
 from nri_midbatch.rpc.service import CallContext, Method, Service
 from nri_midbatch.wire.mux import frame_message
 from nri_midbatch.wire.ttrpc import MessageType, encode_message
 
-from .nri_fixtures import STEP_TIMEOUT, run
+from .nri_fixtures import STEP_TIMEOUT, Probe, run
 
 PLUGIN_CONN = 1
 
@@ -176,14 +175,11 @@ def test_flush_runs_what_is_queued_and_drops_what_waits() -> None:
 
 
 @pytest.mark.parametrize("resumed", [False, True], ids=["rechecked", "resumed"])
-def test_work_waits_while_the_probe_says_busy(
-    resumed: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_work_waits_while_the_probe_says_busy(resumed: bool) -> None:
     """Resumed: the connection says when it has answered, and the work goes on
     then, not after the recheck (stretched to a minute)."""
-    if resumed:
-        monkeypatch.setattr(after_reply_module, "BUSY_RECHECK_SECONDS", 60.0)
-    after_reply = AfterReply(slice_seconds=60)
+    timings = DeferredTimings(recheck=60.0) if resumed else DeferredTimings()
+    after_reply = AfterReply(slice_seconds=60, timings=timings)
     busy = [False]
     order: list[str] = []
 
@@ -197,10 +193,10 @@ def test_work_waits_while_the_probe_says_busy(
         order.append("request answered")
         busy[0] = False
         if resumed:
-            after_reply.resume()
+            after_reply.idle()
 
     async def scenario() -> None:
-        after_reply.yield_to(lambda: busy[0])
+        after_reply.connected(Probe(lambda: busy[0]))
         for n in range(3):
             after_reply.defer(work, n)
         await after_reply.settle()
@@ -209,15 +205,15 @@ def test_work_waits_while_the_probe_says_busy(
     assert order == ["work 0", "request answered", "work 1", "work 2"]
 
 
-def test_resume_with_nothing_waiting_changes_nothing() -> None:
+def test_idle_with_nothing_waiting_changes_nothing() -> None:
     after_reply = AfterReply(slice_seconds=0)
     order: list[str] = []
 
     async def scenario() -> None:
-        after_reply.resume()  # idle: no slice is started
+        after_reply.idle()  # idle: no slice is started
         for n in range(2):
             after_reply.defer(order.append, f"work {n}")
-        after_reply.resume()  # not waiting for the connection: the order stands
+        after_reply.idle()  # not waiting for the connection: the order stands
         asyncio.get_running_loop().call_soon(order.append, "request")
         await after_reply.settle()
 
@@ -225,19 +221,15 @@ def test_resume_with_nothing_waiting_changes_nothing() -> None:
     assert order == ["work 0", "request", "work 1"]
 
 
-def test_no_piece_runs_while_a_request_is_in_progress_unless_the_work_starves(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Requests that keep the connection busy for less than BUSY_STARVED_SECONDS wait for nothing.
+def test_no_piece_runs_while_a_request_is_in_progress_unless_the_work_starves() -> None:
+    """Requests that keep the connection busy for less than the starved time wait for nothing.
 
     Until round 8 the work ran regardless for half a millisecond after every
-    wait of BUSY_RECHECK_SECONDS: requests a millisecond apart met it in step.
-    Here the connection is rechecked at every turn of the loop and is busy for
-    50 ms at a time, far less than the minute the work may starve for.
+    wait of `recheck`: requests a millisecond apart met it in step. Here the
+    connection is rechecked at every turn of the loop and is busy for 50 ms
+    at a time, far less than the minute the work may starve for.
     """
-    monkeypatch.setattr(after_reply_module, "BUSY_RECHECK_SECONDS", 0.0)
-    monkeypatch.setattr(after_reply_module, "BUSY_STARVED_SECONDS", 60.0)
-    after_reply = AfterReply(slice_seconds=60)
+    after_reply = AfterReply(slice_seconds=60, timings=DeferredTimings(recheck=0.0, starved=60.0))
     busy_until = [0.0]
     seen_busy: list[bool] = []
 
@@ -250,7 +242,7 @@ def test_no_piece_runs_while_a_request_is_in_progress_unless_the_work_starves(
             busy_until[0] = time.perf_counter() + 0.05
 
     async def scenario() -> None:
-        after_reply.yield_to(busy)
+        after_reply.connected(Probe(busy))
         for n in range(6):
             after_reply.defer(work, n)
         await after_reply.settle()
@@ -259,15 +251,12 @@ def test_no_piece_runs_while_a_request_is_in_progress_unless_the_work_starves(
     assert seen_busy == [False] * 6
 
 
-def test_work_gives_the_core_away_once_after_each_write_in_a_backlog(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_work_gives_the_core_away_once_after_each_write_in_a_backlog() -> None:
     """A reply may have woken the runtime onto this core: the next slice sleeps first.
 
     A slice with no write before it does not sleep, so the work pays per reply
     only; nor does the first slice of new work, which came with its reply.
     """
-    after_reply = AfterReply(slice_seconds=60)
     busy, writes = [False], [0]
     order: list[str] = []
 
@@ -275,7 +264,7 @@ def test_work_gives_the_core_away_once_after_each_write_in_a_backlog(
     def sleep(seconds: float) -> None:
         order.append(f"sleep {seconds} under {os.sched_getscheduler(0)}")
 
-    monkeypatch.setattr(time, "sleep", sleep)
+    after_reply = AfterReply(slice_seconds=60, timings=DeferredTimings(give_way=0.25), sleep=sleep)
 
     def work(n: int) -> None:
         order.append(f"work {n}")
@@ -293,30 +282,29 @@ def test_work_gives_the_core_away_once_after_each_write_in_a_backlog(
         busy[0] = False
 
     async def scenario() -> None:
-        after_reply.yield_to(lambda: busy[0], lambda: writes[0])
+        after_reply.connected(Probe(lambda: busy[0], lambda: writes[0]))
         writes[0] += 1  # the reply of the handler that leaves the work
         for n in range(4):
             after_reply.defer(work, n)
         await after_reply.settle()
 
     run(scenario())
-    give_way = f"sleep {after_reply_module.GIVE_WAY_SECONDS} under {os.SCHED_BATCH}"
+    give_way = f"sleep 0.25 under {os.SCHED_BATCH}"
     assert order == ["work 0", "reply", give_way, "work 1", "work 2", "no reply", "work 3"]
 
 
-def test_no_sleep_while_another_request_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_sleep_while_another_request_waits() -> None:
     """Under steady load a request is always waiting: it is served, not slept on."""
-    monkeypatch.setattr(after_reply_module, "BUSY_RUN_SECONDS", 0.0)  # a piece per slice
-    after_reply = AfterReply()
     writes = [0]
     slept: list[float] = []
-    monkeypatch.setattr(time, "sleep", slept.append)
+    # A piece per slice.
+    after_reply = AfterReply(timings=DeferredTimings(run=0.0), sleep=slept.append)
 
     def reply() -> None:
         writes[0] += 1
 
     async def scenario() -> None:
-        after_reply.yield_to(lambda: True, lambda: writes[0])
+        after_reply.connected(Probe(lambda: True, lambda: writes[0]))
         for _ in range(20):
             after_reply.defer(asyncio.get_running_loop().call_soon, reply)
         await after_reply.settle()
@@ -327,11 +315,9 @@ def test_no_sleep_while_another_request_waits(monkeypatch: pytest.MonkeyPatch) -
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
-def test_a_request_arriving_during_a_backlog_is_served_before_the_rest_of_it(
-    loop: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_request_arriving_during_a_backlog_is_served_before_the_rest_of_it(loop: str) -> None:
     """On a real socket: the connection's busy() stops deferred work for a request,
-    and its on_idle hook starts it again once the request is answered.
+    and its on_idle hook (the session's `idle`) starts it again once the request is answered.
 
     The slice is a minute long, so only the probe can let the request in
     before the backlog is done. uvloop reads the socket before it runs ready
@@ -339,11 +325,13 @@ def test_a_request_arriving_during_a_backlog_is_served_before_the_rest_of_it(
     The wait for a busy connection is stretched to a minute, so that only the
     connection's hook can have the work go on within the test's 5 s.
     """
-    monkeypatch.setattr(after_reply_module, "BUSY_RECHECK_SECONDS", 60.0)
-    after_reply = AfterReply(slice_seconds=60)
-    left, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     order: list[str] = []
-    monkeypatch.setattr(time, "sleep", lambda _s: order.append("gave way"))
+    after_reply = AfterReply(
+        slice_seconds=60,
+        timings=DeferredTimings(recheck=60.0),
+        sleep=lambda _s: order.append("gave way"),
+    )
+    left, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
 
     def request(stream_id: int, method: str) -> bytes:
         body = ttrpc_pb2.Request(service="s", method=method).SerializeToString()
@@ -368,10 +356,8 @@ def test_a_request_arriving_during_a_backlog_is_served_before_the_rest_of_it(
         service = Service(
             "s", {"first": Method(api.Empty, first), "next": Method(api.Empty, following)}
         )
-        conn = MuxConnection(
-            reader, writer, {"s": service}, name="test", on_idle=after_reply.resume
-        )
-        after_reply.yield_to(conn.busy, lambda: conn.writes)
+        conn = MuxConnection(reader, writer, {"s": service}, name="test", on_idle=after_reply.idle)
+        after_reply.connected(conn)
         serving = asyncio.create_task(conn.run())
         peer.send(request(1, "first"))
         async with asyncio.timeout(STEP_TIMEOUT):
@@ -420,7 +406,7 @@ def test_work_still_gets_done_when_the_connection_is_never_idle() -> None:
     done: list[int] = []
 
     async def scenario() -> None:
-        after_reply.yield_to(lambda: True)
+        after_reply.connected(Probe(lambda: True))
         for n in range(5):
             after_reply.defer(done.append, n)
         await after_reply.settle()
@@ -440,7 +426,7 @@ def test_under_steady_load_the_work_keeps_up_with_a_piece_per_request() -> None:
         return True
 
     async def scenario() -> None:
-        after_reply.yield_to(busy)
+        after_reply.connected(Probe(busy))
         for n in range(200):
             after_reply.defer(done.append, n)
         await after_reply.settle()
@@ -519,14 +505,11 @@ def test_a_policy_other_than_the_normal_one_is_left_as_it_is() -> None:
     assert seen == [os.SCHED_IDLE, os.SCHED_IDLE]
 
 
-def test_a_refused_policy_change_is_logged_once_and_the_work_still_runs(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_refused_policy_change_is_logged_once_and_the_work_still_runs() -> None:
     def refuse(_pid: int, _policy: int, _param: os.sched_param) -> None:
         raise PermissionError(1, "Operation not permitted")
 
-    monkeypatch.setattr(os, "sched_setscheduler", refuse)
-    after_reply = AfterReply()
+    after_reply = AfterReply(set_scheduler=refuse)
     done: list[int] = []
 
     async def scenario() -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from nri_midbatch.api import nri_pb2 as api
-from nri_midbatch.process import app as app_module
+from nri_midbatch.process import session_watch
 from nri_midbatch.process.heap import LARGE_SYNC
 from tests.factory import container, prod_pod
 
@@ -76,7 +76,9 @@ def test_the_reply_of_a_large_synchronize_freezes_what_it_decided(
     async def scenario() -> None:
         async with running_app(make_config(tmp_path)) as running:
             state = running.app.session.state
-            monkeypatch.setattr(app_module, "freeze_survivors", lambda: freezes.append(state.syncs))
+            monkeypatch.setattr(
+                session_watch, "freeze_survivors", lambda: freezes.append(state.syncs)
+            )
             await running.configure()
             await running.sync(pods, containers)
 

@@ -14,16 +14,12 @@ from structlog.testing import capture_logs
 
 from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import Config
-from nri_midbatch.process import app as app_module
 from nri_midbatch.process.app import App
 
 from .nri_fixtures import STEP_TIMEOUT, run
 
 
-def test_a_taken_metrics_address_is_logged_counted_and_bound_once_free(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(app_module, "METRICS_RETRY_SECONDS", 0.01)
+def test_a_taken_metrics_address_is_logged_counted_and_bound_once_free() -> None:
     holder = socket.socket()
     holder.bind(("127.0.0.1", 0))
     holder.listen()
@@ -37,6 +33,7 @@ def test_a_taken_metrics_address_is_logged_counted_and_bound_once_free(
                 idx="10",
                 config_path=None,
                 metrics_address=f"127.0.0.1:{port}",
+                metrics_retry_seconds=0.01,
             )
         assert app.health is None
         (error,) = [line for line in logs if line["log_level"] == "error"]

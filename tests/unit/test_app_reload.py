@@ -19,10 +19,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
 from nri_midbatch.api import nri_pb2 as api
-from nri_midbatch.cgroups.fs import apply_pod_values
+from nri_midbatch.cgroups.fs import apply_values
+from nri_midbatch.cgroups.paths import CgroupLocation
 from nri_midbatch.plugin import cgroup_writer
-from nri_midbatch.plugin import deferred as after_reply_module
-from nri_midbatch.plugin import lowering as lowering_module
+from nri_midbatch.plugin.deferred import DeferredTimings
+from nri_midbatch.plugin.lowering import LoweringTimings
 from nri_midbatch.process.app import App
 from tests.factory import MI, PRIORITY, QOS, batch_pod, container
 from tests.fake_cgroups import BESTEFFORT
@@ -30,7 +31,7 @@ from tests.oracle.targets import Values
 
 from .app_node import POLL, Node, running_node, until, write_config
 from .hostile_config import HOSTILE_YAML
-from .nri_fixtures import STEP_TIMEOUT, run
+from .nri_fixtures import STEP_TIMEOUT, Probe, run
 
 #: What CreateContainer gives an "app" container, and so what its cgroup holds afterwards.
 APP_VALUES = Values(512, 100000, 512 * MI)
@@ -291,9 +292,7 @@ def test_reload_with_pod_level_off_writes_no_pod_file(tmp_path: Path) -> None:
     assert node.tree.read(parent) == BESTEFFORT
 
 
-def test_a_reload_lets_a_synchronizes_pending_pod_writes_land_first(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_reload_lets_a_synchronizes_pending_pod_writes_land_first(tmp_path: Path) -> None:
     """A Synchronize's pod writes were decided under the old configuration: they go first.
 
     Otherwise a pod still waiting for the runtime to lower its containers
@@ -302,10 +301,10 @@ def test_a_reload_lets_a_synchronizes_pending_pod_writes_land_first(
     pod = batch_pod()
     parent = pod.linux.cgroup_parent
     live = container("c-app", pod, "app")
-    monkeypatch.setattr(lowering_module, "POLL_SECONDS", POLL)
 
     async def scenario() -> Node:
-        async with running_node(tmp_path, watch=False) as node:
+        polls = LoweringTimings(poll=POLL)
+        async with running_node(tmp_path, watch=False, lowering_timings=polls) as node:
             node.tree.write(parent, BESTEFFORT)
             node.tree.write(parent, BESTEFFORT, live.id)
             await node.call(
@@ -350,11 +349,12 @@ def test_reload_lowers_a_pod_only_after_update_containers_returns(
             node.tree.write(parent, APP_VALUES, live.id)
             await node.create(pod, live)
 
-            def apply(root: Path, driver: Any, cgroup_parent: str, values: Any) -> Any:
-                seen.append(len(node.runtime.record.updates))
-                return apply_pod_values(root, driver, cgroup_parent, values)
+            def apply(root: Path, location: CgroupLocation, values: Any) -> Any:
+                if location.container_id is None:
+                    seen.append(len(node.runtime.record.updates))
+                return apply_values(root, location, values)
 
-            monkeypatch.setattr(cgroup_writer, "apply_pod_values", apply)
+            monkeypatch.setattr(cgroup_writer, "apply_values", apply)
             node.rewrite(rules={"cpuNormalizationRatio": 2.0})
             await node.app.reload("SIGHUP")
             assert node.tree.read(parent) == HALVED_VALUES
@@ -380,11 +380,12 @@ def test_cgroup_file_reload_lowers_a_pod_after_its_containers(
             node.tree.write(parent, APP_VALUES, live.id)
             await node.create(pod, live)
 
-            def apply(root: Path, driver: Any, cgroup_parent: str, values: Any) -> Any:
-                seen.append(node.tree.read(parent, live.id).quota)
-                return apply_pod_values(root, driver, cgroup_parent, values)
+            def apply(root: Path, location: CgroupLocation, values: Any) -> Any:
+                if location.container_id is None:
+                    seen.append(node.tree.read(parent, live.id).quota)
+                return apply_values(root, location, values)
 
-            monkeypatch.setattr(cgroup_writer, "apply_pod_values", apply)
+            monkeypatch.setattr(cgroup_writer, "apply_values", apply)
             node.rewrite(rules={"cpuNormalizationRatio": 2.0})
             await node.app.reload("SIGHUP")
             assert node.tree.read(parent) == HALVED_VALUES
@@ -713,24 +714,20 @@ def test_a_ratio_change_rescales_a_normalized_container_quota_file_only(tmp_path
 # ---------------------------------------------------------------------------
 
 
-def test_work_held_for_a_request_goes_on_once_the_app_has_answered_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The app wires its session's on_idle to the deferred work's resume (plugin/deferred.py).
+def test_work_held_for_a_request_goes_on_once_the_app_has_answered_it(tmp_path: Path) -> None:
+    """The app's deferred work observes its session: told when the connection is idle.
 
     The wait for a busy connection is stretched to a minute: only the
     session saying the request is answered can let the work go on in time.
     """
-    monkeypatch.setattr(after_reply_module, "BUSY_RECHECK_SECONDS", 60.0)
     pod = batch_pod()
     done: list[int] = []
 
     async def scenario() -> None:
-        async with running_node(tmp_path) as node:
+        async with running_node(tmp_path, deferred_timings=DeferredTimings(recheck=60.0)) as node:
             after_reply = node.app.plugin.after_reply
             held = [True]  # as if a request were in progress
-            session = node.app.session
-            after_reply.yield_to(lambda: held[0] or session.busy(), session.writes)
+            after_reply.connected(Probe(lambda: held[0]))
             for n in range(3):
                 after_reply.defer(done.append, n)
             await asyncio.sleep(0.01)

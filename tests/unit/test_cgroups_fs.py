@@ -19,18 +19,18 @@ from hypothesis import strategies as st
 from nri_midbatch.cgroups import (
     UNLIMITED,
     CgroupDriver,
+    CgroupLocation,
     CgroupPathError,
+    CgroupReading,
     CgroupValues,
     CgroupVersion,
     FileFailure,
     FileUnchanged,
     FileWrite,
-    PodCgroupReading,
     WriteReport,
-    apply_container_values,
-    apply_pod_values,
+    apply_values,
     detect_version,
-    read_pod_values,
+    read_values,
 )
 from nri_midbatch.cgroups import fs as cgroup_fs
 from tests.factory import GI as GIB
@@ -121,7 +121,7 @@ def test_v1_cgroupfs_writes_exact_contents(tmp_path: Path, parent: str) -> None:
     pod = parent.lstrip("/")
     make_v1(tmp_path, pod)
 
-    report = apply_pod_values(tmp_path, AUTO, parent, BATCH)
+    report = apply_values(tmp_path, CgroupLocation(AUTO, parent), BATCH)
 
     cpu, memory = tmp_path / "cpu" / pod, tmp_path / "memory" / pod
     assert (cpu / "cpu.shares").read_text() == "512"
@@ -145,7 +145,7 @@ def test_v1_cgroupfs_writes_exact_contents(tmp_path: Path, parent: str) -> None:
 def test_v1_systemd_parent(tmp_path: Path) -> None:
     make_v1(tmp_path, BE_SYSTEMD_DIR)
 
-    report = apply_pod_values(tmp_path, AUTO, BE_SYSTEMD, BATCH)
+    report = apply_values(tmp_path, CgroupLocation(AUTO, BE_SYSTEMD), BATCH)
 
     assert report.ok
     assert (tmp_path / "cpu" / BE_SYSTEMD_DIR / "cpu.shares").read_text() == "512"
@@ -158,7 +158,7 @@ def test_v1_unlimited_is_written_as_minus_one(tmp_path: Path) -> None:
     _fill(tmp_path / "cpu" / pod, {"cpu.cfs_quota_us": "200000\n"})
     _fill(tmp_path / "memory" / pod, {"memory.limit_in_bytes": "1073741824\n"})
 
-    report = apply_pod_values(tmp_path, CGROUPFS, BE_CGROUPFS, UNLIMITED_VALUES)
+    report = apply_values(tmp_path, CgroupLocation(CGROUPFS, BE_CGROUPFS), UNLIMITED_VALUES)
 
     assert (tmp_path / "cpu" / pod / "cpu.cfs_quota_us").read_text() == "-1"
     assert (tmp_path / "memory" / pod / "memory.limit_in_bytes").read_text() == "-1"
@@ -175,7 +175,7 @@ def test_v1_unchanged_values_are_not_rewritten(tmp_path: Path) -> None:
     memory_file = tmp_path / "memory" / pod / "memory.limit_in_bytes"
     values = CgroupValues(cpu_shares=1024, cpu_quota=50000, memory_limit=UNLIMITED)
 
-    report = apply_pod_values(tmp_path, CGROUPFS, BE_CGROUPFS, values)
+    report = apply_values(tmp_path, CgroupLocation(CGROUPFS, BE_CGROUPFS), values)
 
     cpu = tmp_path / "cpu" / pod
     assert report.written == (FileWrite(cpu / "cpu.cfs_quota_us", old="-1", new="50000"),)
@@ -190,10 +190,10 @@ def test_v1_unchanged_values_are_not_rewritten(tmp_path: Path) -> None:
 
 def test_second_apply_changes_nothing(tmp_path: Path) -> None:
     make_v1(tmp_path, BE_CGROUPFS.lstrip("/"))
-    apply_pod_values(tmp_path, AUTO, BE_CGROUPFS, BATCH)
+    apply_values(tmp_path, CgroupLocation(AUTO, BE_CGROUPFS), BATCH)
     before = snapshot(tmp_path)
 
-    report = apply_pod_values(tmp_path, AUTO, BE_CGROUPFS, BATCH)
+    report = apply_values(tmp_path, CgroupLocation(AUTO, BE_CGROUPFS), BATCH)
 
     assert report.written == () and report.failed == ()
     assert [u.value for u in report.unchanged] == ["512", "50000", "1073741824"]
@@ -204,7 +204,7 @@ def test_v1_cpu_symlinked_to_cpu_cpuacct(tmp_path: Path) -> None:
     pod = BE_CGROUPFS.lstrip("/")
     make_v1(tmp_path, pod, cpu_hierarchy="cpu,cpuacct")
 
-    report = apply_pod_values(tmp_path, AUTO, BE_CGROUPFS, BATCH)
+    report = apply_values(tmp_path, CgroupLocation(AUTO, BE_CGROUPFS), BATCH)
 
     real_cpu = tmp_path / "cpu,cpuacct" / pod
     assert report.ok
@@ -219,7 +219,7 @@ def test_root_given_through_a_symlink(tmp_path: Path) -> None:
     make_v1(real_root, BE_CGROUPFS.lstrip("/"))
     (tmp_path / "link").symlink_to(real_root)
 
-    report = apply_pod_values(tmp_path / "link", AUTO, BE_CGROUPFS, BATCH)
+    report = apply_values(tmp_path / "link", CgroupLocation(AUTO, BE_CGROUPFS), BATCH)
 
     assert report.ok
     assert all(p.is_relative_to(real_root) for p in report_paths(report))
@@ -232,7 +232,7 @@ def test_v2_systemd_writes_exact_contents(tmp_path: Path) -> None:
     make_v2(tmp_path, BE_SYSTEMD_DIR)
     values = CgroupValues(cpu_shares=1024, cpu_quota=50000, memory_limit=GIB)
 
-    report = apply_pod_values(tmp_path, AUTO, BE_SYSTEMD, values)
+    report = apply_values(tmp_path, CgroupLocation(AUTO, BE_SYSTEMD), values)
 
     pod = tmp_path / BE_SYSTEMD_DIR
     assert (pod / "cpu.weight").read_text() == "39"
@@ -253,7 +253,7 @@ def test_v2_systemd_writes_exact_contents(tmp_path: Path) -> None:
 def test_v2_cgroupfs_parent(tmp_path: Path) -> None:
     make_v2(tmp_path, BE_CGROUPFS.lstrip("/"))
 
-    report = apply_pod_values(tmp_path, CGROUPFS, BE_CGROUPFS, BATCH)
+    report = apply_values(tmp_path, CgroupLocation(CGROUPFS, BE_CGROUPFS), BATCH)
 
     assert report.ok
     assert (tmp_path / BE_CGROUPFS.lstrip("/") / "cpu.weight").read_text() == "20"
@@ -264,7 +264,7 @@ def test_v2_unlimited_is_written_as_max(tmp_path: Path) -> None:
     pod = tmp_path / BE_SYSTEMD_DIR
     _fill(pod, {"cpu.max": "50000 100000\n", "memory.max": "1073741824\n"})
 
-    report = apply_pod_values(tmp_path, SYSTEMD, BE_SYSTEMD, UNLIMITED_VALUES)
+    report = apply_values(tmp_path, CgroupLocation(SYSTEMD, BE_SYSTEMD), UNLIMITED_VALUES)
 
     assert (pod / "cpu.max").read_text() == "max"
     assert (pod / "memory.max").read_text() == "max"
@@ -278,7 +278,7 @@ def test_v2_unlimited_is_written_as_max(tmp_path: Path) -> None:
 def test_v2_unlimited_already_in_place_is_skipped(tmp_path: Path) -> None:
     make_v2(tmp_path, BE_SYSTEMD_DIR)
 
-    report = apply_pod_values(tmp_path, SYSTEMD, BE_SYSTEMD, UNLIMITED_VALUES)
+    report = apply_values(tmp_path, CgroupLocation(SYSTEMD, BE_SYSTEMD), UNLIMITED_VALUES)
 
     assert [w.path.name for w in report.written] == ["cpu.weight"]
     assert [(u.path.name, u.value) for u in report.unchanged] == [
@@ -292,7 +292,7 @@ def test_v2_shares_become_weight(tmp_path: Path, shares: int, weight: str) -> No
     make_v2(tmp_path, BE_SYSTEMD_DIR)
     values = CgroupValues(cpu_shares=shares, cpu_quota=UNLIMITED, memory_limit=UNLIMITED)
 
-    apply_pod_values(tmp_path, AUTO, BE_SYSTEMD, values)
+    apply_values(tmp_path, CgroupLocation(AUTO, BE_SYSTEMD), values)
 
     assert (tmp_path / BE_SYSTEMD_DIR / "cpu.weight").read_text() == weight
 
@@ -302,22 +302,22 @@ def test_v2_shares_become_weight(tmp_path: Path, shares: int, weight: str) -> No
 
 def test_read_pod_values_v1(tmp_path: Path) -> None:
     make_v1(tmp_path, BE_CGROUPFS.lstrip("/"))
-    assert read_pod_values(tmp_path, AUTO, BE_CGROUPFS) == PodCgroupReading(
+    assert read_values(tmp_path, CgroupLocation(AUTO, BE_CGROUPFS)) == CgroupReading(
         cpu_shares=1024, cpu_weight=None, cpu_quota=UNLIMITED, memory_limit=UNLIMITED
     )
-    apply_pod_values(tmp_path, AUTO, BE_CGROUPFS, BATCH)
-    assert read_pod_values(tmp_path, AUTO, BE_CGROUPFS) == PodCgroupReading(
+    apply_values(tmp_path, CgroupLocation(AUTO, BE_CGROUPFS), BATCH)
+    assert read_values(tmp_path, CgroupLocation(AUTO, BE_CGROUPFS)) == CgroupReading(
         cpu_shares=512, cpu_weight=None, cpu_quota=50000, memory_limit=GIB
     )
 
 
 def test_read_pod_values_v2(tmp_path: Path) -> None:
     make_v2(tmp_path, BE_SYSTEMD_DIR)
-    assert read_pod_values(tmp_path, AUTO, BE_SYSTEMD) == PodCgroupReading(
+    assert read_values(tmp_path, CgroupLocation(AUTO, BE_SYSTEMD)) == CgroupReading(
         cpu_shares=None, cpu_weight=100, cpu_quota=UNLIMITED, memory_limit=UNLIMITED
     )
-    apply_pod_values(tmp_path, AUTO, BE_SYSTEMD, BATCH)
-    assert read_pod_values(tmp_path, AUTO, BE_SYSTEMD) == PodCgroupReading(
+    apply_values(tmp_path, CgroupLocation(AUTO, BE_SYSTEMD), BATCH)
+    assert read_values(tmp_path, CgroupLocation(AUTO, BE_SYSTEMD)) == CgroupReading(
         cpu_shares=None, cpu_weight=20, cpu_quota=50000, memory_limit=GIB
     )
 
@@ -325,7 +325,7 @@ def test_read_pod_values_v2(tmp_path: Path) -> None:
 def test_read_pod_values_of_missing_pod_raises(tmp_path: Path) -> None:
     make_v1(tmp_path, "kubepods")
     with pytest.raises(FileNotFoundError):
-        read_pod_values(tmp_path, AUTO, BE_CGROUPFS)
+        read_values(tmp_path, CgroupLocation(AUTO, BE_CGROUPFS))
 
 
 def test_a_missing_cgroup_leaves_no_garbage_for_the_collector(tmp_path: Path) -> None:
@@ -340,7 +340,7 @@ def test_a_missing_cgroup_leaves_no_garbage_for_the_collector(tmp_path: Path) ->
     try:
         for _ in range(3):
             with pytest.raises(FileNotFoundError) as raised:
-                read_pod_values(tmp_path, AUTO, BE_CGROUPFS)
+                read_values(tmp_path, CgroupLocation(AUTO, BE_CGROUPFS))
             del raised
         gc.collect()
         left = list(gc.garbage)
@@ -354,7 +354,7 @@ def test_read_pod_values_of_garbage_raises(tmp_path: Path) -> None:
     make_v2(tmp_path, BE_SYSTEMD_DIR)
     _fill(tmp_path / BE_SYSTEMD_DIR, {"memory.max": "lots\n"})
     with pytest.raises(ValueError, match=r"memory\.max"):
-        read_pod_values(tmp_path, AUTO, BE_SYSTEMD)
+        read_values(tmp_path, CgroupLocation(AUTO, BE_SYSTEMD))
 
 
 # --- failures are reported, not raised ------------------------------------------
@@ -365,7 +365,7 @@ def test_missing_pod_dir_is_reported_and_not_created(tmp_path: Path) -> None:
     _fill(tmp_path / "memory" / "kubepods" / "besteffort", {})
     before = snapshot(tmp_path)
 
-    report = apply_pod_values(tmp_path, AUTO, BE_CGROUPFS, BATCH)
+    report = apply_values(tmp_path, CgroupLocation(AUTO, BE_CGROUPFS), BATCH)
 
     assert not report.ok
     assert report.written == () and report.unchanged == ()
@@ -384,7 +384,7 @@ def test_missing_memory_hierarchy_does_not_stop_cpu_writes(tmp_path: Path) -> No
     pod = BE_CGROUPFS.lstrip("/")
     _fill(tmp_path / "cpu" / pod, V1_CPU_FILES)
 
-    report = apply_pod_values(tmp_path, AUTO, BE_CGROUPFS, BATCH)
+    report = apply_values(tmp_path, CgroupLocation(AUTO, BE_CGROUPFS), BATCH)
 
     assert [w.path.name for w in report.written] == ["cpu.shares", "cpu.cfs_quota_us"]
     assert report.failed == (
@@ -413,7 +413,7 @@ def test_write_failure_is_reported_and_later_files_still_written(
 
     monkeypatch.setattr(cgroup_fs, "_write", kernel_refuses_quota)
 
-    report = apply_pod_values(tmp_path, AUTO, BE_CGROUPFS, BATCH)
+    report = apply_values(tmp_path, CgroupLocation(AUTO, BE_CGROUPFS), BATCH)
 
     assert [w.path.name for w in report.written] == ["cpu.shares", "memory.limit_in_bytes"]
     assert report.failed == (
@@ -431,7 +431,7 @@ def test_unparseable_old_value_is_overwritten(tmp_path: Path) -> None:
     make_v2(tmp_path, BE_SYSTEMD_DIR)
     _fill(tmp_path / BE_SYSTEMD_DIR, {"cpu.weight": "\n"})
 
-    report = apply_pod_values(tmp_path, AUTO, BE_SYSTEMD, BATCH)
+    report = apply_values(tmp_path, CgroupLocation(AUTO, BE_SYSTEMD), BATCH)
 
     assert report.written[0] == FileWrite(tmp_path / BE_SYSTEMD_DIR / "cpu.weight", "", "20")
 
@@ -452,7 +452,7 @@ def test_refuses_escaping_parents_without_touching_anything(
     before = snapshot(tmp_path)
 
     with pytest.raises(CgroupPathError) as info:
-        apply_pod_values(root, AUTO, parent, BATCH)
+        apply_values(root, CgroupLocation(AUTO, parent), BATCH)
 
     assert repr(parent) in str(info.value)
     assert snapshot(tmp_path) == before
@@ -472,9 +472,9 @@ def test_refuses_pod_dir_symlinked_outside_root(tmp_path: Path) -> None:
     before = snapshot(tmp_path)
 
     with pytest.raises(CgroupPathError, match="pod1234-5678"):
-        apply_pod_values(root, AUTO, BE_CGROUPFS, BATCH)
+        apply_values(root, CgroupLocation(AUTO, BE_CGROUPFS), BATCH)
     with pytest.raises(CgroupPathError):
-        read_pod_values(root, AUTO, BE_CGROUPFS)
+        read_values(root, CgroupLocation(AUTO, BE_CGROUPFS))
 
     assert snapshot(tmp_path) == before
 
@@ -490,7 +490,7 @@ def test_refuses_intermediate_dir_symlinked_outside_root_on_v2(tmp_path: Path) -
     before = snapshot(tmp_path)
 
     with pytest.raises(CgroupPathError, match=BE_SYSTEMD):
-        apply_pod_values(root, AUTO, BE_SYSTEMD, BATCH)
+        apply_values(root, CgroupLocation(AUTO, BE_SYSTEMD), BATCH)
 
     assert snapshot(tmp_path) == before
 
@@ -505,7 +505,7 @@ def test_refuses_v1_hierarchy_symlinked_outside_root(tmp_path: Path) -> None:
     before = snapshot(tmp_path)
 
     with pytest.raises(CgroupPathError, match="cpu hierarchy"):
-        apply_pod_values(root, AUTO, BE_CGROUPFS, BATCH)
+        apply_values(root, CgroupLocation(AUTO, BE_CGROUPFS), BATCH)
 
     assert snapshot(tmp_path) == before
 
@@ -520,7 +520,7 @@ def test_refuses_cgroup_file_symlinked_outside_root(tmp_path: Path) -> None:
     before = snapshot(tmp_path)
 
     with pytest.raises(CgroupPathError, match="symlink"):
-        apply_pod_values(root, AUTO, BE_CGROUPFS, BATCH)
+        apply_values(root, CgroupLocation(AUTO, BE_CGROUPFS), BATCH)
 
     # Refused before any write, including the cpu files that were fine.
     assert snapshot(tmp_path) == before
@@ -535,7 +535,7 @@ def test_refuses_parent_resolving_to_a_hierarchy_top(tmp_path: Path) -> None:
     before = snapshot(tmp_path)
 
     with pytest.raises(CgroupPathError, match="not below"):
-        apply_pod_values(tmp_path, AUTO, "/kubepods/pod1", BATCH)
+        apply_values(tmp_path, CgroupLocation(AUTO, "/kubepods/pod1"), BATCH)
 
     assert snapshot(tmp_path) == before
 
@@ -544,7 +544,7 @@ def test_symlink_that_stays_inside_root_is_followed(tmp_path: Path) -> None:
     make_v2(tmp_path, "real/pod1")
     (tmp_path / "kubepods").symlink_to("real")
 
-    report = apply_pod_values(tmp_path, AUTO, "/kubepods/pod1", BATCH)
+    report = apply_values(tmp_path, CgroupLocation(AUTO, "/kubepods/pod1"), BATCH)
 
     assert report.ok
     assert report.written[0].path == tmp_path / "real" / "pod1" / "cpu.weight"
@@ -556,7 +556,7 @@ def test_symlink_that_stays_inside_root_is_followed(tmp_path: Path) -> None:
 def test_container_values_v1_cgroupfs(tmp_path: Path) -> None:
     pod = BE_CGROUPFS.lstrip("/")
     make_v1(tmp_path, f"{pod}/abc123")
-    report = apply_container_values(tmp_path, AUTO, BE_CGROUPFS, "abc123", BATCH)
+    report = apply_values(tmp_path, CgroupLocation(AUTO, BE_CGROUPFS, "abc123"), BATCH)
     assert report.ok
     assert (tmp_path / "cpu" / pod / "abc123" / "cpu.cfs_quota_us").read_text() == "50000"
     assert (tmp_path / "memory" / pod / "abc123" / "memory.limit_in_bytes").read_text() == str(GIB)
@@ -564,7 +564,7 @@ def test_container_values_v1_cgroupfs(tmp_path: Path) -> None:
 
 def test_container_values_v2_systemd_containerd_naming(tmp_path: Path) -> None:
     make_v2(tmp_path, f"{BE_SYSTEMD_DIR}/cri-containerd-abc123.scope")
-    report = apply_container_values(tmp_path, AUTO, BE_SYSTEMD, "abc123", BATCH)
+    report = apply_values(tmp_path, CgroupLocation(AUTO, BE_SYSTEMD, "abc123"), BATCH)
     assert report.ok
     scope = tmp_path / BE_SYSTEMD_DIR / "cri-containerd-abc123.scope"
     assert (scope / "cpu.max").read_text() == "50000"
@@ -584,8 +584,8 @@ def test_container_values_follow_the_runtimes_own_cgroups_path(
     tmp_path: Path, cgroups_path: str, directory: str
 ) -> None:
     make_v2(tmp_path, directory)
-    report = apply_container_values(
-        tmp_path, AUTO, BE_SYSTEMD, "abc123", BATCH, cgroups_path=cgroups_path
+    report = apply_values(
+        tmp_path, CgroupLocation(AUTO, BE_SYSTEMD, "abc123", cgroups_path=cgroups_path), BATCH
     )
     assert report.ok
     assert (tmp_path / directory / "cpu.max").read_text() == "50000"
@@ -599,17 +599,17 @@ def test_container_values_refuse_bad_runtime_paths(tmp_path: Path, cgroups_path:
     make_v2(tmp_path, BE_SYSTEMD_DIR)
     before = snapshot(tmp_path)
     with pytest.raises(CgroupPathError):
-        apply_container_values(tmp_path, AUTO, BE_SYSTEMD, "abc123", BATCH, cgroups_path)
+        apply_values(tmp_path, CgroupLocation(AUTO, BE_SYSTEMD, "abc123", cgroups_path), BATCH)
     assert snapshot(tmp_path) == before
 
 
 def test_container_values_refuse_escapes(tmp_path: Path) -> None:
     make_v2(tmp_path, BE_SYSTEMD_DIR)
     with pytest.raises(CgroupPathError):
-        apply_container_values(tmp_path, AUTO, BE_SYSTEMD, "..", BATCH)
+        apply_values(tmp_path, CgroupLocation(AUTO, BE_SYSTEMD, ".."), BATCH)
     (tmp_path / BE_SYSTEMD_DIR / "cri-containerd-evil.scope").symlink_to(tmp_path.parent)
     with pytest.raises(CgroupPathError):
-        apply_container_values(tmp_path, AUTO, BE_SYSTEMD, "evil", BATCH)
+        apply_values(tmp_path, CgroupLocation(AUTO, BE_SYSTEMD, "evil"), BATCH)
 
 
 # --- property: nothing outside the root is ever written ---------------------------
@@ -697,7 +697,7 @@ def test_writes_only_inside_root_or_refuses(
         real_root = Path(os.path.realpath(root))
         outside_before = snapshot(base / "outside")
         try:
-            report = apply_pod_values(root, driver, parent, BATCH)
+            report = apply_values(root, CgroupLocation(driver, parent), BATCH)
         except CgroupPathError:
             pass
         else:
@@ -736,7 +736,7 @@ def test_a_fifo_in_place_of_a_cgroup_file_is_reported_without_blocking(tmp_path:
     fifo.unlink()
     os.mkfifo(fifo)
 
-    report = _in_thread(lambda: apply_pod_values(tmp_path, AUTO, BE_SYSTEMD, BATCH))
+    report = _in_thread(lambda: apply_values(tmp_path, CgroupLocation(AUTO, BE_SYSTEMD), BATCH))
 
     assert [w.path.name for w in report.written] == ["cpu.weight", "memory.max"]
     assert [(f.path.name, f.operation, f.errno) for f in report.failed] == [
@@ -744,7 +744,7 @@ def test_a_fifo_in_place_of_a_cgroup_file_is_reported_without_blocking(tmp_path:
     ]
     assert "not a regular file" in report.failed[0].error
     with pytest.raises(OSError, match="not a regular file"):
-        _in_thread(lambda: read_pod_values(tmp_path, AUTO, BE_SYSTEMD))
+        _in_thread(lambda: read_values(tmp_path, CgroupLocation(AUTO, BE_SYSTEMD)))
 
 
 def test_a_device_in_place_of_a_cgroup_file_is_not_read(tmp_path: Path) -> None:
@@ -753,7 +753,7 @@ def test_a_device_in_place_of_a_cgroup_file_is_not_read(tmp_path: Path) -> None:
     device.unlink()
     os.mknod(device, stat.S_IFCHR | 0o600, os.makedev(1, 5))  # /dev/zero: never ends
 
-    report = _in_thread(lambda: apply_pod_values(tmp_path, AUTO, BE_SYSTEMD, BATCH))
+    report = _in_thread(lambda: apply_values(tmp_path, CgroupLocation(AUTO, BE_SYSTEMD), BATCH))
 
     assert [(f.path.name, f.operation, f.errno) for f in report.failed] == [
         ("memory.max", "read", errno.EINVAL)
@@ -765,7 +765,7 @@ def test_a_file_longer_than_the_read_bound_is_refused_not_overwritten(tmp_path: 
     long_file = tmp_path / BE_SYSTEMD_DIR / "cpu.weight"
     long_file.write_text("1" * (cgroup_fs.MAX_FILE_BYTES + 1))
 
-    report = apply_pod_values(tmp_path, AUTO, BE_SYSTEMD, BATCH)
+    report = apply_values(tmp_path, CgroupLocation(AUTO, BE_SYSTEMD), BATCH)
 
     assert [(f.path.name, f.operation, f.errno) for f in report.failed] == [
         ("cpu.weight", "read", errno.EFBIG)
@@ -773,7 +773,7 @@ def test_a_file_longer_than_the_read_bound_is_refused_not_overwritten(tmp_path: 
     assert long_file.read_text() == "1" * (cgroup_fs.MAX_FILE_BYTES + 1)
     # At the bound it is read (and, not being a value, overwritten).
     long_file.write_text(" " * (cgroup_fs.MAX_FILE_BYTES - 1) + "7")
-    assert apply_pod_values(tmp_path, AUTO, BE_SYSTEMD, BATCH).ok
+    assert apply_values(tmp_path, CgroupLocation(AUTO, BE_SYSTEMD), BATCH).ok
 
 
 # --- a directory swapped for a symlink while the plugin writes ------------------
@@ -822,7 +822,7 @@ def test_a_pod_dir_swapped_for_a_symlink_never_leads_a_write_outside(
         for request in range(400):
             values = BATCH if request % 2 else UNLIMITED_VALUES
             with contextlib.suppress(CgroupPathError):  # resolved while it was the symlink
-                apply_pod_values(root, AUTO, "/kubepods/besteffort/pod1", values)
+                apply_values(root, CgroupLocation(AUTO, "/kubepods/besteffort/pod1"), values)
     finally:
         stop.set()
         thread.join()
@@ -851,7 +851,7 @@ def test_node_cgroups_outside_kubepods_are_left_as_they_are(
     make_tree(tmp_path, version, "kubepods.slice/kubepods-besteffort.slice")
     before = snapshot(tmp_path)
     with pytest.raises(CgroupPathError, match="not a pod cgroup of kubelet's"):
-        apply_pod_values(tmp_path, driver, parent, BATCH)
+        apply_values(tmp_path, CgroupLocation(driver, parent), BATCH)
     with pytest.raises(CgroupPathError, match="not a pod cgroup of kubelet's"):
-        apply_container_values(tmp_path, driver, parent, "abc123", BATCH)
+        apply_values(tmp_path, CgroupLocation(driver, parent, "abc123"), BATCH)
     assert snapshot(tmp_path) == before

@@ -4,9 +4,8 @@ import pytest
 
 from nri_midbatch.cgroups.paths import (
     CgroupDriver,
+    CgroupLocation,
     CgroupPathError,
-    container_relpath,
-    pod_relpath,
     resolve_driver,
 )
 
@@ -40,8 +39,8 @@ def test_resolve_driver(driver: CgroupDriver, parent: str, expected: CgroupDrive
     ],
 )
 def test_cgroupfs_parent_is_relative_to_root(parent: str, expected: str) -> None:
-    assert pod_relpath(CGROUPFS, parent) == PurePosixPath(expected)
-    assert pod_relpath(AUTO, parent) == PurePosixPath(expected)
+    assert CgroupLocation(CGROUPFS, parent).relpath() == PurePosixPath(expected)
+    assert CgroupLocation(AUTO, parent).relpath() == PurePosixPath(expected)
 
 
 @pytest.mark.parametrize(
@@ -64,8 +63,8 @@ def test_cgroupfs_parent_is_relative_to_root(parent: str, expected: str) -> None
     ],
 )
 def test_systemd_slice_expansion(parent: str, expected: str) -> None:
-    assert pod_relpath(SYSTEMD, parent) == PurePosixPath(expected)
-    assert pod_relpath(AUTO, parent) == PurePosixPath(expected)
+    assert CgroupLocation(SYSTEMD, parent).relpath() == PurePosixPath(expected)
+    assert CgroupLocation(AUTO, parent).relpath() == PurePosixPath(expected)
 
 
 @pytest.mark.parametrize(
@@ -88,7 +87,7 @@ def test_refuses_parents_that_are_not_plain_downward_paths(
     parent: str, driver: CgroupDriver
 ) -> None:
     with pytest.raises(CgroupPathError) as info:
-        pod_relpath(driver, parent)
+        CgroupLocation(driver, parent).relpath()
     assert repr(parent) in str(info.value)
 
 
@@ -106,17 +105,19 @@ def test_refuses_parents_that_are_not_plain_downward_paths(
 )
 def test_refuses_bad_systemd_names(parent: str) -> None:
     with pytest.raises(CgroupPathError, match="cgroup parent"):
-        pod_relpath(SYSTEMD, parent)
+        CgroupLocation(SYSTEMD, parent).relpath()
 
 
-def test_container_relpath_cgroupfs() -> None:
-    assert container_relpath(CGROUPFS, "/kubepods/besteffort/pod1", "abc123") == PurePosixPath(
-        "kubepods/besteffort/pod1/abc123"
-    )
+def test_container_location_cgroupfs() -> None:
+    assert CgroupLocation(
+        CGROUPFS, "/kubepods/besteffort/pod1", "abc123"
+    ).relpath() == PurePosixPath("kubepods/besteffort/pod1/abc123")
 
 
-def test_container_relpath_systemd_uses_containerd_scope() -> None:
-    assert container_relpath(AUTO, "kubepods-besteffort-pod1.slice", "abc123") == PurePosixPath(
+def test_container_location_systemd_uses_containerd_scope() -> None:
+    assert CgroupLocation(
+        AUTO, "kubepods-besteffort-pod1.slice", "abc123"
+    ).relpath() == PurePosixPath(
         "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/"
         "cri-containerd-abc123.scope"
     )
@@ -145,23 +146,25 @@ def test_container_relpath_systemd_uses_containerd_scope() -> None:
         ("podman", "/kubepods/besteffort/pod1", "kubepods/besteffort/pod1/abc123"),
     ],
 )
-def test_container_relpath_follows_the_runtimes_naming(
+def test_container_location_follows_the_runtimes_naming(
     runtime: str, parent: str, expected: str
 ) -> None:
-    assert container_relpath(AUTO, parent, "abc123", runtime=runtime) == PurePosixPath(expected)
-
-
-def test_container_relpath_prefers_the_runtimes_own_path_over_its_naming() -> None:
-    got = container_relpath(
-        AUTO, "/kubepods/besteffort/pod1", "abc123", "/kubepods/pod2/other-abc123", runtime="cri-o"
+    assert CgroupLocation(AUTO, parent, "abc123", runtime=runtime).relpath() == PurePosixPath(
+        expected
     )
+
+
+def test_container_location_prefers_the_runtimes_own_path_over_its_naming() -> None:
+    got = CgroupLocation(
+        AUTO, "/kubepods/besteffort/pod1", "abc123", "/kubepods/pod2/other-abc123", runtime="cri-o"
+    ).relpath()
     assert got == PurePosixPath("kubepods/pod2/other-abc123")
 
 
 @pytest.mark.parametrize("container_id", ["", ".", "..", "a/b", "../x", "a\x00b"])
-def test_container_relpath_refuses_ids_that_are_not_one_segment(container_id: str) -> None:
+def test_container_location_refuses_ids_that_are_not_one_segment(container_id: str) -> None:
     with pytest.raises(CgroupPathError, match="/kubepods/pod1"):
-        container_relpath(CGROUPFS, "/kubepods/pod1", container_id)
+        CgroupLocation(CGROUPFS, "/kubepods/pod1", container_id).relpath()
 
 
 #: Parents a runtime or CRI client can send that name the node's own cgroups
@@ -199,9 +202,9 @@ def test_refuses_parents_that_are_not_kubelets_pod_cgroups(
     parent: str, driver: CgroupDriver
 ) -> None:
     with pytest.raises(CgroupPathError, match="cgroup parent"):
-        pod_relpath(driver, parent)
+        CgroupLocation(driver, parent).relpath()
     with pytest.raises(CgroupPathError, match="cgroup parent"):
-        container_relpath(driver, parent, "abc123")
+        CgroupLocation(driver, parent, "abc123").relpath()
 
 
 @pytest.mark.parametrize(
@@ -221,7 +224,7 @@ def test_refuses_parents_that_are_not_kubelets_pod_cgroups(
 )
 def test_refuses_container_paths_outside_kubelets_pod_cgroups(cgroups_path: str) -> None:
     with pytest.raises(CgroupPathError, match="cgroups path"):
-        container_relpath(AUTO, "kubepods-besteffort-pod1.slice", "abc123", cgroups_path)
+        CgroupLocation(AUTO, "kubepods-besteffort-pod1.slice", "abc123", cgroups_path).relpath()
 
 
 @pytest.mark.parametrize(
@@ -243,5 +246,5 @@ def test_refuses_container_paths_outside_kubelets_pod_cgroups(cgroups_path: str)
 def test_accepts_the_runtimes_container_paths_inside_pod_cgroups(
     cgroups_path: str, expected: str
 ) -> None:
-    got = container_relpath(AUTO, "kubepods-besteffort-pod1.slice", "abc123", cgroups_path)
+    got = CgroupLocation(AUTO, "kubepods-besteffort-pod1.slice", "abc123", cgroups_path).relpath()
     assert got == PurePosixPath(expected)

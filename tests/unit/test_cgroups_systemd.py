@@ -18,6 +18,7 @@ from dbus_fast.aio import MessageBus
 from structlog.testing import capture_logs
 
 from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.cgroups.paths import CgroupDriver, CgroupLocation
 from nri_midbatch.cgroups.reload_burst import RepairTimings
 from nri_midbatch.cgroups.systemd import (
     INFINITY,
@@ -247,7 +248,11 @@ def test_units_outside_kubepods_are_neither_set_nor_written(
 def slice_units(root: Path, timings: RepairTimings) -> SystemdUnits:
     """The D-Bus side alone, holding the batch pod's slice at 375 milli-CPU."""
     units = SystemdUnits(root, list, timings)
-    units.hold(UnitTarget("pod", "uid_batch", "jobs", "batch", SLICE, QUOTA_375))
+    units.hold(
+        UnitTarget(
+            CgroupLocation(CgroupDriver.SYSTEMD, SLICE), QUOTA_375, "uid_batch", "jobs", "batch"
+        )
+    )
     return units
 
 
@@ -437,21 +442,12 @@ def test_what_is_remembered_is_bounded_by_the_pods_known(root: Path) -> None:
     units = SystemdUnits(root, list)
     values = CgroupValues(256, 37_500, 256 * MI)
     for i in range(1000):
-        units.hold(UnitTarget("pod", f"u{i}", "ns", f"p{i}", f"kubepods-podu{i}.slice", values))
-        units.hold(
-            UnitTarget(
-                "container",
-                f"u{i}",
-                "ns",
-                f"p{i}",
-                f"kubepods-podu{i}.slice",
-                values,
-                "app",
-                f"c{i}",
-            )
-        )
+        pod = CgroupLocation(CgroupDriver.SYSTEMD, f"kubepods-podu{i}.slice")
+        container = CgroupLocation(CgroupDriver.SYSTEMD, pod.cgroup_parent, f"c{i}")
+        units.hold(UnitTarget(pod, values, f"u{i}", "ns", f"p{i}"))
+        units.hold(UnitTarget(container, values, f"u{i}", "ns", f"p{i}", "app"))
         # A newer value for the same unit replaces the queued one.
-        units.hold(UnitTarget("pod", f"u{i}", "ns", f"p{i}", f"kubepods-podu{i}.slice", values))
+        units.hold(UnitTarget(pod, values, f"u{i}", "ns", f"p{i}"))
     assert len(units._pending) == 2000 and len(units._pods) == 1000
     for i in range(500):
         units.forget_container(f"u{i}", f"c{i}")

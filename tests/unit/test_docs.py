@@ -27,7 +27,7 @@ from nri_midbatch.config.model import load_config_text
 from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
 from nri_midbatch.obs.metrics import WebhookMetrics
 from nri_midbatch.process.app import App
-from nri_midbatch.process.record import Recorder, Written
+from nri_midbatch.recording.writer import Recorder, Written
 from nri_midbatch.tools.cli import _parser
 from tests.factory import BATCH_CPU, BATCH_MEMORY, batch_pod, container
 

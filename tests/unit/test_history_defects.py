@@ -243,3 +243,37 @@ def test_the_pod_level_normalized_quota_includes_the_pod_overhead(tmp_path: Path
     node = run(scenario())
     assert quota(node, pod) == 104_167
     assert node.mismatches() == []
+
+
+def test_a_container_a_reload_wrote_through_its_files_is_updated_at_the_next_synchronize(
+    tmp_path: Path,
+) -> None:
+    """Found by the history model (session 9): the runtime still reports the mid tier's 1024
+    shares it was created with, but a reload without the tier gave kubelet's 512 back
+    through the files (containerd 1.7). Restarted with the tier, the plugin took the
+    runtime's word for the files; cgroup v2's weight is not compared by the repair, so the
+    container kept weight 20 where the tier gives 39."""
+    pod = mid_ls_pod(
+        "mid",
+        mid=Extended(cpu_request=1000, cpu_limit=2000, memory_limit=1024 * MI),
+        native=Native(cpu_request=500, cpu_limit=1000, memory_limit=512 * MI),
+    )
+    with_mid, without = Config(mid_tier=True), Config(mid_tier=False)
+
+    async def scenario() -> HistoryNode:
+        node = await start_node(tmp_path, cgroup_version=2, flavour=CONTAINERD_1_7, config=with_mid)
+        await node.run_pod(pod)
+        assert await node.create(pod.id, "app") == []
+        await node.reload(without)
+        assert node.mismatches() == []
+        await node.stop_plugin()
+        node.write_config(with_mid)
+        node.config = with_mid
+        await node.start_plugin()
+        await node.stop_plugin()
+        return node
+
+    node = run(scenario())
+    weight = node.tree.read(f"{pod.cgroup_parent}/{pod.id}-app").shares
+    assert weight == node.tree.expected(container_target(pod, pod.containers[0], with_mid)).shares
+    assert node.mismatches() == []

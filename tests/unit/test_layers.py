@@ -27,12 +27,26 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "config": frozenset({"policy", "cgroups"}),
     "state": frozenset({"policy"}),
     "plugin": frozenset({"nri", "rpc", "wire", "api", "policy", "cgroups", "config", "state"}),
+    "recording": frozenset({"plugin", "nri", "rpc", "wire", "api", "policy"}),
     "process": frozenset(
-        {"plugin", "state", "obs", "config", "nri", "rpc", "wire", "api", "policy", "cgroups"}
+        {
+            "recording",
+            "plugin",
+            "state",
+            "obs",
+            "config",
+            "nri",
+            "rpc",
+            "wire",
+            "api",
+            "policy",
+            "cgroups",
+        }
     ),
     "tools": frozenset(
         {
             "process",
+            "recording",
             "plugin",
             "state",
             "obs",

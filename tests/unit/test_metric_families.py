@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from nri_midbatch.config.validator import load_startup_settings
 from nri_midbatch.obs.metrics import WebhookMetrics
 from nri_midbatch.process.app import App
-from nri_midbatch.process.record import Recorder, Written
+from nri_midbatch.recording.writer import Recorder, Written
 
 GOLDEN = Path(__file__).parent / "golden" / "metric_families.json"
 #: Label values that depend on the machine, not on the code.

@@ -15,14 +15,17 @@ from structlog.testing import capture_logs
 
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.api import ttrpc_pb2
-from nri_midbatch.nri import session as session_module
 from nri_midbatch.nri.events import Event
 from nri_midbatch.nri.lifecycle import Phase
 from nri_midbatch.nri.session import (
     PLUGIN_SERVICE,
     RUNTIME_SERVICE,
+    Link,
     RegistrationError,
     Session,
+    SessionObserver,
+    SessionState,
+    SyncLimits,
 )
 from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
 from nri_midbatch.rpc.errors import RpcError
@@ -410,18 +413,53 @@ def test_every_dedicated_event_rpc_reaches_the_plugin() -> None:
 
 
 def test_the_session_says_when_the_runtime_s_requests_have_been_answered() -> None:
-    """on_idle, which the plugin's deferred work waits for, is called after each answered event."""
+    """Observers are told the connection is idle (the plugin's deferred work waits for it)
+    after each answered event."""
     plugin = RecordingPlugin()
     answered: list[int] = []
 
+    class Idle(SessionObserver):
+        def idle(self) -> None:
+            answered.append(len(plugin.pod_events))
+
     async def scenario() -> None:
-        async with loopback(plugin, on_idle=lambda: answered.append(len(plugin.pod_events))) as lb:
+        async with loopback(plugin, observers=[Idle()]) as lb:
             await lb.runtime.start()
             before = len(answered)
             for n in range(2):
                 method, request_type, response_type, _ = POD_RPCS[0]
                 await lb.runtime.call(method, request_type(pod=pod(f"p{n}")), response_type)
             assert answered[before:] == [1, 2]
+
+    run(scenario())
+
+
+def test_observers_may_ask_their_connection_whether_a_request_is_in_progress() -> None:
+    """`connected` hands observers each connection: busy while an event is served, and its
+    writes to the runtime counted (what the deferred work asks before each piece)."""
+    links: list[Link] = []
+    seen: list[tuple[bool, int]] = []
+
+    async def during(_event: Event) -> None:
+        seen.append((links[-1].busy(), links[-1].writes))
+
+    class Connections(SessionObserver):
+        def connected(self, link: Link) -> None:
+            links.append(link)
+
+    plugin = RecordingPlugin(on_event=during)
+
+    async def scenario() -> None:
+        async with loopback(plugin, observers=[Connections()]) as lb:
+            await lb.runtime.start()
+            (link,) = links
+            method, request_type, response_type, _ = POD_RPCS[0]
+            await lb.runtime.call(method, request_type(pod=pod("p")), response_type)
+            await asyncio.sleep(0)
+            (during_event,) = seen
+            assert during_event[0] is True
+            assert link.busy() is False
+            assert link.writes > during_event[1]  # the event's reply, at least
 
     run(scenario())
 
@@ -492,14 +530,14 @@ def test_a_failing_handler_traceback_names_the_methods_it_went_through() -> None
         def failed(self, error: BaseException) -> None:
             failures.append(error)
 
-    class Recorder:
-        def begin(self, method: str, request: Message) -> Call:
+    class Recorder(SessionObserver):
+        def call_begun(self, method: str, request: Message) -> Call:
             return Call()
 
     async def scenario() -> None:
         (plugin_reader, plugin_writer), (rt_reader, rt_writer) = await socketpair_streams()
         runtime = LoopbackRuntime(rt_reader, rt_writer)
-        session = Session(Failing(), "midbatch", "10", recorders=[Recorder()])
+        session = Session(Failing(), "midbatch", "10", observers=[Recorder()])
         task = asyncio.create_task(session.run(plugin_reader, plugin_writer))
         await runtime.start()
         request = api.CreateContainerRequest(pod=pod("p"), container=container("c", "p"))
@@ -674,34 +712,8 @@ def test_update_containers_awaited_in_an_event_handler_raises() -> None:
                 api.CreateContainerResponse,
             )
             assert len(errors) == 2
-            assert all("schedule_update_containers" in str(e) for e in errors)
+            assert all("as the reload pass does" in str(e) for e in errors)
             assert lb.runtime.record.updates == []
-
-    run(scenario())
-
-
-def test_schedule_update_containers_from_a_handler_works() -> None:
-    tasks: list[asyncio.Task[object]] = []
-    holder: dict[str, Session] = {}
-
-    async def hook(_event: Event) -> None:
-        tasks.append(holder["session"].schedule_update_containers([update("c1"), update("c2")]))
-
-    plugin = RecordingPlugin(on_event=hook)
-
-    async def scenario() -> None:
-        async with loopback(plugin, failed_updates=["c2"]) as lb:
-            holder["session"] = lb.session
-            await lb.runtime.start()
-            await lb.runtime.call(
-                "StartContainer",
-                api.StartContainerRequest(pod=pod("p"), container=container("c1", "p")),
-                api.StartContainerResponse,
-            )
-            (task,) = tasks
-            failed = await task
-            assert failed == [update("c2")]
-            assert lb.runtime.record.updates == [update("c1"), update("c2")]
 
     run(scenario())
 
@@ -736,11 +748,12 @@ def test_run_returns_the_close_reason_and_resets_state() -> None:
     states: list[tuple[bool, bool, bool]] = []
     plugin = RecordingPlugin()
 
+    class States(SessionObserver):
+        def state_changed(self, state: SessionState) -> None:
+            states.append((state.registered, state.configured, state.synchronized))
+
     async def scenario() -> None:
-        async with loopback(plugin) as lb:
-            lb.session.state._listeners.append(
-                lambda s: states.append((s.registered, s.configured, s.synchronized))
-            )
+        async with loopback(plugin, observers=[States()]) as lb:
             await lb.runtime.start()
             await lb.runtime.close()
             assert await lb.task == "closed by peer"
@@ -915,13 +928,12 @@ def test_each_chunk_goes_to_the_plugin_as_it_arrives() -> None:
     run(scenario())
 
 
-def test_split_synchronize_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_split_synchronize_is_bounded() -> None:
     """Chunks with more=true are buffered up to a bound, then refused, and the buffer dropped."""
-    monkeypatch.setattr(session_module, "MAX_SYNC_OBJECTS", 5)
     plugin = RecordingPlugin()
 
     async def scenario() -> None:
-        session = Session(plugin, "midbatch", "10")
+        session = Session(plugin, "midbatch", "10", sync_limits=SyncLimits(objects=5))
         peer, task = await registered_raw(session)
         stream = 3
         for i in range(2):
@@ -945,12 +957,11 @@ def test_split_synchronize_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     run(scenario())
 
 
-def test_split_synchronize_is_bounded_in_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(session_module, "MAX_SYNC_BYTES", 10_000)
+def test_split_synchronize_is_bounded_in_bytes() -> None:
     plugin = RecordingPlugin()
 
     async def scenario() -> None:
-        session = Session(plugin, "midbatch", "10")
+        session = Session(plugin, "midbatch", "10", sync_limits=SyncLimits(bytes=10_000))
         peer, task = await registered_raw(session)
         big = pod("p")
         big.annotations["a"] = "x" * 6_000

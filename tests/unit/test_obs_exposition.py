@@ -19,6 +19,7 @@ from nri_midbatch.config.validator import load_startup_settings
 from nri_midbatch.obs.exposition import scrape
 from nri_midbatch.obs.metrics import CountersCollector, Metrics, WebhookMetrics
 from nri_midbatch.process.app import App
+from nri_midbatch.process.session_watch import SessionWatch
 from tests.prometheus_tools import binary
 
 from .http_fixtures import PROMETHEUS_ACCEPT, openmetrics_families
@@ -44,7 +45,7 @@ def openmetrics_samples(text: str) -> Samples:
 
 def served_metrics() -> Metrics:
     metrics = Metrics()
-    call = metrics.observer().begin("CreateContainer", api.CreateContainerRequest())
+    call = SessionWatch(metrics).call_begun("CreateContainer", api.CreateContainerRequest())
     call.replied(api.CreateContainerResponse())
     return metrics
 
@@ -142,7 +143,7 @@ def test_promtool_accepts_the_plugins_and_the_webhooks_pages() -> None:
     the library's strict parser above and by a real Prometheus in tests/e2e/test_prometheus.py.
     """
     app = App(load_startup_settings(None), name="midbatch", idx="10", config_path=None)
-    call = app.metrics.observer().begin("CreateContainer", api.CreateContainerRequest())
+    call = SessionWatch(app.metrics).call_begun("CreateContainer", api.CreateContainerRequest())
     call.replied(api.CreateContainerResponse())
     for registry in (app.metrics.registry, WebhookMetrics().registry):
         page, _ = scrape(registry, None)

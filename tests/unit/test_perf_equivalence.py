@@ -275,7 +275,7 @@ def test_a_split_synchronize_keeps_each_path_and_shares_a_pods_strings() -> None
     )
     plugin = MidBatchPlugin(settings_of(Config()), dry_run=True)
     plugin.synchronize_part([], containers, first=True)
-    part = plugin._sync_part
+    part = plugin.sync_part
     assert part is not None
     waiting = part.containers
     assert waiting[0] is waiting[5] and waiting[2] is waiting[7]

@@ -25,7 +25,8 @@ import structlog.testing
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.cgroups import fs as cgroups_fs
 from nri_midbatch.cgroups.files import CgroupVersion
-from nri_midbatch.cgroups.fs import apply_pod_values
+from nri_midbatch.cgroups.fs import apply_values
+from nri_midbatch.cgroups.paths import CgroupLocation
 from nri_midbatch.cgroups.report import FileFailure, WriteReport
 from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import Config, load_config_text
@@ -34,11 +35,12 @@ from nri_midbatch.nri.events import Event
 from nri_midbatch.nri.session import Session
 from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
 from nri_midbatch.plugin import cgroup_writer
-from nri_midbatch.plugin import handlers as plugin_module
-from nri_midbatch.plugin import lowering as lowering_module
+from nri_midbatch.plugin import decisions as decisions_module
 from nri_midbatch.plugin.codec import NATIVE_LIMITS_ANNOTATION
 from nri_midbatch.plugin.deferred import CGROUP_READS_PER_PIECE
 from nri_midbatch.plugin.handlers import MidBatchPlugin
+from nri_midbatch.plugin.lowering import LoweringTimings
+from nri_midbatch.plugin.observer import Observer
 from nri_midbatch.policy import ContainerView, Decision, PodView, decide_container
 from nri_midbatch.policy.cpuset import RESOURCE_STATUS_ANNOTATION
 from nri_midbatch.rpc.errors import RpcError
@@ -525,11 +527,14 @@ def test_synchronize_decides_each_container_as_it_would_be_decided_alone(
     ]
     decided: list[tuple[PodView, ContainerView, Decision]] = []
 
-    def note(pod: PodView, container: ContainerView | None, decision: Decision) -> None:
-        if container is not None:
-            decided.append((pod, container, decision))
+    class Decisions(Observer):
+        def decided(
+            self, pod: PodView, container: ContainerView | None, decision: Decision
+        ) -> None:
+            if container is not None:
+                decided.append((pod, container, decision))
 
-    plugin = MidBatchPlugin(make_config(tree), dry_run=True, on_decision=note)
+    plugin = MidBatchPlugin(make_config(tree), dry_run=True, observers=[Decisions()])
     run(plugin.synchronize(pods[::-1], containers[::-1]))  # pods' containers apart
     assert len(decided) == len(containers)
     alone = [decide_container(pod, container, plugin.policy) for pod, container, _ in decided]
@@ -643,9 +648,13 @@ def test_synchronize_raises_a_pod_before_the_reply_when_a_container_goes_up(
 
 
 HALVED_CONFIG = {"rules": {"cpuNormalizationRatio": 2.0}}
+#: Containers read every millisecond, so that a test sees polls in a few.
+QUICK_POLLS = LoweringTimings(poll=0.001)
 
 
-def lowered_batch_pod(tree: FakeTree) -> tuple[api.PodSandbox, api.Container, MidBatchPlugin]:
+def lowered_batch_pod(
+    tree: FakeTree, lowering: LoweringTimings = QUICK_POLLS
+) -> tuple[api.PodSandbox, api.Container, MidBatchPlugin]:
     """A batch pod and its container at the batch values, and a plugin that halves the quota."""
     pod = batch_pod()
     parent = pod.linux.cgroup_parent
@@ -655,19 +664,21 @@ def lowered_batch_pod(tree: FakeTree) -> tuple[api.PodSandbox, api.Container, Mi
         "c-app", pod, "app", current=resources(shares=512, quota=100_000, memory=512 * MI)
     )
     ctr.annotations[NATIVE_LIMITS_ANNOTATION] = "{}"
-    return pod, ctr, MidBatchPlugin(make_config(tree, **HALVED_CONFIG))
+    plugin = MidBatchPlugin(make_config(tree, **HALVED_CONFIG), lowering_timings=lowering)
+    return pod, ctr, plugin
 
 
 def count_container_reads(monkeypatch: pytest.MonkeyPatch) -> asyncio.Queue[str]:
     """Each read of a container's cgroup files by the plugin, by container id."""
     reads: asyncio.Queue[str] = asyncio.Queue()
-    real = cgroups_fs.read_container_values
+    real = cgroups_fs.read_values
 
-    def read(root: Path, driver: Any, parent: str, container_id: str, path: str = "") -> Any:
-        reads.put_nowait(container_id)
-        return real(root, driver, parent, container_id, path)
+    def read(root: Path, location: CgroupLocation) -> Any:
+        if location.container_id is not None:
+            reads.put_nowait(location.container_id)
+        return real(root, location)
 
-    monkeypatch.setattr(cgroup_writer, "read_container_values", read)
+    monkeypatch.setattr(cgroup_writer, "read_values", read)
     return reads
 
 
@@ -677,7 +688,6 @@ def test_synchronize_lowers_a_pod_only_once_the_runtime_lowered_its_containers(
     """The runtime applies the reply's updates later: the pod waits for the container files."""
     pod, ctr, plugin = lowered_batch_pod(tree)
     parent = pod.linux.cgroup_parent
-    monkeypatch.setattr(lowering_module, "POLL_SECONDS", 0.001)
 
     async def scenario() -> tuple[Values, Values]:
         reads = count_container_reads(monkeypatch)
@@ -711,8 +721,7 @@ def test_synchronize_waits_for_the_container_the_runtime_lowers_last(
         ctr = make_container(f"c-{name}", pod, name, current=current)
         ctr.annotations[NATIVE_LIMITS_ANNOTATION] = "{}"
         containers.append(ctr)
-    plugin = MidBatchPlugin(make_config(tree, **HALVED_CONFIG))
-    monkeypatch.setattr(lowering_module, "POLL_SECONDS", 0.001)
+    plugin = MidBatchPlugin(make_config(tree, **HALVED_CONFIG), lowering_timings=QUICK_POLLS)
 
     async def scenario() -> tuple[list[str], Values, Values]:
         reads = count_container_reads(monkeypatch)
@@ -735,12 +744,10 @@ def test_synchronize_waits_for_the_container_the_runtime_lowers_last(
 
 
 def test_synchronize_writes_a_pod_whose_containers_are_never_lowered_after_a_while(
-    tree: FakeTree, monkeypatch: pytest.MonkeyPatch
+    tree: FakeTree,
 ) -> None:
     """An update the runtime failed to apply must not hold the pod forever: logged, counted."""
-    pod, ctr, plugin = lowered_batch_pod(tree)
-    monkeypatch.setattr(lowering_module, "POLL_SECONDS", 0.001)
-    monkeypatch.setattr(lowering_module, "STALL_SECONDS", 0.05)
+    pod, ctr, plugin = lowered_batch_pod(tree, LoweringTimings(poll=0.001, stall=0.05))
 
     async def scenario() -> None:
         await plugin.synchronize([pod], [ctr])
@@ -775,13 +782,9 @@ def test_synchronize_takes_a_removed_container_as_lowered(tree: FakeTree) -> Non
     assert plugin.counters.pods_lowered_unconfirmed == 0
 
 
-def test_a_newer_synchronize_ends_the_wait_of_the_last_one(
-    tree: FakeTree, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_newer_synchronize_ends_the_wait_of_the_last_one(tree: FakeTree) -> None:
     """The newer one decides every pod anew: nothing of the old one stays waiting."""
-    pod, ctr, plugin = lowered_batch_pod(tree)
-    monkeypatch.setattr(lowering_module, "POLL_SECONDS", 0.001)
-    monkeypatch.setattr(lowering_module, "STALL_SECONDS", 60.0)
+    pod, ctr, plugin = lowered_batch_pod(tree, LoweringTimings(poll=0.001, stall=60.0))
 
     async def scenario() -> None:
         await plugin.synchronize([pod], [ctr])
@@ -855,18 +858,19 @@ def test_synchronize_leaves_a_pod_removed_before_its_write_alone(tree: FakeTree)
 def fail_pod_writes(monkeypatch: pytest.MonkeyPatch, *, times: int) -> list[str]:
     """The first `times` pod writes fail with EINVAL, as v1 answers a quota below a child's."""
     refused: list[str] = []
-    real = apply_pod_values
+    real = apply_values
 
-    def apply(root: Path, driver: Any, parent: str, values: Any) -> WriteReport:
-        if len(refused) < times:
+    def apply(root: Path, location: CgroupLocation, values: Any) -> WriteReport:
+        parent = location.cgroup_parent
+        if location.container_id is None and len(refused) < times:
             refused.append(parent)
             path = root / "cpu" / parent.strip("/") / "cpu.cfs_quota_us"
             einval = OSError(errno.EINVAL, os.strerror(errno.EINVAL))
             failure = FileFailure.from_os_error(path, "write", einval)
             return WriteReport(CgroupVersion.V1, (), (), (failure,))
-        return real(root, driver, parent, values)
+        return real(root, location, values)
 
-    monkeypatch.setattr(cgroup_writer, "apply_pod_values", apply)
+    monkeypatch.setattr(cgroup_writer, "apply_values", apply)
     return refused
 
 
@@ -1161,8 +1165,8 @@ def break_decisions(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(*_args: Any) -> Any:
         raise ZeroDivisionError("division by zero")
 
-    monkeypatch.setattr(plugin_module, "decide_container", broken)
-    monkeypatch.setattr(plugin_module, "decide_pod", broken)
+    monkeypatch.setattr(decisions_module, "decide_container", broken)
+    monkeypatch.setattr(decisions_module, "decide_pod", broken)
 
 
 def test_ignore_leaves_a_workload_alone_when_its_decision_raises(
@@ -1296,13 +1300,14 @@ def test_synchronize_reads_settled_containers_a_few_to_a_piece_of_work(
         queue(piece)
 
     monkeypatch.setattr(plugin.after_reply, "defer", counted)
-    real = cgroups_fs.read_container_values
+    real = cgroups_fs.read_values
 
-    def read(*args: Any) -> Any:
-        pieces[-1] += 1
-        return real(*args)
+    def read(root: Path, location: CgroupLocation) -> Any:
+        if location.container_id is not None:
+            pieces[-1] += 1
+        return real(root, location)
 
-    monkeypatch.setattr(cgroup_writer, "read_container_values", read)
+    monkeypatch.setattr(cgroup_writer, "read_values", read)
 
     async def scenario() -> None:
         await plugin.synchronize(pods, containers)

@@ -28,20 +28,14 @@ from nri_midbatch.config.model import Config, load_config_text
 from nri_midbatch.nri.session import Session
 from nri_midbatch.nri.testing import LoopbackRuntime, socketpair_streams
 from nri_midbatch.plugin.handlers import MidBatchPlugin
-from nri_midbatch.process.record import (
-    Recorder,
-    RotatingFile,
-    Written,
-    message_json,
-    note_decision,
-    redacted_json,
-)
+from nri_midbatch.recording.format import message_json, redacted_json
+from nri_midbatch.recording.writer import Recorder, RotatingFile, Written
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.tools.cli import main
-from nri_midbatch.tools.replay import load_recording, replay
 from nri_midbatch.wire.status import Code
 from tests import factory
 from tests.unit.nri_fixtures import STARTUP_TIMEOUT, STEP_TIMEOUT, run, start_prelaunched
+from tests.unit.replay_fixtures import read_whole, replay_whole
 
 SPEC = (
     '{"containers":{"main":{"requests":{"kubernetes.io/batch-cpu":"500",'
@@ -78,10 +72,8 @@ async def recorded_plugin(
     recorder: Recorder, config: Config | None = None
 ) -> AsyncIterator[LoopbackRuntime]:
     """A MidBatchPlugin session recording to `recorder`, driven by a LoopbackRuntime."""
-    plugin = MidBatchPlugin(
-        settings_of(config or Config()), dry_run=True, on_decision=note_decision
-    )
-    session = Session(plugin, "midbatch", "10", recorders=(recorder,))
+    plugin = MidBatchPlugin(settings_of(config or Config()), dry_run=True, observers=(recorder,))
+    session = Session(plugin, "midbatch", "10", observers=(recorder,))
     (plugin_reader, plugin_writer), (runtime_reader, runtime_writer) = await socketpair_streams()
     serving = asyncio.create_task(session.run(plugin_reader, plugin_writer))
     runtime = LoopbackRuntime(runtime_reader, runtime_writer)
@@ -622,9 +614,9 @@ def test_a_redacted_recording_replays_to_its_own_replies(tmp_path: Path) -> None
     path = tmp_path / "calls.jsonl"
     reply = record_secrets(path, raw=False)
     assert reply.adjust.linux.resources.cpu.shares.value == 512
-    entries, problems = load_recording(path)
+    entries, problems = read_whole(path)
     assert problems == []
-    outcomes = replay(entries, Config(), runtime_config=True, via_socket=False)
+    outcomes = replay_whole(entries, Config(), runtime_config=True)
     assert [outcome.response_changed for outcome in outcomes] == [False] * 4
     assert outcomes[-1].response == reply
 

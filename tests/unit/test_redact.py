@@ -16,9 +16,10 @@ from google.protobuf.message_factory import GetMessageClass
 from nri_midbatch.api import nri_pb2
 from nri_midbatch.config.model import Config
 from nri_midbatch.policy import Decision
-from nri_midbatch.process.record import NotedDecision, Recorder, RotatingFile
-from nri_midbatch.process.redact import kept_annotations
-from nri_midbatch.tools.replay import load_recording, replay
+from nri_midbatch.recording.call import NotedDecision
+from nri_midbatch.recording.redact import kept_annotations
+from nri_midbatch.recording.writer import Recorder, RotatingFile
+from tests.unit.replay_fixtures import read_whole, replay_whole
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "nri.pkg.api.v1alpha1"
@@ -117,7 +118,7 @@ def record(path: Path, calls: list[tuple[str, Message, Message]]) -> None:
     async def scenario() -> None:
         async with Recorder(RotatingFile(path), kept_annotations=KEPT_ANNOTATIONS) as recorder:
             for method, request, response in calls:
-                recorder.begin(method, request).replied(response)
+                recorder.call_begun(method, request).replied(response)
 
     asyncio.run(scenario())
 
@@ -141,7 +142,7 @@ def test_no_planted_secret_reaches_the_recording_and_every_kept_value_does(
     assert missing == []
     # Redacted, the recording still reads back as the messages it holds (replay knows the
     # calls a runtime makes to a plugin, not the plugin's own).
-    entries, problems = load_recording(path)
+    entries, problems = read_whole(path)
     not_replayed = ("RegisterPlugin", "UpdateContainers", "Log")
     assert [problem.message for problem in problems] == [
         f"unknown method {method!r}" for method in not_replayed
@@ -177,7 +178,7 @@ def test_the_leaks_of_issue_24_are_closed(tmp_path: Path) -> None:
     recorded = path.read_bytes()
     for secret in ("pw-77c1", "pw-mount-19", "hook-arg-5", "tok-3f9a", "pod-s-81"):
         assert secret.encode() not in recorded
-    (entry,), _ = load_recording(path)
+    (entry,), _ = read_whole(path)
     request = entry.request
     assert isinstance(request, nri_pb2.CreateContainerRequest)
     assert dict(request.pod.annotations) == {
@@ -197,16 +198,16 @@ def test_the_leaks_of_issue_24_are_closed(tmp_path: Path) -> None:
 def test_redacted_golden_recordings_replay_to_the_same_replies_and_decisions(
     tmp_path: Path, recording: Path
 ) -> None:
-    entries, problems = load_recording(ROOT / recording)
+    entries, problems = read_whole(ROOT / recording)
     assert problems == []
     redacted = tmp_path / "redacted.jsonl"
     calls = [(e.method, e.request, e.response) for e in entries if e.response is not None]
     assert len(calls) == len(entries)  # every call was answered
     record(redacted, calls)
-    redacted_entries, problems = load_recording(redacted)
+    redacted_entries, problems = read_whole(redacted)
     assert problems == []
-    original = replay(entries, Config(), runtime_config=True, via_socket=False)
-    again = replay(redacted_entries, Config(), runtime_config=True, via_socket=False)
+    original = replay_whole(entries, Config(), runtime_config=True)
+    again = replay_whole(redacted_entries, Config(), runtime_config=True)
     assert [(o.response, o.error) for o in again] == [(o.response, o.error) for o in original]
     assert [_decided(o.decisions) for o in again] == [_decided(o.decisions) for o in original]
 

@@ -16,22 +16,19 @@ import pytest
 import structlog
 from google.protobuf.json_format import ParseDict
 
-import nri_midbatch.tools.replay
+import nri_midbatch.tools.replay.report
 from nri_midbatch.config.model import Config, load_config_text
+from nri_midbatch.recording.reader import MAX_LINE_BYTES, MAX_NESTING, PLUGIN_METHODS
 from nri_midbatch.tools.cli import main
-from nri_midbatch.tools.replay import (
+from nri_midbatch.tools.replay.command import (
     EXIT_CANNOT_RUN,
     EXIT_EXPECT_DIFFERS,
     EXIT_MALFORMED_LINES,
-    MAX_LINE_BYTES,
-    MAX_NESTING,
-    PLUGIN_METHODS,
-    Outcome,
-    load_recording,
-    replay,
     replay_command,
-    rows,
 )
+from nri_midbatch.tools.replay.compare import rows
+from nri_midbatch.tools.replay.runner import Outcome
+from tests.unit.replay_fixtures import read_whole, replay_whole
 
 REPLAY_DIR = Path(__file__).resolve().parents[1] / "replay"
 RECORDING = REPLAY_DIR / "containerd-1.7.24.jsonl"
@@ -49,9 +46,9 @@ def _logging_reset() -> Iterator[None]:
 def replayed(
     config: Config | None = None, *, via_socket: bool = False, recording: Path = RECORDING
 ) -> list[Outcome]:
-    entries, problems = load_recording(recording)
+    entries, problems = read_whole(recording)
     assert problems == []
-    return replay(
+    return replay_whole(
         entries,
         config or Config(),
         runtime_config=config is None,
@@ -429,7 +426,7 @@ def test_replay_memory_stays_flat_in_the_number_of_lines(
     tmp_path: Path, fmt: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The table holds a block of rows to size its columns: make the block small next to N.
-    monkeypatch.setattr(nri_midbatch.tools.replay, "TABLE_BLOCK_ROWS", 100)
+    monkeypatch.setattr(nri_midbatch.tools.replay.report, "TABLE_BLOCK_ROWS", 100)
     text = RECORDING.read_text().splitlines()
     configure, run_pod, create = (json.loads(text[n]) for n in (0, 2, 3))
     assert (run_pod["method"], create["method"]) == ("StateChange", "CreateContainer")

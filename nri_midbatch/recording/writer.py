@@ -1,50 +1,31 @@
-"""Recording every NRI call the plugin serves as JSON lines, without slowing any of them.
+"""Writing a recording as JSON lines, without slowing any call it records.
 
-The session hands each call to a recorder (`begin`, then `replied` or `failed`). The plugin
-publishes each decision it takes to `note_decision`, which files it under the call being served:
-every call runs in a task of its own, so a context variable set at `begin` is that call's alone,
-and the plugin never learns about recorders or files.
-
-Event handlers only enqueue (`put_nowait`). One writer task converts records to JSON and writes
-them in a thread. When the queue is full the record is dropped and counted, never the event; the
-file rotates at a size cap so a long recording cannot fill the disk.
-
-One line per call:
-    {"v": 1, "ts": RFC 3339 UTC, "method": "...", "request": {...}, "response": {...} | null,
-     "error": {"code": int, "message": str} | null, "decisions": [{...}, ...]}
-with request and response as protobuf JSON (`MessageToDict`, proto field names), every string
-that replay does not need replaced by "<redacted>" unless the recorder is raw (redact.py).
-
-Longer than the house's 400 lines: the recorder, its bounded queue, the rotating file and
-the line format are one contract, the one replay and explain read.
+Event handlers only enqueue (`put_nowait`). One writer task converts records to their lines
+(format.py) and writes them in a thread. When the queue is full the record is dropped and
+counted, never the event; the file rotates at a size cap so a long recording cannot fill the
+disk.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import time
-from collections.abc import Callable, Collection, Sequence
-from contextvars import ContextVar
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Protocol
 
 import structlog
-from google.protobuf.json_format import MessageToDict
-from google.protobuf.message import Message
 
-from nri_midbatch.policy import CgroupValues, ContainerView, Decision, PodView, render
-from nri_midbatch.process.redact import DEFAULT_KEPT_ANNOTATIONS, redact
-from nri_midbatch.rpc.errors import error_status
+from nri_midbatch.recording.call import CallRecord, CallRecorder
+from nri_midbatch.recording.format import json_line, record_json
+from nri_midbatch.recording.redact import DEFAULT_KEPT_ANNOTATIONS
 
 log = structlog.get_logger(__name__)
 
-RECORD_VERSION = 1
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 DEFAULT_BACKUPS = 3
 DEFAULT_QUEUE_SIZE = 1024
@@ -52,136 +33,6 @@ DEFAULT_QUEUE_SIZE = 1024
 FAILURE_SUMMARY_EVERY = 60.0
 #: Records converted and written per hop to the writer thread.
 _BATCH = 256
-
-
-@dataclass(frozen=True, slots=True)
-class NotedDecision:
-    pod: PodView
-    container: ContainerView | None  # None: the pod-level decision
-    decision: Decision
-
-
-@dataclass(slots=True)
-class CallRecord:
-    """One call as the session served it; protobuf messages stay unconverted until written."""
-
-    method: str
-    request: Message
-    started: float  # time.time()
-    decisions: list[NotedDecision]
-    response: Message | None = None
-    error: tuple[int, str] | None = None
-
-
-_decisions: ContextVar[list[NotedDecision] | None] = ContextVar(
-    "nri_midbatch_call_decisions", default=None
-)
-
-
-def note_decision(pod: PodView, container: ContainerView | None, decision: Decision) -> None:
-    """The plugin's decision listener: file the decision under the call being served."""
-    decisions = _decisions.get()
-    if decisions is not None:
-        decisions.append(NotedDecision(pod, container, decision))
-
-
-class Call:
-    """A call in flight; `replied` or `failed` completes it and hands the record on."""
-
-    __slots__ = ("_done", "record")
-
-    def __init__(self, method: str, request: Message, done: Callable[[CallRecord], None]) -> None:
-        decisions: list[NotedDecision] = []
-        _decisions.set(decisions)
-        self.record = CallRecord(method, request, time.time(), decisions)
-        self._done = done
-
-    def replied(self, response: Message) -> None:
-        self.record.response = response
-        self._done(self.record)
-
-    def failed(self, error: BaseException) -> None:
-        code, message = error_status(error)
-        self.record.error = int(code), message
-        self._done(self.record)
-
-
-# -- JSON --------------------------------------------------------------------
-
-
-def message_json(message: Message) -> dict[str, Any]:
-    return MessageToDict(message, preserving_proto_field_name=True)
-
-
-def values_json(values: CgroupValues | None) -> dict[str, int | None] | None:
-    if values is None:
-        return None
-    return {
-        "cpu_shares": values.cpu_shares,
-        "cpu_quota": values.cpu_quota,
-        "memory_limit": values.memory_limit,
-    }
-
-
-def decision_json(noted: NotedDecision) -> dict[str, Any]:
-    pod, container, decision = noted.pod, noted.container, noted.decision
-    return {
-        "level": "pod" if container is None else "container",
-        "namespace": pod.namespace,
-        "pod": pod.name,
-        "pod_uid": pod.uid,
-        "container": None if container is None else container.name,
-        "container_id": None if container is None else container.id,
-        "cgroup_parent": pod.cgroup_parent,
-        "qos": decision.qos.value,
-        "priority": decision.priority.value,
-        "tier": decision.tier,
-        "values": values_json(decision.values),
-        "error": decision.error,
-        "trace": render(decision.trace),
-    }
-
-
-def rfc3339(timestamp: float) -> str:
-    moment = datetime.fromtimestamp(timestamp, UTC)
-    return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
-
-
-def redacted_json(
-    message: Message, kept_annotations: Collection[str] = DEFAULT_KEPT_ANNOTATIONS
-) -> dict[str, Any]:
-    """message_json with every string replay does not need replaced (redact.py)."""
-    document = message_json(message)
-    redact(message, document, kept_annotations)
-    return document
-
-
-def record_json(
-    record: CallRecord,
-    *,
-    raw: bool = False,
-    kept_annotations: Collection[str] = DEFAULT_KEPT_ANNOTATIONS,
-) -> dict[str, Any]:
-    """The record's line; raw keeps every string, else only annotations in kept_annotations
-    keep their values."""
-    error = record.error
-
-    def as_json(message: Message) -> dict[str, Any]:
-        return message_json(message) if raw else redacted_json(message, kept_annotations)
-
-    return {
-        "v": RECORD_VERSION,
-        "ts": rfc3339(record.started),
-        "method": record.method,
-        "request": as_json(record.request),
-        "response": None if record.response is None else as_json(record.response),
-        "error": None if error is None else {"code": error[0], "message": error[1]},
-        "decisions": [decision_json(noted) for noted in record.decisions],
-    }
-
-
-def json_line(document: dict[str, Any]) -> bytes:
-    return (json.dumps(document, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
 
 
 # -- the file ----------------------------------------------------------------
@@ -320,8 +171,8 @@ class RotatingFile:
 # -- the recorder ------------------------------------------------------------
 
 
-class Recorder:
-    """A session's CallRecorder writing to a LineSink; use as `async with recorder:`.
+class Recorder(CallRecorder):
+    """A CallRecorder writing to a LineSink; use as `async with recorder:`.
 
     A failing sink (a full disk, say) is logged once when it starts failing, then summed up
     every `failure_summary_every` seconds while it lasts, and once more when a write succeeds
@@ -353,10 +204,7 @@ class Recorder:
         self._failed: int | None = None  # records lost since writes began failing; None: fine
         self._summary_due = 0.0
 
-    def begin(self, method: str, request: Message) -> Call:
-        return Call(method, request, self._enqueue)
-
-    def _enqueue(self, record: CallRecord) -> None:
+    def keep(self, record: CallRecord) -> None:
         try:
             self._queue.put_nowait(record)
         except asyncio.QueueFull:
@@ -423,7 +271,7 @@ class Recorder:
             finally:
                 for _ in batch:
                     queue.task_done()
-            # Counted and logged here, on the event loop, where _enqueue counts too.
+            # Counted and logged here, on the event loop, where `keep` counts too.
             self.written += written.lines
             self.dropped += len(batch) - written.lines
             if written.refused:
