@@ -28,7 +28,7 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check nri_midbatch tests scripts bench
 	$(BIN)/ruff format --check nri_midbatch tests scripts bench
-	$(BIN)/mypy nri_midbatch tests bench
+	$(BIN)/mypy nri_midbatch tests bench scripts/*.py
 
 gen: $(STAMP)
 	$(BIN)/python scripts/gen_protos.py

@@ -33,7 +33,8 @@ sys.path.insert(0, str(ROOT))
 from nri_midbatch.config.model import Config  # noqa: E402
 from nri_midbatch.obs.logging import configure_logging  # noqa: E402
 from nri_midbatch.tools.replay.command import replay_command  # noqa: E402
-from tests.e2e.containerd import Containerd, new_cgroup_parent  # noqa: E402
+from tests.e2e.containerd import Containerd  # noqa: E402
+from tests.e2e.node import Node  # noqa: E402
 from tests.e2e.plugin_process import event, wait_for_record  # noqa: E402
 from tests.unit.replay_fixtures import read_whole  # noqa: E402
 
@@ -70,7 +71,7 @@ def run_pod(
         uid=uid,
         labels=labels,
         annotations={} if annotation is None else {SPEC: annotation},
-        cgroup_parent=new_cgroup_parent(qos, uid),
+        cgroup_parent=Node.detect().new_cgroup_parent(qos, uid),
     )
     container_id = ctrd.create_container(pod_id, resources=resources)
     ctrd.start_container(container_id)

@@ -8,9 +8,12 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.node import NODE, SLOWDOWN
 
@@ -115,6 +118,25 @@ class PluginProcess:
     def wait_for(self, name: str, *, timeout: float = 10.0, after: int = 0) -> tuple[int, Record]:
         return wait_for_record(self.log_path, event(name), timeout=timeout, after=after)
 
+    def metrics_port(self, timeout: float = 10.0) -> int:
+        """The ephemeral port the plugin serves /metrics on, once it says so."""
+        _, serving = self.wait_for("serving metrics and health", timeout=timeout)
+        return int(serving["port"])
+
+    def wait_for_reload(self) -> None:
+        """Until the reload has written everything it planned (each write is logged)."""
+        index, reloaded = self.wait_for("configuration reloaded")
+        planned = reloaded["containers_to_update"] + reloaded["pods_to_update"]
+
+        def written() -> int:
+            return sum(
+                r.get("event")
+                in ("cgroup set for new configuration", "cgroup not set for new configuration")
+                for r in self.records()[index:]
+            )
+
+        assert wait_until(lambda: written() >= planned), (written(), reloaded)
+
     def stop(self) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -144,6 +166,18 @@ def prelaunched_wrapper(plugin_dir: Path, name: str, log_path: Path) -> Path:
 
 def iter_events(records: list[Record], name: str) -> Iterator[Record]:
     return (r for r in records if r.get("event") == name)
+
+
+def scrape(port: int, name: str, **wanted: str) -> float:
+    """The sum of the plugin's /metrics samples of `name` whose labels include `wanted`."""
+    url = f"http://127.0.0.1:{port}/metrics"
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in wanted.items())
+    )
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> bool:

@@ -6,10 +6,9 @@ import pytest
 
 from tests.e2e.containerd import Containerd
 from tests.e2e.node import NODE
+from tests.factory import MI
 
 pytestmark = pytest.mark.e2e
-
-MiB = 1024 * 1024
 
 
 def test_cri_resources_reach_cgroup_files(containerd: Containerd) -> None:
@@ -23,7 +22,7 @@ def test_cri_resources_reach_cgroup_files(containerd: Containerd) -> None:
         "cpu_shares": 512,
         "cpu_quota": 50000,
         "cpu_period": 100000,
-        "memory_limit_in_bytes": 256 * MiB,
+        "memory_limit_in_bytes": 256 * MI,
     }
     ctr_id = containerd.create_container(pod_id, name="sleeper", resources=resources)
     containerd.start_container(ctr_id)
@@ -33,7 +32,7 @@ def test_cri_resources_reach_cgroup_files(containerd: Containerd) -> None:
     assert (cpu / "cpu.shares").read_text().strip() == "512"
     assert (cpu / "cpu.cfs_quota_us").read_text().strip() == "50000"
     assert (cpu / "cpu.cfs_period_us").read_text().strip() == "100000"
-    assert (memory / "memory.limit_in_bytes").read_text().strip() == str(256 * MiB)
+    assert (memory / "memory.limit_in_bytes").read_text().strip() == str(256 * MI)
 
     containerd.stop_and_remove_all()
     assert containerd.list_containers() == []

@@ -41,7 +41,8 @@ from tests.e2e.cri import runtime_pb2 as cri
 from tests.e2e.daemonset import PluginPod, Probe, http_get_in_netns
 from tests.e2e.node import NODE, Driver
 from tests.e2e.plugin_process import Record, wait_until
-from tests.e2e.test_tiers import BE_NATIVE, MIB, SPEC, labels, run, spec
+from tests.e2e.pods import BE_NATIVE, run, spec
+from tests.factory import MI, SPEC, labels
 
 #: The pod's network: a bridge without an address on the host, the pod's eth0
 #: holding a documentation address (RFC 5737) that no route leads to.
@@ -202,7 +203,7 @@ def assert_batch_pod_gets_its_values(node: DaemonSetPod) -> None:
         {SPEC: spec("batch", "500", "1k", "512Mi")},
         BE_NATIVE,
     )
-    expected = NODE.expect(512, 100000, 512 * MIB)
+    expected = NODE.expect(512, 100000, 512 * MI)
     assert NODE.read_values(pod.parent, pod.container_id) == expected, node.diagnose()
     assert NODE.read_values(pod.parent, None) == expected, node.diagnose()
 

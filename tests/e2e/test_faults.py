@@ -20,24 +20,22 @@ import socket
 import subprocess
 import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.containerd import Containerd
 from tests.e2e.node import CGROUP_ROOT, NODE, cgroup_controllers
-from tests.e2e.plugin_process import PluginProcess, Record, iter_events, wait_until
-from tests.e2e.test_tiers import BE_NATIVE, MIB, Pod, labels, run
+from tests.e2e.plugin_process import PluginProcess, Record, iter_events, scrape, wait_until
+from tests.e2e.pods import BE_NATIVE, Pod, run_batch
+from tests.factory import BATCH_CPU, BATCH_MEMORY, MI, SPEC, labels
 
-SPEC = "node.koordinator.sh/extended-resource-spec"
 BATCH = labels("BE", "koord-batch")
-EXPECTED = NODE.expect(512, 100000, 512 * MIB)
-HALVED = NODE.expect(512, 50000, 512 * MIB)
+EXPECTED = NODE.expect(512, 100000, 512 * MI)
+HALVED = NODE.expect(512, 50000, 512 * MI)
 STRICT = "rules:\n  cpuNormalizationRatio: 2.0\n"
 QUOTA = "cpu.cfs_quota_us"
 FULL_DISK = "recording write failed; dropping records until a write succeeds"
@@ -46,14 +44,10 @@ FULL_DISK = "recording write failed; dropping records until a write succeeds"
 def batch_spec(*containers: str) -> dict[str, str]:
     """The batch tier's spec annotation: 500m request, 1 core and 512Mi limit per container."""
     resources = {
-        "requests": {"kubernetes.io/batch-cpu": "500"},
-        "limits": {"kubernetes.io/batch-cpu": "1k", "kubernetes.io/batch-memory": "512Mi"},
+        "requests": {BATCH_CPU: "500"},
+        "limits": {BATCH_CPU: "1k", BATCH_MEMORY: "512Mi"},
     }
     return {SPEC: json.dumps({"containers": dict.fromkeys(containers, resources)})}
-
-
-def batch(containerd: Containerd, name: str) -> Pod:
-    return run(containerd, name, "besteffort", BATCH, batch_spec("main"), BE_NATIVE)
 
 
 @pytest.fixture
@@ -87,23 +81,6 @@ def all_at_quota(pods: list[Pod], quota: int) -> bool:
     )
 
 
-def metrics_port(plugin: PluginProcess) -> int:
-    _, serving = plugin.wait_for("serving metrics and health", timeout=30)
-    return int(serving["port"])
-
-
-def scrape(port: int, name: str, **wanted: str) -> float:
-    """The sum of the samples of `name` whose labels include `wanted`."""
-    url = f"http://127.0.0.1:{port}/metrics"
-    text = urllib.request.urlopen(url, timeout=5).read().decode()
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and all(sample.labels.get(k) == v for k, v in wanted.items())
-    )
-
-
 def outside_files() -> dict[str, str]:
     """The values of the cgroups above every pod: nothing may write them."""
     found = {}
@@ -124,7 +101,7 @@ def assert_serving(containerd: Containerd, plugin: PluginProcess, port: int, nam
     assert plugin.proc.poll() is None, "the plugin exited"
     assert wait_until(lambda: scrape(port, "nri_midbatch_registered") == 1, timeout=30)
     started = time.monotonic()
-    pod = batch(containerd, name)
+    pod = run_batch(containerd, name)
     assert time.monotonic() - started < 15, "pod creation held up"
     assert NODE.read_values(pod.parent, pod.container_id) == EXPECTED
     assert NODE.read_values(pod.parent, None) == EXPECTED
@@ -155,7 +132,7 @@ def test_containerd_killed_during_a_synchronize_then_restarted(
     outside = outside_files()
     plugin = PluginProcess(tmp_path / "plugin", containerd.nri_socket)
     plugins.append(plugin)
-    port = metrics_port(plugin)
+    port = plugin.metrics_port(timeout=30)
     first, _ = plugin.wait_for("synchronized", timeout=30)
     # containerd applies the reply's 12 updates one runc update at a time.
     assert containerd.proc is not None
@@ -168,7 +145,7 @@ def test_containerd_killed_during_a_synchronize_then_restarted(
     containerd.start()
     plugin.wait_for("synchronized", after=first + 1, timeout=30)
     # The pod's values add up its three containers'.
-    whole = NODE.expect(3 * 512, 3 * 100000, 3 * 512 * MIB)
+    whole = NODE.expect(3 * 512, 3 * 100000, 3 * 512 * MI)
     for p in pods:
         assert wait_until(functools.partial(holds, p, EXPECTED)), NODE.read_values(
             p.parent, p.container_id
@@ -189,16 +166,16 @@ def test_plugin_stopped_past_the_request_timeout_registers_again_and_repairs(
     """SIGSTOP: the runtime drops the plugin at its next event; SIGCONT: it comes back."""
     plugin = PluginProcess(tmp_path / "plugin", containerd.nri_socket)
     plugins.append(plugin)
-    port = metrics_port(plugin)
+    port = plugin.metrics_port(timeout=30)
     first, _ = plugin.wait_for("synchronized", timeout=30)
     outside = outside_files()
     os.kill(plugin.proc.pid, signal.SIGSTOP)
     try:
         started = time.monotonic()
         # RunPodSandbox waits out the 2 s request timeout, then goes on without us.
-        late = batch(containerd, "while-stopped")
+        late = run_batch(containerd, "while-stopped")
         held = time.monotonic() - started
-        meanwhile = batch(containerd, "while-dropped")
+        meanwhile = run_batch(containerd, "while-dropped")
         containerd.wait_for_log("closing plugin")
     finally:
         os.kill(plugin.proc.pid, signal.SIGCONT)
@@ -280,9 +257,9 @@ def test_pod_cgroup_removed_before_the_write(
 ) -> None:
     plugin = PluginProcess(tmp_path / "plugin", containerd.nri_socket)
     plugins.append(plugin)
-    port = metrics_port(plugin)
+    port = plugin.metrics_port(timeout=30)
     plugin.wait_for("synchronized", timeout=30)
-    batch(containerd, "first")  # kubepods/besteffort exists from here on
+    run_batch(containerd, "first")  # kubepods/besteffort exists from here on
     outside = outside_files()
 
     def remove(parent: str, sandbox_dir: Path) -> None:
@@ -325,9 +302,9 @@ def test_pod_quota_the_kernel_refuses(
     """EINVAL: cgroup v1 refuses a pod quota below a child's (here the sandbox's)."""
     plugin = PluginProcess(tmp_path / "plugin", containerd.nri_socket)
     plugins.append(plugin)
-    port = metrics_port(plugin)
+    port = plugin.metrics_port(timeout=30)
     plugin.wait_for("synchronized", timeout=30)
-    batch(containerd, "first")
+    run_batch(containerd, "first")
     outside = outside_files()
 
     def raise_sandbox_quota(_parent: str, sandbox_dir: Path) -> None:
@@ -350,7 +327,7 @@ def test_read_only_cgroup_mount(
     containerd: Containerd, tmp_path: Path, plugins: list[PluginProcess]
 ) -> None:
     """EROFS: the plugin runs in a mount namespace of its own where kubepods is read-only."""
-    batch(containerd, "first")  # kubepods/besteffort exists from here on
+    run_batch(containerd, "first")  # kubepods/besteffort exists from here on
     targets = [str(CGROUP_ROOT / c / "kubepods" / "besteffort") for c in ("cpu", "memory")]
     script = 'for d in "$1" "$2"; do mount --bind -o ro "$d" "$d" || exit 1; done; shift 2; '
     script += 'exec "$@"'
@@ -363,11 +340,11 @@ def test_read_only_cgroup_mount(
     )
     plugins.append(plugin)
     config = tmp_path / "plugin" / "config.yaml"
-    port = metrics_port(plugin)
+    port = plugin.metrics_port(timeout=30)
     plugin.wait_for("synchronized", timeout=30)
     outside = outside_files()
 
-    pod = batch(containerd, "read-only")
+    pod = run_batch(containerd, "read-only")
     (warning,) = warnings_for(plugin, "pod cgroup not set", "read-only")
     assert warning["method"] == "RunPodSandbox"
     assert "Read-only file system" in warning["reason"], warning
@@ -391,7 +368,7 @@ def test_read_only_cgroup_mount(
     assert outside_files() == outside
     assert plugin.proc.poll() is None
     assert scrape(port, "nri_midbatch_registered") == 1
-    later = batch(containerd, "later")
+    later = run_batch(containerd, "later")
     assert NODE.read_values(later.parent, later.container_id) == HALVED
 
 
@@ -415,11 +392,11 @@ def test_metrics_address_taken_at_start(
         plugin.wait_for("synchronized", timeout=30)
         _, error = plugin.wait_for("cannot serve metrics, retrying", timeout=10)
         assert error["address"] == f"127.0.0.1:{port}"
-        pod = batch(containerd, "without-metrics")
+        pod = run_batch(containerd, "without-metrics")
         assert NODE.read_values(pod.parent, pod.container_id) == EXPECTED
     finally:
         holder.close()
-    assert metrics_port(plugin) == port
+    assert plugin.metrics_port(timeout=30) == port
     assert scrape(port, "nri_midbatch_metrics_bind_failures_total") >= 1
     assert_serving(containerd, plugin, port, "with-metrics")
 
@@ -452,12 +429,12 @@ def test_recording_filesystem_full(
         extra_args=["--record", str(small_tmpfs / "calls.jsonl")],
     )
     plugins.append(plugin)
-    port = metrics_port(plugin)
+    port = plugin.metrics_port(timeout=30)
     plugin.wait_for("synchronized", timeout=30)
     fill(small_tmpfs)
     outside = outside_files()
     for i in range(3):
-        pod = batch(containerd, f"unrecorded-{i}")
+        pod = run_batch(containerd, f"unrecorded-{i}")
         assert NODE.read_values(pod.parent, pod.container_id) == EXPECTED
     assert wait_until(lambda: scrape(port, "nri_midbatch_records_dropped_total") > 0)
     # One line per failing write would be one per event: a full disk is said once.
@@ -486,7 +463,7 @@ def test_configuration_file_broken_while_events_flow(
     plugin = PluginProcess(tmp_path / "plugin", containerd.nri_socket, config="")
     plugins.append(plugin)
     config = tmp_path / "plugin" / "config.yaml"
-    port = metrics_port(plugin)
+    port = plugin.metrics_port(timeout=30)
     plugin.wait_for("synchronized", timeout=30)
     outside = outside_files()
     if break_it == "deleted":
@@ -496,7 +473,7 @@ def test_configuration_file_broken_while_events_flow(
         config.mkdir()
     else:
         config.write_text(ALIAS_BOMB)
-    pods = [batch(containerd, f"during-{i}") for i in range(3)]
+    pods = [run_batch(containerd, f"during-{i}") for i in range(3)]
     for pod in pods:
         assert NODE.read_values(pod.parent, pod.container_id) == EXPECTED
     if break_it != "deleted":
@@ -593,7 +570,7 @@ def test_restart_under_a_stricter_config_lowers_pods_after_their_containers(
 ) -> None:
     default = PluginProcess(tmp_path / "default", containerd.nri_socket, config="")
     default.wait_for("synchronized", timeout=30)
-    pods = [batch(containerd, f"batch-{i}") for i in range(4)]
+    pods = [run_batch(containerd, f"batch-{i}") for i in range(4)]
     assert default.stop() == 0
     files = quota_files(pods)
     with FilePoller([f for pair in files for f in pair]) as poller:
@@ -623,7 +600,7 @@ def test_reload_lowers_pods_after_their_containers_and_raises_them_before(
     plugins.append(plugin)
     config = tmp_path / "plugin" / "config.yaml"
     plugin.wait_for("synchronized", timeout=30)
-    pods = [batch(containerd, f"batch-{i}") for i in range(4)]
+    pods = [run_batch(containerd, f"batch-{i}") for i in range(4)]
     files = quota_files(pods)
     for text, value, label in ((STRICT, "50000", "lowering"), ("", "100000", "raising")):
         with FilePoller([f for pair in files for f in pair]) as poller:

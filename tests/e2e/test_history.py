@@ -22,15 +22,15 @@ from nri_midbatch.cgroups.values import cpu_shares_to_weight
 from tests.e2e.containerd import Containerd
 from tests.e2e.cri import runtime_pb2 as cri
 from tests.e2e.node import CGROUP_ROOT, NODE, SLOWDOWN, Driver
-from tests.e2e.plugin_process import EXECUTABLE, PluginProcess, wait_until
-from tests.e2e.test_normalization import CONFIG
-from tests.e2e.test_reload import scrape
-from tests.e2e.test_tiers import BE_NATIVE, MIB, SPEC, Pod, labels, run, spec
+from tests.e2e.plugin_process import EXECUTABLE, PluginProcess, scrape, wait_until
+from tests.e2e.pods import NORMALIZATION_CONFIG, Pod, run_batch, spec
+from tests.factory import MI, SPEC, labels
 
 
 def normalizing(ratio: str) -> str:
-    """test_normalization's tiers (batch, mid, prod normalized) under another ratio."""
-    return CONFIG.replace("cpuNormalizationRatio: 1.25", f"cpuNormalizationRatio: {ratio}")
+    """The normalization tests' tiers (batch, mid, prod normalized) under another ratio."""
+    ratio_line = f"cpuNormalizationRatio: {ratio}"
+    return NORMALIZATION_CONFIG.replace("cpuNormalizationRatio: 1.25", ratio_line)
 
 
 def kubelet_limits_pod_cgroup(parent: str, shares: int, quota: int, memory: int) -> None:
@@ -112,21 +112,6 @@ def quotas(pod: Pod) -> tuple[int, int]:
     )
 
 
-def wait_for_reload(plugin: PluginProcess) -> None:
-    """Until the reload has written everything it planned (each write is logged)."""
-    index, reloaded = plugin.wait_for("configuration reloaded")
-    planned = reloaded["containers_to_update"] + reloaded["pods_to_update"]
-
-    def written() -> int:
-        return sum(
-            r.get("event")
-            in ("cgroup set for new configuration", "cgroup not set for new configuration")
-            for r in plugin.records()[index:]
-        )
-
-    assert wait_until(lambda: written() >= planned), (written(), reloaded)
-
-
 def quiet(count: Callable[[], float], *, seconds: float) -> Callable[[], bool]:
     """A condition that holds once `count` has not changed for `seconds`."""
     last = [count(), time.monotonic()]
@@ -165,18 +150,16 @@ def test_ratio_back_to_one_returns_containers_and_pods_to_kubelets_quota(
         "cpu_shares": 1536,
         "cpu_period": 100000,
         "cpu_quota": 200000,
-        "memory_limit_in_bytes": 512 * MIB,
+        "memory_limit_in_bytes": 512 * MI,
     }
     try:
         plugin.wait_for("synchronized")
         pod = run_burstable(containerd, "prod", labels("LS", "koord-prod"), {}, native)
         assert NODE.read_values(pod.parent, pod.container_id).quota == 160000  # 200000 / 1.25
         config.write_text(NODE.plugin_config(normalizing("1.0")))
-        wait_for_reload(plugin)
+        plugin.wait_for_reload()
         assert wait_until(lambda: quotas(pod) == (200000, 200000)), quotas(pod)
-        assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(
-            1536, 200000, 512 * MIB
-        )
+        assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(1536, 200000, 512 * MI)
         check_status_shows_no_drift(plugin)
     finally:
         assert plugin.stop() == 0
@@ -191,7 +174,7 @@ def test_a_burstable_mid_pod_stays_within_kubelets_limits_through_cfs_quota_off(
         "cpu_shares": 512,
         "cpu_period": 100000,
         "cpu_quota": 50000,
-        "memory_limit_in_bytes": 512 * MIB,
+        "memory_limit_in_bytes": 512 * MI,
     }
     try:
         plugin.wait_for("synchronized")
@@ -202,12 +185,12 @@ def test_a_burstable_mid_pod_stays_within_kubelets_limits_through_cfs_quota_off(
             {SPEC: spec("mid", "500", "1k", "1Gi")},
             native,
         )
-        assert NODE.read_values(pod.parent, None) == NODE.expect(512, 50000, 512 * MIB)
+        assert NODE.read_values(pod.parent, None) == NODE.expect(512, 50000, 512 * MI)
         config.write_text(NODE.plugin_config("rules: {cfsQuota: false}\n"))
-        wait_for_reload(plugin)
+        plugin.wait_for_reload()
         for container_id in (pod.container_id, None):
             values = NODE.read_values(pod.parent, container_id)
-            assert values == NODE.expect(512, 50000, 512 * MIB), (container_id, values)
+            assert values == NODE.expect(512, 50000, 512 * MI), (container_id, values)
         check_status_shows_no_drift(plugin)
     finally:
         assert plugin.stop() == 0
@@ -221,7 +204,7 @@ def test_a_restart_under_a_looser_configuration_brings_pods_up_to_min_of_tier_an
         "cpu_shares": 1024,
         "cpu_period": 100000,
         "cpu_quota": 150000,
-        "memory_limit_in_bytes": 1024 * MIB,
+        "memory_limit_in_bytes": 1024 * MI,
     }
     # The two plugins keep their records in one directory, as the DaemonSet's host path does.
     state = tmp_path / "state"
@@ -261,12 +244,8 @@ def test_a_sighup_storm_ends_on_the_last_files_values(
     sighups = 20
     try:
         plugin.wait_for("synchronized")
-        _, serving = plugin.wait_for("serving metrics and health")
-        port = int(serving["port"])
-        pod = run(
-            containerd, "batch", "besteffort", labels("BE", "koord-batch"),
-            {SPEC: spec("batch", "500", "1k", "512Mi")}, BE_NATIVE,
-        )  # fmt: skip
+        port = plugin.metrics_port()
+        pod = run_batch(containerd, "batch")
         for i in range(sighups):
             config.write_text(NODE.plugin_config(whole if i % 2 else halved))
             plugin.proc.send_signal(signal.SIGHUP)
@@ -283,7 +262,7 @@ def test_a_sighup_storm_ends_on_the_last_files_values(
         # storm is over once no reload has been counted for three of the watch's intervals.
         assert wait_until(quiet(reloads, seconds=3.0), timeout=60), reloads()
         assert wait_until(lambda: quotas(pod) == (50000, 50000)), quotas(pod)
-        assert NODE.read_values(pod.parent, None) == NODE.expect(512, 50000, 512 * MIB)
+        assert NODE.read_values(pod.parent, None) == NODE.expect(512, 50000, 512 * MI)
         check_status_shows_no_drift(plugin)
     finally:
         assert plugin.stop() == 0

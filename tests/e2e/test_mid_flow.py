@@ -23,13 +23,11 @@ from nri_midbatch.config.compile import compile_policy
 from nri_midbatch.config.model import Config
 from nri_midbatch.tools.webhook.admission import handle
 from nri_midbatch.tools.webhook.pods import cgroup_parent, read_pod
+from tests.admission import review
 from tests.e2e.containerd import Containerd
 from tests.e2e.node import NODE
 from tests.e2e.plugin_process import PluginProcess
-from tests.e2e.test_tiers import GIB, SPEC
-from tests.unit.test_webhook import review
-
-MID_CPU, MID_MEMORY = "kubernetes.io/mid-cpu", "kubernetes.io/mid-memory"
+from tests.factory import GI, MID_CPU, MID_MEMORY, PRIORITY, QOS, SPEC
 
 
 def as_the_colocation_profile_leaves_it(qos: str, uid: str) -> dict[str, Any]:
@@ -41,7 +39,7 @@ def as_the_colocation_profile_leaves_it(qos: str, uid: str) -> dict[str, Any]:
             "name": f"mid-{qos.lower()}",
             "namespace": "default",
             "uid": uid,
-            "labels": {"koordinator.sh/qosClass": qos, "app": "stream"},
+            "labels": {QOS: qos, "app": "stream"},
         },
         "spec": {
             "priorityClassName": "koord-mid",
@@ -89,7 +87,7 @@ def test_a_koord_mid_pod_as_koordinator_leaves_it_gets_mid_values(
     uid = str(uuid.uuid4())  # pod cgroups live in the host's tree: one per test
     stored = admitted(as_the_colocation_profile_leaves_it(qos, uid))
     metadata = stored["metadata"]
-    assert metadata["labels"]["koordinator.sh/priority-class"] == "koord-mid"
+    assert metadata["labels"][PRIORITY] == "koord-mid"
     assert json.loads(metadata["annotations"][SPEC]) == {
         "containers": {
             "main": {
@@ -115,5 +113,5 @@ def test_a_koord_mid_pod_as_koordinator_leaves_it_gets_mid_values(
 
     # Mid formulas: request 1000 -> shares 1024; limit 2000 -> quota 200000; memory 1Gi.
     # Nothing native to keep (never-loosen has nothing to compare with).
-    assert NODE.read_values(parent, container_id) == NODE.expect(1024, 200000, GIB)
-    assert NODE.read_values(parent, None) == NODE.expect(1024, 200000, GIB)
+    assert NODE.read_values(parent, container_id) == NODE.expect(1024, 200000, GI)
+    assert NODE.read_values(parent, None) == NODE.expect(1024, 200000, GI)

@@ -10,24 +10,13 @@ import pytest
 from tests.e2e.containerd import Containerd
 from tests.e2e.node import NODE
 from tests.e2e.plugin_process import PluginProcess, wait_until
-from tests.e2e.test_tiers import BE_NATIVE, GIB, MIB, SPEC, labels, run, spec
-
-# The default tiers, then production pods normalized; ratio 1.25 divides exactly.
-CONFIG = """
-rules: {cpuNormalizationRatio: 1.25}
-tiers:
-  - {name: batch, priorityClasses: [koord-batch, koord-free], qosClasses: [BE],
-     resources: {cpu: kubernetes.io/batch-cpu, memory: kubernetes.io/batch-memory}}
-  - {name: mid, priorityClasses: [koord-mid], qosClasses: [BE, LS],
-     resources: {cpu: kubernetes.io/mid-cpu, memory: kubernetes.io/mid-memory}}
-  - {name: prod, priorityClasses: [koord-prod, None], qosClasses: [LS, None],
-     calculator: cpu-normalization}
-"""
+from tests.e2e.pods import NORMALIZATION_CONFIG, run, run_batch, spec
+from tests.factory import GI, MI, SPEC, labels
 
 
 @pytest.fixture
 def plugin(containerd: Containerd, tmp_path: Path) -> Iterator[PluginProcess]:
-    process = PluginProcess(tmp_path / "plugin", containerd.nri_socket, config=CONFIG)
+    process = PluginProcess(tmp_path / "plugin", containerd.nri_socket, config=NORMALIZATION_CONFIG)
     process.wait_for("synchronized")
     yield process
     assert process.stop() == 0
@@ -48,11 +37,11 @@ def test_prod_ls_quota_is_scaled_and_nothing_else(
         "cpu_shares": 1536,
         "cpu_period": 100000,
         "cpu_quota": 200000,
-        "memory_limit_in_bytes": 512 * MIB,
+        "memory_limit_in_bytes": 512 * MI,
     }
     pod = run(containerd, "prod", "burstable", labels("LS", "koord-prod"), {}, native)
     # ceil(200000 / 1.25); kubelet's shares and memory limit stay.
-    assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(1536, 160000, 512 * MIB)
+    assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(1536, 160000, 512 * MI)
     assert ("CreateContainer", "prod") in decisions(plugin, "prod")
 
     # kubelet resizes the container: the new quota is scaled, once.
@@ -75,7 +64,7 @@ def test_mid_ls_is_scaled_once(containerd: Containerd, plugin: PluginProcess) ->
         "cpu_shares": 1024,
         "cpu_period": 100000,
         "cpu_quota": 800000,
-        "memory_limit_in_bytes": 2 * GIB,
+        "memory_limit_in_bytes": 2 * GI,
     }
     pod = run(
         containerd,
@@ -86,20 +75,13 @@ def test_mid_ls_is_scaled_once(containerd: Containerd, plugin: PluginProcess) ->
         native,
     )
     # The mid formula: ceil(400000 / 1.25) = 320000. Scaled again it would be 256000.
-    assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(1024, 320000, GIB)
+    assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(1024, 320000, GI)
     assert set(decisions(plugin, "mid-ls")) == {("CreateContainer", "mid")}
 
 
 def test_batch_is_untouched_by_normalization(containerd: Containerd, plugin: PluginProcess) -> None:
-    pod = run(
-        containerd,
-        "batch",
-        "besteffort",
-        labels("BE", "koord-batch"),
-        {SPEC: spec("batch", "500", "1k", "512Mi")},
-        BE_NATIVE,
-    )
+    pod = run_batch(containerd, "batch")
     # The batch formula with its own ratio, as koordlet: ceil(100000 / 1.25) = 80000.
-    assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(512, 80000, 512 * MIB)
-    assert NODE.read_values(pod.parent, None) == NODE.expect(512, 80000, 512 * MIB)
+    assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(512, 80000, 512 * MI)
+    assert NODE.read_values(pod.parent, None) == NODE.expect(512, 80000, 512 * MI)
     assert {tier for _, tier in decisions(plugin, "batch")} == {"batch"}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tests.e2e.containerd import Containerd
 from tests.e2e.plugin_process import PluginProcess, prelaunched_wrapper, wait_for_record
-from tests.e2e.test_tiers import BE_NATIVE, SPEC, labels, run, spec
+from tests.e2e.pods import run_batch
 
 
 def test_external_plugin_registers_configures_and_synchronizes(
@@ -93,10 +93,7 @@ def test_prelaunched_plugin_from_plugin_path(containerd: Containerd, tmp_path: P
     starting = [r for r in _records(log_path) if r.get("event") == "starting"]
     assert starting[0]["mode"] == "pre-launched"
     # A pod event: the runtime is past the point where a Synchronize comes.
-    run(
-        containerd, "batch", "besteffort", labels("BE", "koord-batch"),
-        {SPEC: spec("batch", "500", "1k", "512Mi")}, BE_NATIVE,
-    )  # fmt: skip
+    run_batch(containerd, "batch")
     pod_set, _ = wait_for_record(
         log_path,
         lambda r: r.get("event") == "pod cgroup set" and r.get("method") == "RunPodSandbox",

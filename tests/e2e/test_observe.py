@@ -6,23 +6,19 @@ from pathlib import Path
 
 from tests.e2e.containerd import Containerd
 from tests.e2e.node import NODE
-from tests.e2e.plugin_process import PluginProcess, wait_until
-from tests.e2e.test_reload import scrape
-from tests.e2e.test_tiers import BE_NATIVE, MIB, SPEC, labels, run, spec
+from tests.e2e.plugin_process import PluginProcess, scrape, wait_until
+from tests.e2e.pods import run_batch
+from tests.factory import MI
 
 
 def test_observe_then_a_reload_to_enforce(containerd: Containerd, tmp_path: Path) -> None:
-    applied = NODE.expect(512, 100000, 512 * MIB)
+    applied = NODE.expect(512, 100000, 512 * MI)
     plugin = PluginProcess(tmp_path / "plugin", containerd.nri_socket, config="mode: observe\n")
     config = tmp_path / "plugin" / "config.yaml"
     try:
         plugin.wait_for("synchronized")
-        _, serving = plugin.wait_for("serving metrics and health")
-        port = int(serving["port"])
-        pod = run(
-            containerd, "batch", "besteffort", labels("BE", "koord-batch"),
-            {SPEC: spec("batch", "500", "1k", "512Mi")}, BE_NATIVE,
-        )  # fmt: skip
+        port = plugin.metrics_port()
+        pod = run_batch(containerd, "batch")
         # What kubelet and the runtime gave it, untouched.
         container_before = NODE.read_values(pod.parent, pod.container_id)
         pod_before = NODE.read_values(pod.parent, None)

@@ -28,11 +28,13 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.admission import container, mid_pod, pod, review
 from tests.e2e.containerd import Containerd
 from tests.e2e.plugin_process import EXECUTABLE, PluginProcess
-from tests.e2e.test_tiers import BE_NATIVE, SPEC, labels, run, spec
+from tests.e2e.pods import BE_NATIVE, run, run_batch, spec
+from tests.factory import SPEC, labels
 from tests.prometheus_tools import DASHBOARD, RULES, binary
-from tests.unit.test_webhook import Tls, container, issue_tls, mid_pod, pod, review
+from tests.tls import Tls, issue_tls
 
 JOB = "nri-midbatch"
 WEBHOOK_JOB = "nri-midbatch-webhook"
@@ -214,8 +216,7 @@ def webhook(tmp_path: Path) -> Iterator[Webhook]:
 
 @pytest.fixture
 def prometheus(plugin: PluginProcess, webhook: Webhook, tmp_path: Path) -> Iterator[Prometheus]:
-    _, serving = plugin.wait_for("serving metrics and health")
-    prom = start_prometheus(tmp_path / "prometheus", f"127.0.0.1:{serving['port']}", webhook)
+    prom = start_prometheus(tmp_path / "prometheus", f"127.0.0.1:{plugin.metrics_port()}", webhook)
     try:
         yield prom
     finally:
@@ -246,14 +247,7 @@ def test_prometheus_scrapes_the_plugin_on_real_containerd_and_the_webhook(
     webhook.admit(review(pod(container("c"))))
 
     # Pods of every kind, created while Prometheus watches.
-    run(
-        containerd,
-        "batch",
-        "besteffort",
-        labels("BE", "koord-batch"),
-        {SPEC: spec("batch", "500", "1k", "512Mi")},
-        BE_NATIVE,
-    )
+    run_batch(containerd, "batch")
     run(
         containerd,
         "mid",

@@ -2,26 +2,13 @@
 
 from __future__ import annotations
 
-import urllib.request
 from pathlib import Path
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.containerd import Containerd
 from tests.e2e.node import NODE
-from tests.e2e.plugin_process import PluginProcess, iter_events, wait_until
-from tests.e2e.test_tiers import BE_NATIVE, MIB, labels, run, spec
-
-SPEC = "node.koordinator.sh/extended-resource-spec"
-
-
-def scrape(port: int, name: str, **labels: str) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return sample.value
-    return 0.0
+from tests.e2e.plugin_process import PluginProcess, iter_events, scrape, wait_until
+from tests.e2e.pods import BE_NATIVE, run, run_batch, spec
+from tests.factory import MI, SPEC, labels
 
 
 def test_config_change_reaches_running_containers(containerd: Containerd, tmp_path: Path) -> None:
@@ -29,13 +16,9 @@ def test_config_change_reaches_running_containers(containerd: Containerd, tmp_pa
     config = tmp_path / "plugin" / "config.yaml"
     try:
         plugin.wait_for("synchronized")
-        _, serving = plugin.wait_for("serving metrics and health")
-        port = int(serving["port"])
-        pod = run(
-            containerd, "batch", "besteffort", labels("BE", "koord-batch"),
-            {SPEC: spec("batch", "500", "1k", "512Mi")}, BE_NATIVE,
-        )  # fmt: skip
-        assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(512, 100000, 512 * MIB)
+        port = plugin.metrics_port()
+        pod = run_batch(containerd, "batch")
+        assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(512, 100000, 512 * MI)
 
         # Before NRI v0.12.2 (containerd 1.7.24: v0.6.1, 2.1.9: v0.8.0) the
         # runtime cannot take UpdateContainers safely: the plugin writes the
@@ -44,12 +27,12 @@ def test_config_change_reaches_running_containers(containerd: Containerd, tmp_pa
         assert wait_until(lambda: NODE.read_values(pod.parent, pod.container_id).quota == 50000), (
             NODE.read_values(pod.parent, pod.container_id)
         )
-        assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(512, 50000, 512 * MIB)
+        assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(512, 50000, 512 * MI)
         # A lowered pod is written after its container (order of lowering): wait for it too.
         assert wait_until(lambda: NODE.read_values(pod.parent, None).quota == 50000), (
             NODE.read_values(pod.parent, None)
         )
-        assert NODE.read_values(pod.parent, None) == NODE.expect(512, 50000, 512 * MIB)
+        assert NODE.read_values(pod.parent, None) == NODE.expect(512, 50000, 512 * MI)
         assert scrape(port, "nri_midbatch_config_reloads_total", result="applied") == 1
 
         # An invalid file is refused; the values and the configuration stay.
@@ -59,13 +42,10 @@ def test_config_change_reaches_running_containers(containerd: Containerd, tmp_pa
         )
         _, rejected = plugin.wait_for("configuration rejected, the previous one stays in force")
         assert "rules.cpuNormalisationRatio" in rejected["error"]
-        assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(512, 50000, 512 * MIB)
+        assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(512, 50000, 512 * MI)
 
         # New containers follow the configuration in force.
-        later = run(
-            containerd, "batch-later", "besteffort", labels("BE", "koord-batch"),
-            {SPEC: spec("batch", "500", "1k", "512Mi")}, BE_NATIVE,
-        )  # fmt: skip
+        later = run_batch(containerd, "batch-later")
         assert NODE.read_values(later.parent, later.container_id).quota == 50000
     finally:
         assert plugin.stop() == 0
@@ -79,10 +59,7 @@ def test_restarted_plugin_loosens_values_it_set_under_a_stricter_config(
     )
     try:
         strict.wait_for("synchronized")
-        pod = run(
-            containerd, "batch", "besteffort", labels("BE", "koord-batch"),
-            {SPEC: spec("batch", "500", "1k", "512Mi")}, BE_NATIVE,
-        )  # fmt: skip
+        pod = run_batch(containerd, "batch")
         assert NODE.read_values(pod.parent, pod.container_id).quota == 50000
     finally:
         assert strict.stop() == 0
@@ -95,7 +72,7 @@ def test_restarted_plugin_loosens_values_it_set_under_a_stricter_config(
             NODE.read_values(pod.parent, pod.container_id)
         )
         assert wait_until(
-            lambda: NODE.read_values(pod.parent, None) == NODE.expect(512, 100000, 512 * MIB)
+            lambda: NODE.read_values(pod.parent, None) == NODE.expect(512, 100000, 512 * MI)
         ), NODE.read_values(pod.parent, None)
     finally:
         assert default.stop() == 0
@@ -113,11 +90,8 @@ def test_restarted_plugin_lowers_a_pod_after_its_containers(
     default = PluginProcess(tmp_path / "default", containerd.nri_socket, config="")
     try:
         default.wait_for("synchronized")
-        pod = run(
-            containerd, "batch", "besteffort", labels("BE", "koord-batch"),
-            {SPEC: spec("batch", "500", "1k", "512Mi")}, BE_NATIVE,
-        )  # fmt: skip
-        assert NODE.read_values(pod.parent, None) == NODE.expect(512, 100000, 512 * MIB)
+        pod = run_batch(containerd, "batch")
+        assert NODE.read_values(pod.parent, None) == NODE.expect(512, 100000, 512 * MI)
         assert NODE.read_values(pod.parent, pod.container_id).quota == 100000
     finally:
         assert default.stop() == 0
@@ -130,7 +104,7 @@ def test_restarted_plugin_lowers_a_pod_after_its_containers(
             NODE.read_values(pod.parent, pod.container_id)
         )
         assert wait_until(
-            lambda: NODE.read_values(pod.parent, None) == NODE.expect(512, 50000, 512 * MIB)
+            lambda: NODE.read_values(pod.parent, None) == NODE.expect(512, 50000, 512 * MI)
         ), NODE.read_values(pod.parent, None)
         _, written = strict.wait_for("pod cgroup set")
         assert (written["method"], written["cpu_quota"]) == ("Synchronize", 50000)
@@ -167,8 +141,7 @@ def test_a_broken_config_file_is_refused_while_pods_keep_coming(
     ]
     try:
         plugin.wait_for("synchronized")
-        _, serving = plugin.wait_for("serving metrics and health")
-        port = int(serving["port"])
+        port = plugin.metrics_port()
         after = 0
 
         def refused() -> float:
@@ -188,7 +161,7 @@ def test_a_broken_config_file_is_refused_while_pods_keep_coming(
                 {SPEC: spec("batch", "500", "1k", "512Mi")}, BE_NATIVE,
             )  # fmt: skip
             assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(
-                512, 100000, 512 * MIB
+                512, 100000, 512 * MI
             )
         # Repaired: the watch is alive and the new file applies to running containers.
         config.write_text(NODE.plugin_config("rules:\n  cpuNormalizationRatio: 2.0\n"))

@@ -17,11 +17,10 @@ import pytest
 
 from tests.e2e.containerd import Containerd
 from tests.e2e.node import NODE, Driver, Values
-from tests.e2e.plugin_process import PluginProcess, wait_until
-from tests.e2e.test_reload import scrape
-from tests.e2e.test_tiers import BE_NATIVE, MIB, Pod, labels, run, spec
+from tests.e2e.plugin_process import PluginProcess, scrape, wait_until
+from tests.e2e.pods import BE_NATIVE, Pod, run, spec
+from tests.factory import MI, SPEC, labels
 
-SPEC = "node.koordinator.sh/extended-resource-spec"
 REPAIRED = "nri_midbatch_cgroup_drift_repaired_total"
 SETS = "nri_midbatch_systemd_property_sets_total"
 
@@ -56,8 +55,7 @@ def test_values_survive_systemctl_daemon_reload(containerd: Containerd, tmp_path
     config = tmp_path / "plugin" / "config.yaml"
     try:
         plugin.wait_for("synchronized")
-        _, serving = plugin.wait_for("serving metrics and health")
-        port = int(serving["port"])
+        port = plugin.metrics_port()
         # 375 milli-CPU: a quota (37.5 ms per 100 ms) that systemd keeps as 37 %.
         odd = run(
             containerd, "batch-odd", "besteffort", labels("BE", "koord-batch"),
@@ -68,8 +66,8 @@ def test_values_survive_systemctl_daemon_reload(containerd: Containerd, tmp_path
             {SPEC: spec("mid", "2k", "4k", "1Gi")}, BE_NATIVE,
         )  # fmt: skip
         pods = [
-            (odd, NODE.expect(512, 37500, 256 * MIB)),
-            (mid, NODE.expect(2048, 400000, 1024 * MIB)),
+            (odd, NODE.expect(512, 37500, 256 * MI)),
+            (mid, NODE.expect(2048, 400000, 1024 * MI)),
         ]
         assert current(pods) == expected(pods)
 
@@ -83,8 +81,8 @@ def test_values_survive_systemctl_daemon_reload(containerd: Containerd, tmp_path
         # writes the running containers' files itself, and has systemd hold them.
         config.write_text(NODE.plugin_config("rules:\n  cpuNormalizationRatio: 2.0\n"))
         pods = [
-            (odd, NODE.expect(512, 18750, 256 * MIB)),
-            (mid, NODE.expect(2048, 200000, 1024 * MIB)),
+            (odd, NODE.expect(512, 18750, 256 * MI)),
+            (mid, NODE.expect(2048, 200000, 1024 * MI)),
         ]
         assert wait_until(lambda: current(pods) == expected(pods)), current(pods)
         daemon_reload()

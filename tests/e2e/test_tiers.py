@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import json
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -13,61 +10,8 @@ import pytest
 from tests.e2e.containerd import Containerd
 from tests.e2e.node import NODE
 from tests.e2e.plugin_process import PluginProcess, wait_until
-
-SPEC = "node.koordinator.sh/extended-resource-spec"
-MIB = 1024 * 1024
-GIB = 1024 * MIB
-
-
-def spec(tier: str, request_cpu: str, limit_cpu: str, limit_memory: str) -> str:
-    return json.dumps(
-        {
-            "containers": {
-                "main": {
-                    "requests": {f"kubernetes.io/{tier}-cpu": request_cpu},
-                    "limits": {
-                        f"kubernetes.io/{tier}-cpu": limit_cpu,
-                        f"kubernetes.io/{tier}-memory": limit_memory,
-                    },
-                }
-            }
-        }
-    )
-
-
-def labels(qos: str, priority: str) -> dict[str, str]:
-    return {"koordinator.sh/qosClass": qos, "koordinator.sh/priority-class": priority}
-
-
-@dataclass
-class Pod:
-    parent: str
-    pod_id: str
-    container_id: str
-
-
-def run(
-    containerd: Containerd,
-    name: str,
-    qos_dir: str,
-    pod_labels: dict[str, str],
-    annotations: dict[str, str],
-    resources: dict[str, int],
-) -> Pod:
-    parent = NODE.new_cgroup_parent(qos_dir)
-    pod_id = containerd.run_pod(
-        name,
-        uid=str(uuid.uuid4()),
-        labels=pod_labels,
-        annotations=annotations,
-        cgroup_parent=parent,
-    )
-    container_id = containerd.create_container(pod_id, name="main", resources=resources)
-    containerd.start_container(container_id)
-    return Pod(parent, pod_id, container_id)
-
-
-BE_NATIVE = {"cpu_shares": 2}  # what kubelet gives a BestEffort container
+from tests.e2e.pods import BE_NATIVE, run, run_batch, spec
+from tests.factory import GI, MI, SPEC, labels
 
 
 @pytest.fixture
@@ -79,17 +23,10 @@ def plugin(containerd: Containerd, tmp_path: Path) -> Iterator[PluginProcess]:
 
 
 def test_batch_be_pod_gets_batch_values(containerd: Containerd, plugin: PluginProcess) -> None:
-    pod = run(
-        containerd,
-        "batch",
-        "besteffort",
-        labels("BE", "koord-batch"),
-        {SPEC: spec("batch", "500", "1k", "512Mi")},
-        BE_NATIVE,
-    )
+    pod = run_batch(containerd, "batch")
     # Koordinator: request 500 -> shares 512; limit 1000 -> quota 100000.
-    assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(512, 100000, 512 * MIB)
-    assert NODE.read_values(pod.parent, None) == NODE.expect(512, 100000, 512 * MIB)
+    assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(512, 100000, 512 * MI)
+    assert NODE.read_values(pod.parent, None) == NODE.expect(512, 100000, 512 * MI)
 
 
 def test_mid_be_pod_gets_mid_values(containerd: Containerd, plugin: PluginProcess) -> None:
@@ -101,8 +38,8 @@ def test_mid_be_pod_gets_mid_values(containerd: Containerd, plugin: PluginProces
         {SPEC: spec("mid", "2k", "4k", "1Gi")},
         BE_NATIVE,
     )
-    assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(2048, 400000, GIB)
-    assert NODE.read_values(pod.parent, None) == NODE.expect(2048, 400000, GIB)
+    assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(2048, 400000, GI)
+    assert NODE.read_values(pod.parent, None) == NODE.expect(2048, 400000, GI)
 
 
 def test_mid_ls_pod_never_loosens_native_limits(
@@ -112,7 +49,7 @@ def test_mid_ls_pod_never_loosens_native_limits(
         "cpu_shares": 512,
         "cpu_period": 100000,
         "cpu_quota": 50000,
-        "memory_limit_in_bytes": 512 * MIB,
+        "memory_limit_in_bytes": 512 * MI,
     }
     pod = run(
         containerd,
@@ -123,7 +60,7 @@ def test_mid_ls_pod_never_loosens_native_limits(
         native,
     )
     # The tier asks quota 200000 and 1 GiB; kubelet's tighter limits stay.
-    assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(1024, 50000, 512 * MIB)
+    assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(1024, 50000, 512 * MI)
 
 
 def test_prod_pod_is_left_alone(containerd: Containerd, plugin: PluginProcess) -> None:
@@ -155,36 +92,22 @@ def test_malformed_annotation_leaves_container_untouched_and_is_logged(
 
 
 def test_update_container_keeps_tier_values(containerd: Containerd, plugin: PluginProcess) -> None:
-    pod = run(
-        containerd,
-        "batch-upd",
-        "besteffort",
-        labels("BE", "koord-batch"),
-        {SPEC: spec("batch", "500", "1k", "512Mi")},
-        BE_NATIVE,
-    )
+    pod = run_batch(containerd, "batch-upd")
     # A kubelet-style update with native values: the tier values are reapplied,
     # on the container that is being updated.
     containerd.update_container_resources(pod.container_id, {"cpu_shares": 2})
-    assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(512, 100000, 512 * MIB)
+    assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(512, 100000, 512 * MI)
 
 
 def test_containers_created_while_plugin_was_away_are_corrected(
     containerd: Containerd, tmp_path: Path
 ) -> None:
-    pod = run(
-        containerd,
-        "early",
-        "besteffort",
-        labels("BE", "koord-batch"),
-        {SPEC: spec("batch", "500", "1k", "512Mi")},
-        BE_NATIVE,
-    )
+    pod = run_batch(containerd, "early")
     assert NODE.read_values(pod.parent, pod.container_id) == NODE.expect(2, -1, -1)
     process = PluginProcess(tmp_path / "late-plugin", containerd.nri_socket)
     try:
         process.wait_for("synchronized")
-        expected = NODE.expect(512, 100000, 512 * MIB)
+        expected = NODE.expect(512, 100000, 512 * MI)
         # containerd applies the container's update once it has our reply,
         # and the plugin writes the pod's cgroup after that reply too.
         assert wait_until(lambda: NODE.read_values(pod.parent, pod.container_id) == expected), (

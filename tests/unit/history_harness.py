@@ -32,6 +32,7 @@ from nri_midbatch.nri.testing import LoopbackRuntime
 from nri_midbatch.process import app as app_module
 from nri_midbatch.process.app import App
 from nri_midbatch.rpc.service import CallContext, Method, Service
+from tests.fake_cgroups import FakeTree
 from tests.oracle.model import Config, ContainerModel, Native, PodModel
 from tests.oracle.targets import (
     UNLIMITED,
@@ -41,15 +42,11 @@ from tests.oracle.targets import (
     kubelet_pod,
     looser_than,
     pod_target,
-    weight_of,
 )
 
 from .nri_fixtures import STEP_TIMEOUT
 
 ResponseT = TypeVar("ResponseT", bound=Message)
-
-#: What cgroup v1 shows for "no memory limit" (the page-aligned int64 maximum).
-V1_UNLIMITED_MEMORY = 9223372036854771712
 
 
 def in_process_settings(path: str | Path) -> Settings:
@@ -65,79 +62,6 @@ def in_process_settings(path: str | Path) -> Settings:
 def validate_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """Have the App's reloads validate with `in_process_settings`."""
     monkeypatch.setattr(app_module, "load_settings_file", in_process_settings)
-
-
-# ---------------------------------------------------------------------------
-# kubelet's and runc's cgroup files, v1 or v2
-# ---------------------------------------------------------------------------
-
-
-class FakeTree:
-    """A cgroupfs tree under `root`: v1 with cpu/ and memory/ hierarchies, or v2 unified."""
-
-    def __init__(self, root: Path, version: int) -> None:
-        self.root, self.version = root, version
-        if version == 2:
-            root.mkdir(parents=True)
-            (root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
-        else:
-            for controller in ("cpu", "memory"):
-                (root / controller).mkdir(parents=True)
-
-    def _dir(self, controller: str, relpath: str) -> Path:
-        if self.version == 2:
-            return self.root / relpath.strip("/")
-        return self.root / controller / relpath.strip("/")
-
-    def write(self, relpath: str, values: Values) -> None:
-        """As kubelet or runc write a cgroup's three values."""
-        texts = self._texts(values)
-        for (controller, name), text in texts.items():
-            directory = self._dir(controller, relpath)
-            directory.mkdir(parents=True, exist_ok=True)
-            (directory / name).write_text(text + "\n")
-
-    def _texts(self, values: Values) -> dict[tuple[str, str], str]:
-        if self.version == 2:
-            quota = "max" if values.quota == UNLIMITED else str(values.quota)
-            memory = "max" if values.memory == UNLIMITED else str(values.memory)
-            return {
-                ("cpu", "cpu.weight"): str(weight_of(values.shares)),
-                ("cpu", "cpu.max"): f"{quota} 100000",
-                ("memory", "memory.max"): memory,
-            }
-        limit = V1_UNLIMITED_MEMORY if values.memory == UNLIMITED else values.memory
-        return {
-            ("cpu", "cpu.shares"): str(values.shares),
-            ("cpu", "cpu.cfs_quota_us"): str(values.quota),
-            ("memory", "memory.limit_in_bytes"): str(limit),
-        }
-
-    def read(self, relpath: str) -> tuple[int, int, int]:
-        """(shares or v2 weight, quota, memory), -1 for unlimited."""
-        if self.version == 2:
-            directory = self._dir("cpu", relpath)
-            max_quota = (directory / "cpu.max").read_text().split()[0]
-            max_memory = (directory / "memory.max").read_text().strip()
-            return (
-                int((directory / "cpu.weight").read_text()),
-                UNLIMITED if max_quota == "max" else int(max_quota),
-                UNLIMITED if max_memory == "max" else int(max_memory),
-            )
-        shares = int((self._dir("cpu", relpath) / "cpu.shares").read_text())
-        quota = int((self._dir("cpu", relpath) / "cpu.cfs_quota_us").read_text())
-        memory = int((self._dir("memory", relpath) / "memory.limit_in_bytes").read_text())
-        return shares, quota, UNLIMITED if memory >= V1_UNLIMITED_MEMORY else memory
-
-    def expected(self, values: Values) -> tuple[int, int, int]:
-        """`values` as `read` shows them."""
-        cpu = weight_of(values.shares) if self.version == 2 else values.shares
-        return cpu, values.quota, values.memory
-
-
-# ---------------------------------------------------------------------------
-# The runtime
-# ---------------------------------------------------------------------------
 
 
 def resources_of(values: Values) -> api.LinuxResources:
@@ -530,10 +454,10 @@ class HistoryNode:
         found = self.tree.read(relpath)
         expected = self.tree.expected(want)
         problems = []
-        cpu_ok = expected[0] - weight_slack <= found[0] <= expected[0]
-        if not cpu_ok or found[1:] != expected[1:]:
+        cpu_ok = expected.shares - weight_slack <= found.shares <= expected.shares
+        if not cpu_ok or (found.quota, found.memory) != (expected.quota, expected.memory):
             problems.append(f"{what}: files hold {found}, oracle {expected}")
-        held = Values(want.shares, found[1], found[2])
+        held = Values(want.shares, found.quota, found.memory)
         looser = looser_than(held, kubelet)
         if looser:
             problems.append(f"{what}: {', '.join(looser)} looser than kubelet's {kubelet}")

@@ -30,6 +30,7 @@ from nri_midbatch.nri.testing import LoopbackRuntime
 from nri_midbatch.wire import mux
 from nri_midbatch.wire.ttrpc import Message as TtrpcMessage
 from nri_midbatch.wire.ttrpc import MessageDecoder, MessageType, OversizedMessage, encode_message
+from tests.factory import update
 
 T = TypeVar("T")
 
@@ -76,49 +77,19 @@ def start_prelaunched(
     return process, runtime_end
 
 
-# ---------------------------------------------------------------------------
-# Builders
-# ---------------------------------------------------------------------------
+class Probe:
+    """A connection as the deferred work asks about it (nri.session.Link), from functions."""
 
+    def __init__(self, busy: Callable[[], bool], writes: Callable[[], int] = lambda: 0) -> None:
+        self._busy = busy
+        self._writes = writes
 
-def pod(
-    pod_id: str = "pod0", *, name: str | None = None, namespace: str = "default"
-) -> api.PodSandbox:
-    return api.PodSandbox(
-        id=pod_id, name=name or f"{pod_id}-name", uid=f"uid-{pod_id}", namespace=namespace
-    )
+    def busy(self) -> bool:
+        return self._busy()
 
-
-def container(
-    container_id: str = "ctr0", pod_id: str = "pod0", *, name: str | None = None
-) -> api.Container:
-    return api.Container(
-        id=container_id, pod_sandbox_id=pod_id, name=name or f"{container_id}-name"
-    )
-
-
-def resources(
-    *,
-    shares: int | None = None,
-    quota: int | None = None,
-    period: int | None = None,
-    memory: int | None = None,
-) -> api.LinuxResources:
-    """LinuxResources with only the given fields present, as a runtime sends them."""
-    result = api.LinuxResources()
-    if shares is not None:
-        result.cpu.shares.value = shares
-    if quota is not None:
-        result.cpu.quota.value = quota
-    if period is not None:
-        result.cpu.period.value = period
-    if memory is not None:
-        result.memory.limit.value = memory
-    return result
-
-
-def update(container_id: str) -> api.ContainerUpdate:
-    return api.ContainerUpdate(container_id=container_id)
+    @property
+    def writes(self) -> int:
+        return self._writes()
 
 
 # ---------------------------------------------------------------------------

@@ -7,7 +7,6 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,24 +20,9 @@ from nri_midbatch.rpc.service import CallContext, Method, Service
 from nri_midbatch.wire.mux import frame_message
 from nri_midbatch.wire.ttrpc import MessageType, encode_message
 
-from .nri_fixtures import STEP_TIMEOUT, run
+from .nri_fixtures import STEP_TIMEOUT, Probe, run
 
 PLUGIN_CONN = 1
-
-
-class Probe:
-    """A connection as the deferred work asks about it (nri.session.Link), from functions."""
-
-    def __init__(self, busy: Callable[[], bool], writes: Callable[[], int] = lambda: 0) -> None:
-        self._busy = busy
-        self._writes = writes
-
-    def busy(self) -> bool:
-        return self._busy()
-
-    @property
-    def writes(self) -> int:
-        return self._writes()
 
 
 def test_work_runs_once_the_reply_is_on_the_socket() -> None:

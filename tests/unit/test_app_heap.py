@@ -17,9 +17,10 @@ import pytest
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.process import session_watch
 from nri_midbatch.process.heap import LARGE_SYNC
+from tests.factory import container, prod_pod
 
+from .app_node import make_config, running_app
 from .nri_fixtures import run
-from .test_obs_metrics import make_config, make_container, prod_pod, running_app
 
 
 @pytest.fixture(autouse=True)
@@ -31,7 +32,7 @@ def _unfreeze() -> Iterator[None]:
 
 def _node(pods: int) -> tuple[list[api.PodSandbox], list[api.Container]]:
     pod_list = [prod_pod(f"p{n}") for n in range(pods)]
-    return pod_list, [make_container(f"c{n}", pod, "app") for n, pod in enumerate(pod_list)]
+    return pod_list, [container(f"c{n}", pod, "app") for n, pod in enumerate(pod_list)]
 
 
 def _chunk(

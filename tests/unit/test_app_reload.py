@@ -9,12 +9,7 @@ from v0.12.2 through UpdateContainers. Pod cgroups are always files (NRI cannot 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import socket
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,216 +21,21 @@ from structlog.testing import capture_logs
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.cgroups.fs import apply_values
 from nri_midbatch.cgroups.paths import CgroupLocation
-from nri_midbatch.config.compile import settings_of
-from nri_midbatch.config.model import load_config_file
-from nri_midbatch.nri.testing import LoopbackRuntime
 from nri_midbatch.plugin import cgroup_writer
 from nri_midbatch.plugin.deferred import DeferredTimings
 from nri_midbatch.plugin.lowering import LoweringTimings
 from nri_midbatch.process.app import App
+from tests.factory import MI, PRIORITY, QOS, batch_pod, container
+from tests.fake_cgroups import BESTEFFORT
+from tests.oracle.targets import Values
 
+from .app_node import POLL, Node, running_node, until, write_config
 from .hostile_config import HOSTILE_YAML
-from .nri_fixtures import STEP_TIMEOUT, run
-from .test_after_reply import Probe
+from .nri_fixtures import STEP_TIMEOUT, Probe, run
 
-QOS = "koordinator.sh/qosClass"
-PRIORITY = "koordinator.sh/priority-class"
-SPEC = "node.koordinator.sh/extended-resource-spec"
-MI = 1024 * 1024
-V1_UNLIMITED_MEMORY = "9223372036854771712"
-
-APP = {
-    "requests": {"kubernetes.io/batch-cpu": "500"},
-    "limits": {"kubernetes.io/batch-cpu": "1k", "kubernetes.io/batch-memory": "512Mi"},
-}
 #: What CreateContainer gives an "app" container, and so what its cgroup holds afterwards.
-APP_VALUES = ("512", "100000", str(512 * MI))
-HALVED_VALUES = ("512", "50000", str(512 * MI))
-#: Kubelet's besteffort pod cgroup.
-BESTEFFORT = ("2", "-1", V1_UNLIMITED_MEMORY)
-FILES = (("cpu", "cpu.shares"), ("cpu", "cpu.cfs_quota_us"), ("memory", "memory.limit_in_bytes"))
-
-POLL = 0.01
-
-# ---------------------------------------------------------------------------
-# A fake cgroup v1 tree with pod and container directories
-# ---------------------------------------------------------------------------
-
-
-class Tree:
-    """root/{cpu,memory}/kubepods/besteffort/pod<uid>[/<container id>]/<file>."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        for controller in ("cpu", "memory"):
-            (root / controller).mkdir(parents=True, exist_ok=True)
-
-    def _dir(self, controller: str, cgroup_parent: str, container_id: str | None) -> Path:
-        directory = self.root / controller / cgroup_parent.strip("/")
-        return directory if container_id is None else directory / container_id
-
-    def add(
-        self, cgroup_parent: str, values: tuple[str, str, str], container_id: str | None = None
-    ) -> None:
-        for (controller, name), value in zip(FILES, values, strict=True):
-            directory = self._dir(controller, cgroup_parent, container_id)
-            directory.mkdir(parents=True, exist_ok=True)
-            (directory / name).write_text(value + "\n")
-
-    def read(self, cgroup_parent: str, container_id: str | None = None) -> tuple[str, ...]:
-        return tuple(
-            (self._dir(controller, cgroup_parent, container_id) / name).read_text().strip()
-            for controller, name in FILES
-        )
-
-    def snapshot(self) -> dict[str, str]:
-        return {
-            str(path.relative_to(self.root)): path.read_text()
-            for path in sorted(self.root.rglob("*"))
-            if path.is_file()
-        }
-
-
-def batch_pod(pod_id: str = "batch") -> api.PodSandbox:
-    uid = f"uid-{pod_id}"
-    return api.PodSandbox(
-        id=pod_id,
-        name=f"{pod_id}-name",
-        uid=uid,
-        namespace="default",
-        labels={QOS: "BE", PRIORITY: "koord-batch"},
-        annotations={SPEC: json.dumps({"containers": {"app": APP}})},
-        linux=api.LinuxPodSandbox(cgroup_parent=f"/kubepods/besteffort/pod{uid}"),
-    )
-
-
-def container(container_id: str, pod: api.PodSandbox, name: str) -> api.Container:
-    return api.Container(
-        id=container_id, pod_sandbox_id=pod.id, name=name, state=api.CONTAINER_CREATED
-    )
-
-
-def write_config(path: Path, document: dict[str, Any] | str) -> None:
-    """Replace the file as a ConfigMap update does: a new inode behind the same path."""
-    text = document if isinstance(document, str) else json.dumps(document)
-    staging = path.with_name(path.name + ".new")
-    staging.write_text(text)
-    os.replace(staging, path)
-
-
-# ---------------------------------------------------------------------------
-# An App driven by a LoopbackRuntime
-# ---------------------------------------------------------------------------
-
-
-@dataclass
-class Node:
-    app: App
-    runtime: LoopbackRuntime
-    tree: Tree
-    config_path: Path
-    base: dict[str, Any]
-    #: The reason of each reload the App has finished, follow-up writes and counts included.
-    reloaded: asyncio.Queue[str] = field(default_factory=asyncio.Queue)
-    #: The plugin's reply to the runtime's first Synchronize.
-    synchronized: api.SynchronizeResponse | None = None
-
-    async def watched_reload(self) -> str:
-        """Wait for the file watcher's next reload pass to end, and return its reason.
-
-        Waiting for the files to change is not enough: the pass counts what it
-        wrote only after its writer thread returns.
-        """
-        async with asyncio.timeout(STEP_TIMEOUT):
-            return await self.reloaded.get()
-
-    async def call(self, method: str, request: Any, response_type: type[Any]) -> Any:
-        return await self.runtime.call(method, request, response_type)
-
-    async def create(self, pod: api.PodSandbox, ctr: api.Container) -> None:
-        reply = await self.call(
-            "CreateContainer",
-            api.CreateContainerRequest(pod=pod, container=ctr),
-            api.CreateContainerResponse,
-        )
-        assert reply.adjust.linux.resources.cpu.quota.value == 100_000
-
-    async def state_change(
-        self, event: int, pod: api.PodSandbox, ctr: api.Container | None = None
-    ) -> None:
-        """How a runtime before NRI v0.10 delivers pod and container lifecycle events."""
-        await self.call(
-            "StateChange", api.StateChangeEvent(event=event, pod=pod, container=ctr), api.Empty
-        )
-
-    def rewrite(self, **changes: Any) -> None:
-        write_config(self.config_path, {**self.base, **changes})
-
-
-@asynccontextmanager
-async def running_node(
-    tmp_path: Path,
-    *,
-    nri_version: str = "",
-    runtime_name: str = "containerd",
-    runtime_version: str = "v1.7.24",
-    watch: bool = True,
-    failed_updates: tuple[str, ...] = (),
-    state_dir: Path | None = None,
-    status_socket: Path | None = None,
-    synchronized: tuple[Sequence[api.PodSandbox], Sequence[api.Container]] = ((), ()),
-    deferred_timings: DeferredTimings = DeferredTimings(),
-    lowering_timings: LoweringTimings = LoweringTimings(),
-    **config: Any,
-) -> AsyncIterator[Node]:
-    """An App on a fake tree at tmp_path/cgroup (kept if there: a restarted plugin's node)."""
-    tree = Tree(tmp_path / "cgroup")
-    cgroups = {"root": str(tree.root), **config.pop("cgroups", {})}
-    base = {"cgroups": cgroups, **config}
-    config_path = tmp_path / "config.yaml"
-    write_config(config_path, base)
-    app = App(
-        settings_of(load_config_file(config_path)),
-        name="midbatch",
-        idx="10",
-        config_path=str(config_path),
-        reload_interval=0.05,
-        state_dir=state_dir,
-        status_socket=status_socket,
-        deferred_timings=deferred_timings,
-        lowering_timings=lowering_timings,
-    )
-    plugin_end, runtime_end = socket.socketpair()
-    runtime = await LoopbackRuntime.over(runtime_end, failed_updates=failed_updates)
-    node = Node(app, runtime, tree, config_path, base)
-    reload = app.reload
-
-    async def reload_and_tell(reason: str) -> None:
-        await reload(reason)
-        node.reloaded.put_nowait(reason)
-
-    app.reload = reload_and_tell  # type: ignore[method-assign]
-    task = asyncio.create_task(app.session.run(plugin_end))
-    services = app._services() if watch else _nothing()
-    try:
-        async with services:
-            _, node.synchronized = await runtime.start(
-                runtime_name=runtime_name,
-                runtime_version=runtime_version,
-                nri_version=nri_version,
-                pods=synchronized[0],
-                containers=synchronized[1],
-            )
-            yield node
-    finally:
-        await runtime.close()
-        app.session.close()
-        await asyncio.gather(task, return_exceptions=True)
-
-
-@asynccontextmanager
-async def _nothing() -> AsyncIterator[None]:
-    yield
+APP_VALUES = Values(512, 100000, 512 * MI)
+HALVED_VALUES = Values(512, 50000, 512 * MI)
 
 
 def reloads_metric(app: App) -> dict[str, float]:
@@ -262,12 +62,12 @@ def test_file_change_brings_containers_and_pods_to_the_new_values(tmp_path: Path
         async with running_node(tmp_path) as node:
             assert node.app.plugin.runtime is not None
             assert not node.app.plugin.runtime.update_containers_safe
-            node.tree.add(parent, BESTEFFORT)
+            node.tree.write(parent, BESTEFFORT)
             await node.state_change(api.RUN_POD_SANDBOX, pod)
             assert node.tree.read(parent) == APP_VALUES
             # The runtime applied our adjustments to the containers' cgroups.
             for ctr in (gone, live):
-                node.tree.add(parent, APP_VALUES, ctr.id)
+                node.tree.write(parent, APP_VALUES, ctr.id)
                 await node.create(pod, ctr)
             # Removed before the reload; its directory lingers, but it is not ours any more.
             # (Created first: a wrongly remembered c-gone would be written before c-app.)
@@ -276,7 +76,7 @@ def test_file_change_brings_containers_and_pods_to_the_new_values(tmp_path: Path
             node.rewrite(rules={"cpuNormalizationRatio": 2.0})
             assert await node.watched_reload() == "file changed"
             assert node.tree.read(parent, live.id) == HALVED_VALUES
-            assert node.tree.read(parent)[1] == "50000"
+            assert node.tree.read(parent).quota == 50000
             assert node.app.reloads == {"applied": 1}
             assert node.runtime.record.updates == []
             return node
@@ -299,9 +99,9 @@ def test_invalid_file_keeps_the_values_counts_and_names_the_field(tmp_path: Path
 
     async def scenario() -> Node:
         async with running_node(tmp_path) as node:
-            node.tree.add(parent, BESTEFFORT)
+            node.tree.write(parent, BESTEFFORT)
             await node.state_change(api.RUN_POD_SANDBOX, pod)
-            node.tree.add(parent, APP_VALUES, live.id)
+            node.tree.write(parent, APP_VALUES, live.id)
             await node.create(pod, live)
             before = node.tree.snapshot()
             config = node.app.plugin.config
@@ -358,9 +158,9 @@ def test_crio_container_without_a_cgroups_path_is_found_under_crios_name(
             assert runtime is not None
             assert runtime.nri_version == (0, 12, 0)
             assert not runtime.update_containers_safe
-            node.tree.add(parent, BESTEFFORT)
+            node.tree.write(parent, BESTEFFORT)
             await node.call("RunPodSandbox", api.RunPodSandboxRequest(pod=pod), api.Empty)
-            node.tree.add(parent, APP_VALUES, crio_dir)
+            node.tree.write(parent, APP_VALUES, crio_dir)
             await node.create(pod, live)
 
             node.rewrite(rules={"cpuNormalizationRatio": 2.0})
@@ -395,11 +195,11 @@ def test_safe_runtime_gets_update_containers_and_no_container_file_is_written(
         ) as node:
             assert node.app.plugin.runtime is not None
             assert node.app.plugin.runtime.update_containers_safe
-            node.tree.add(parent, BESTEFFORT)
+            node.tree.write(parent, BESTEFFORT)
             await node.call("RunPodSandbox", api.RunPodSandboxRequest(pod=pod), api.Empty)
             assert node.tree.read(parent) == APP_VALUES
             for ctr in (gone, live):
-                node.tree.add(parent, APP_VALUES, ctr.id)
+                node.tree.write(parent, APP_VALUES, ctr.id)
                 await node.create(pod, ctr)
             await node.call(
                 "RemoveContainer",
@@ -447,9 +247,9 @@ def test_sighup_with_an_unchanged_file_counts_unchanged_and_touches_nothing(
         async with running_node(
             tmp_path, nri_version="v0.12.2", runtime_version="v2.4.0", watch=False
         ) as node:
-            node.tree.add(parent, BESTEFFORT)
+            node.tree.write(parent, BESTEFFORT)
             await node.call("RunPodSandbox", api.RunPodSandboxRequest(pod=pod), api.Empty)
-            node.tree.add(parent, APP_VALUES, live.id)
+            node.tree.write(parent, APP_VALUES, live.id)
             await node.create(pod, live)
             before = node.tree.snapshot()
             config = node.app.plugin.config
@@ -475,9 +275,9 @@ def test_reload_with_pod_level_off_writes_no_pod_file(tmp_path: Path) -> None:
 
     async def scenario() -> Node:
         async with running_node(tmp_path, watch=False, cgroups={"podLevel": False}) as node:
-            node.tree.add(parent, BESTEFFORT)
+            node.tree.write(parent, BESTEFFORT)
             await node.state_change(api.RUN_POD_SANDBOX, pod)
-            node.tree.add(parent, APP_VALUES, live.id)
+            node.tree.write(parent, APP_VALUES, live.id)
             await node.create(pod, live)
             assert node.tree.read(parent) == BESTEFFORT
 
@@ -505,8 +305,8 @@ def test_a_reload_lets_a_synchronizes_pending_pod_writes_land_first(tmp_path: Pa
     async def scenario() -> Node:
         polls = LoweringTimings(poll=POLL)
         async with running_node(tmp_path, watch=False, lowering_timings=polls) as node:
-            node.tree.add(parent, BESTEFFORT)
-            node.tree.add(parent, BESTEFFORT, live.id)
+            node.tree.write(parent, BESTEFFORT)
+            node.tree.write(parent, BESTEFFORT, live.id)
             await node.call(
                 "Synchronize",
                 api.SynchronizeRequest(pods=[pod], containers=[live]),
@@ -518,7 +318,7 @@ def test_a_reload_lets_a_synchronizes_pending_pod_writes_land_first(tmp_path: Pa
             await asyncio.sleep(POLL * 5)
             assert not reload.done()
             assert node.tree.read(parent) == BESTEFFORT
-            node.tree.add(parent, APP_VALUES, live.id)  # the runtime applies the update
+            node.tree.write(parent, APP_VALUES, live.id)  # the runtime applies the update
             await asyncio.wait_for(reload, STEP_TIMEOUT)
             assert node.app.reloads == {"applied": 1}
             # Nothing left to come after the reload's own writes.
@@ -544,9 +344,9 @@ def test_reload_lowers_a_pod_only_after_update_containers_returns(
         async with running_node(
             tmp_path, nri_version="v0.12.2", runtime_version="v2.4.0", watch=False
         ) as node:
-            node.tree.add(parent, BESTEFFORT)
+            node.tree.write(parent, BESTEFFORT)
             await node.call("RunPodSandbox", api.RunPodSandboxRequest(pod=pod), api.Empty)
-            node.tree.add(parent, APP_VALUES, live.id)
+            node.tree.write(parent, APP_VALUES, live.id)
             await node.create(pod, live)
 
             def apply(root: Path, location: CgroupLocation, values: Any) -> Any:
@@ -571,18 +371,18 @@ def test_cgroup_file_reload_lowers_a_pod_after_its_containers(
     parent = pod.linux.cgroup_parent
     live = container("c-app", pod, "app")
     #: the container's quota at each pod write
-    seen: list[str] = []
+    seen: list[int] = []
 
     async def scenario() -> None:
         async with running_node(tmp_path, watch=False) as node:
-            node.tree.add(parent, BESTEFFORT)
+            node.tree.write(parent, BESTEFFORT)
             await node.call("RunPodSandbox", api.RunPodSandboxRequest(pod=pod), api.Empty)
-            node.tree.add(parent, APP_VALUES, live.id)
+            node.tree.write(parent, APP_VALUES, live.id)
             await node.create(pod, live)
 
             def apply(root: Path, location: CgroupLocation, values: Any) -> Any:
                 if location.container_id is None:
-                    seen.append(node.tree.read(parent, live.id)[1])
+                    seen.append(node.tree.read(parent, live.id).quota)
                 return apply_values(root, location, values)
 
             monkeypatch.setattr(cgroup_writer, "apply_values", apply)
@@ -591,7 +391,7 @@ def test_cgroup_file_reload_lowers_a_pod_after_its_containers(
             assert node.tree.read(parent) == HALVED_VALUES
 
     run(scenario())
-    assert seen == ["50000"]
+    assert seen == [50000]
 
 
 def test_a_container_the_runtime_could_not_update_is_named_counted_and_written(
@@ -609,9 +409,9 @@ def test_a_container_the_runtime_could_not_update_is_named_counted_and_written(
             watch=False,
             failed_updates=("c-app",),
         ) as node:
-            node.tree.add(parent, BESTEFFORT)
+            node.tree.write(parent, BESTEFFORT)
             await node.call("RunPodSandbox", api.RunPodSandboxRequest(pod=pod), api.Empty)
-            node.tree.add(parent, APP_VALUES, live.id)
+            node.tree.write(parent, APP_VALUES, live.id)
             await node.create(pod, live)
             node.rewrite(rules={"cpuNormalizationRatio": 2.0})
             with capture_logs() as logs:
@@ -632,14 +432,6 @@ def test_a_container_the_runtime_could_not_update_is_named_counted_and_written(
 # ---------------------------------------------------------------------------
 # Hostile files while events flow: refused, logged, counted; the watch goes on
 # ---------------------------------------------------------------------------
-
-
-async def until(condition: Callable[[], bool], what: str, timeout: float = STEP_TIMEOUT) -> None:
-    """Poll for a state that no single reload pass announces (a count, a refusal)."""
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(POLL)
-    assert condition(), what
 
 
 def _break(path: Path, how: str) -> str:
@@ -686,9 +478,9 @@ def test_a_broken_file_is_refused_and_the_watch_goes_on(tmp_path: Path, how: str
 
     async def scenario() -> None:
         async with running_node(tmp_path) as node:
-            node.tree.add(parent, BESTEFFORT)
+            node.tree.write(parent, BESTEFFORT)
             await node.state_change(api.RUN_POD_SANDBOX, pod)
-            node.tree.add(parent, APP_VALUES, live.id)
+            node.tree.write(parent, APP_VALUES, live.id)
             config = node.app.plugin.config
 
             reason = _break(node.config_path, how)
@@ -724,9 +516,9 @@ def test_a_runtime_that_never_answers_update_containers_does_not_stop_the_watch(
         async with running_node(tmp_path, nri_version="v0.12.2", runtime_version="v2.4.0") as node:
             node.app._update_containers_timeout = 0.2
             node.runtime.answering_updates.clear()
-            node.tree.add(parent, BESTEFFORT)
+            node.tree.write(parent, BESTEFFORT)
             await node.call("RunPodSandbox", api.RunPodSandboxRequest(pod=pod), api.Empty)
-            node.tree.add(parent, APP_VALUES, live.id)
+            node.tree.write(parent, APP_VALUES, live.id)
             await node.create(pod, live)
 
             node.rewrite(rules={"cpuNormalizationRatio": 2.0})
@@ -801,7 +593,7 @@ def test_observe_sets_nothing_and_a_reload_to_enforce_applies_the_values(tmp_pat
 
     async def scenario() -> Node:
         async with running_node(tmp_path, mode="observe") as node:
-            node.tree.add(parent, BESTEFFORT)
+            node.tree.write(parent, BESTEFFORT)
             with capture_logs() as logs:
                 await node.state_change(api.RUN_POD_SANDBOX, pod)
                 reply = await node.call(
@@ -812,7 +604,7 @@ def test_observe_sets_nothing_and_a_reload_to_enforce_applies_the_values(tmp_pat
             # Nothing adjusted, nothing written ...
             assert reply == api.CreateContainerResponse()
             assert node.tree.read(parent) == BESTEFFORT
-            node.tree.add(parent, BESTEFFORT, live.id)  # what the runtime gave it
+            node.tree.write(parent, BESTEFFORT, live.id)  # what the runtime gave it
             # ... but said: what would be set, and how it differs.
             would = [e for e in logs if e["event"] == "would set"]
             assert [(e["method"], e.get("container")) for e in would] == [
@@ -850,15 +642,14 @@ def test_a_reload_into_observe_gives_kubelets_values_back(tmp_path: Path) -> Non
     parent = pod.linux.cgroup_parent
     live = container("c-app", pod, "app")
     live.linux.resources.cpu.shares.value = 2  # kubelet's for a BestEffort container
-    # Kubelet's BestEffort values as the plugin writes them (the fake files keep the text;
-    # the kernel would read "max" memory back as its page-rounded maximum).
-    given_back = ("2", "-1", "-1")
+    given_back = BESTEFFORT  # kubelet's for a BestEffort pod and container
 
     async def scenario() -> Node:
         async with running_node(tmp_path) as node:
-            node.tree.add(parent, BESTEFFORT)
+            node.tree.write(parent, BESTEFFORT)
             await node.state_change(api.RUN_POD_SANDBOX, pod)
-            node.tree.add(parent, APP_VALUES, live.id)
+            assert node.tree.read(parent) == APP_VALUES  # so given back below is a write
+            node.tree.write(parent, APP_VALUES, live.id)
             await node.create(pod, live)
             node.rewrite(mode="observe", rules={"cpuNormalizationRatio": 2.0})
             await until(lambda: node.app.reloads.get("applied") == 1, "reloaded")
@@ -908,14 +699,14 @@ def test_a_ratio_change_rescales_a_normalized_container_quota_file_only(tmp_path
             )
             assert reply.adjust.linux.resources.cpu.quota.value == 160_000
             # kubelet's shares and memory, and our quota, as the runtime applied them.
-            node.tree.add(parent, ("1024", "160000", str(512 * MI)), ctr.id)
+            node.tree.write(parent, Values(1024, 160000, 512 * MI), ctr.id)
             node.rewrite(rules={"cpuNormalizationRatio": 2.0})
-            await until(lambda: node.tree.read(parent, ctr.id)[1] == "100000", "rescaled")
+            await until(lambda: node.tree.read(parent, ctr.id).quota == 100000, "rescaled")
             return node
 
     node = run(scenario())
     # From kubelet's 200000, not from our 160000; shares and memory not written.
-    assert node.tree.read(parent, ctr.id) == ("1024", "100000", str(512 * MI))
+    assert node.tree.read(parent, ctr.id) == Values(1024, 100000, 512 * MI)
 
 
 # ---------------------------------------------------------------------------
@@ -942,7 +733,7 @@ def test_work_held_for_a_request_goes_on_once_the_app_has_answered_it(tmp_path: 
             await asyncio.sleep(0.01)
             assert done == []
             held[0] = False
-            node.tree.add(pod.linux.cgroup_parent, BESTEFFORT)
+            node.tree.write(pod.linux.cgroup_parent, BESTEFFORT)
             await node.state_change(api.RUN_POD_SANDBOX, pod)
             async with asyncio.timeout(STEP_TIMEOUT):
                 await after_reply.settle()

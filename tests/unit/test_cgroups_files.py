@@ -15,8 +15,7 @@ from nri_midbatch.cgroups.files import (
     pod_settings,
 )
 from nri_midbatch.cgroups.values import UNLIMITED, CgroupValues
-
-GIB = 1 << 30
+from tests.factory import GI as GIB
 
 
 def test_v1_settings_in_write_order() -> None:

@@ -33,10 +33,10 @@ from nri_midbatch.cgroups import (
     read_values,
 )
 from nri_midbatch.cgroups import fs as cgroup_fs
+from tests.factory import GI as GIB
 
 T = TypeVar("T")
 
-GIB = 1 << 30
 V1_UNLIMITED_MEMORY = "9223372036854771712"
 
 AUTO = CgroupDriver.AUTO

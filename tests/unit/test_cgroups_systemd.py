@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -34,6 +33,10 @@ from nri_midbatch.nri.events import Event
 from nri_midbatch.plugin.handlers import MidBatchPlugin
 from nri_midbatch.policy import CgroupValues, ContainerView, PodView
 from nri_midbatch.state.plan import ContainerChange, Plan, PodChange
+from tests import factory
+from tests.factory import MI, batch_spec
+from tests.fake_cgroups import BESTEFFORT, FakeTree
+from tests.oracle.targets import Values
 
 from .fake_systemd import (
     FakeManager,
@@ -46,31 +49,20 @@ from .fake_systemd import (
 )
 from .nri_fixtures import run
 
-MI = 1024 * 1024
-SPEC = "node.koordinator.sh/extended-resource-spec"
-BATCH_CPU, BATCH_MEMORY = "kubernetes.io/batch-cpu", "kubernetes.io/batch-memory"
 SLICE = "kubepods-besteffort-poduid_batch.slice"
-SLICE_DIR = Path("kubepods.slice/kubepods-besteffort.slice") / SLICE
+SLICE_DIR = f"kubepods.slice/kubepods-besteffort.slice/{SLICE}"
 SCOPE = "cri-containerd-c1.scope"
 #: What kubelet gives a BestEffort pod slice: weight 1, no limits.
 KUBELET_BESTEFFORT = Held(1, INFINITY, INFINITY)
 
 
 def batch_pod(cpu_limit: str, cgroup_parent: str = SLICE, uid: str = "uid_batch") -> api.PodSandbox:
-    spec = {
-        "app": {
-            "requests": {BATCH_CPU: "250"},
-            "limits": {BATCH_CPU: cpu_limit, BATCH_MEMORY: "256Mi"},
-        }
-    }
-    return api.PodSandbox(
-        id="batch",
+    return factory.batch_pod(
         name="batch",
         uid=uid,
         namespace="jobs",
-        labels={"koordinator.sh/qosClass": "BE", "koordinator.sh/priority-class": "koord-batch"},
-        annotations={SPEC: json.dumps({"containers": spec})},
-        linux=api.LinuxPodSandbox(cgroup_parent=cgroup_parent),
+        cgroup_parent=cgroup_parent,
+        annotation=batch_spec(app=("250", cpu_limit, "256Mi")),
     )
 
 
@@ -84,18 +76,6 @@ def app_container() -> api.Container:
     )
 
 
-def files(directory: Path) -> tuple[str, str, str]:
-    """cpu.weight, the quota in cpu.max, memory.max.
-
-    Only the quota: the plugin writes that token alone, which a kernel keeps
-    the period beside but a plain test file does not.
-    """
-    weight, cpu_max, memory = (
-        (directory / name).read_text().strip() for name in ("cpu.weight", "cpu.max", "memory.max")
-    )
-    return weight, cpu_max.split()[0], memory
-
-
 @pytest.fixture
 def bus(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     with private_bus() as address:
@@ -104,9 +84,13 @@ def bus(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Path:
-    (tmp_path / "cgroup.controllers").write_text("cpu memory\n")
-    return tmp_path
+def tree(tmp_path: Path) -> FakeTree:
+    return FakeTree(tmp_path, version=2)
+
+
+@pytest.fixture
+def root(tree: FakeTree) -> Path:
+    return tree.root
 
 
 @contextlib.asynccontextmanager
@@ -152,7 +136,9 @@ def test_unit_properties_are_the_values_the_cgroupfs_path_writes() -> None:
 # -- through a fake systemd ------------------------------------------------------
 
 
-def test_pod_values_are_held_by_systemd_and_survive_its_reload(bus: str, root: Path) -> None:
+def test_pod_values_are_held_by_systemd_and_survive_its_reload(
+    bus: str, root: Path, tree: FakeTree
+) -> None:
     # A whole-percent quota (1 CPU): systemd keeps every value exactly.
     manager = FakeManager()
     manager.add_unit(SLICE, root / SLICE_DIR, KUBELET_BESTEFFORT)
@@ -173,16 +159,18 @@ def test_pod_values_are_held_by_systemd_and_survive_its_reload(bus: str, root: P
         )
     ]
     # Without the properties, the reload would have put back kubelet's 1 / max / max.
-    assert files(root / SLICE_DIR) == ("10", "100000", str(256 * MI))
+    assert tree.read(SLICE_DIR) == Values(10, 100000, 256 * MI)
 
 
-def test_a_reload_that_changes_values_is_repaired_and_counted(bus: str, root: Path) -> None:
+def test_a_reload_that_changes_values_is_repaired_and_counted(
+    bus: str, root: Path, tree: FakeTree
+) -> None:
     # 375 milli-CPU: systemd's drop-in keeps 37 %, runc rounded the container up to 38 %.
     manager = FakeManager()
     manager.add_unit(SLICE, root / SLICE_DIR, KUBELET_BESTEFFORT)
     plugin, units = systemd_plugin(root)
     pod, ctr = batch_pod("375"), app_container()
-    exact = ("10", "37500", str(256 * MI))
+    exact = Values(10, 37500, 256 * MI)
 
     async def scenario() -> None:
         async with serve_manager(bus, manager), running(units):
@@ -195,7 +183,7 @@ def test_a_reload_that_changes_values_is_repaired_and_counted(bus: str, root: Pa
             manager.add_unit(SCOPE, scope, Held(10, 380_000, 256 * MI))
             (scope / "cpu.max").write_text("37500 100000\n")
             await manager.wait_calls(1)
-            assert files(root / SLICE_DIR) == exact
+            assert tree.read(SLICE_DIR) == exact
             manager.daemon_reload()
             # Repaired: each unit's files put back, the scope also set anew.
             # (The slice is set anew only if its first set had completed.)
@@ -204,8 +192,8 @@ def test_a_reload_that_changes_values_is_repaired_and_counted(bus: str, root: Pa
             await manager.wait_unit_calls(SCOPE, 1)
 
     run(scenario(), timeout=20)
-    assert files(root / SLICE_DIR) == exact
-    assert files(root / SLICE_DIR / SCOPE) == exact
+    assert tree.read(SLICE_DIR) == exact
+    assert tree.read(SLICE_DIR, SCOPE) == exact
     held = [("CPUWeight", 10), ("CPUQuotaPerSecUSec", 375_000), ("MemoryMax", 256 * MI)]
     assert {unit for unit, _, _ in manager.calls} == {SLICE, SCOPE}
     assert all(call[1:] == (True, held) for call in manager.calls)
@@ -225,13 +213,15 @@ FOREIGN_UNITS = {
 }
 
 
-def test_units_outside_kubepods_are_neither_set_nor_written(bus: str, root: Path) -> None:
+def test_units_outside_kubepods_are_neither_set_nor_written(
+    bus: str, root: Path, tree: FakeTree
+) -> None:
     manager = FakeManager()
     for directory in set(FOREIGN_UNITS.values()):
         manager.add_unit(PurePosixPath(directory).name, root / directory, KUBELET_BESTEFFORT)
     manager.add_unit(SLICE, root / SLICE_DIR, KUBELET_BESTEFFORT)
     plugin, units = systemd_plugin(root)
-    before = {d: files(root / d) for d in FOREIGN_UNITS.values()}
+    before = {d: tree.read(d) for d in FOREIGN_UNITS.values()}
 
     async def scenario() -> None:
         async with serve_manager(bus, manager), running(units):
@@ -250,7 +240,7 @@ def test_units_outside_kubepods_are_neither_set_nor_written(bus: str, root: Path
 
     run(scenario(), timeout=20)
     assert [call[0] for call in manager.calls] == [SLICE]
-    assert {d: files(root / d) for d in FOREIGN_UNITS.values()} == before
+    assert {d: tree.read(d) for d in FOREIGN_UNITS.values()} == before
     assert plugin.counters.pod_writes_failed == len(FOREIGN_UNITS)
     assert plugin.counters.pod_writes_ok == 1
 
@@ -278,15 +268,17 @@ async def settled(manager: FakeManager) -> None:
         await asyncio.sleep(0.01)
 
 
-EXACT = ("10", "37500", str(256 * MI))
+EXACT = Values(10, 37500, 256 * MI)
 
 
-async def until_exact(directory: Path) -> None:
-    while files(directory) != EXACT:
+async def until_exact(tree: FakeTree) -> None:
+    while tree.read(SLICE_DIR) != EXACT:
         await asyncio.sleep(0.01)
 
 
-def test_reloading_signals_count_only_from_systemds_own_bus_name(bus: str, root: Path) -> None:
+def test_reloading_signals_count_only_from_systemds_own_bus_name(
+    bus: str, root: Path, tree: FakeTree
+) -> None:
     manager = FakeManager()
     manager.add_unit(SLICE, root / SLICE_DIR, KUBELET_BESTEFFORT)
     units = slice_units(root, PROMPT)
@@ -311,13 +303,15 @@ def test_reloading_signals_count_only_from_systemds_own_bus_name(bus: str, root:
             manager.daemon_reload()  # files back to whole percent, then Reloading(false)
             while units.repair_passes == 0:
                 await asyncio.sleep(0.01)
-            await until_exact(root / SLICE_DIR)
+            await until_exact(tree)
 
     run(scenario(), timeout=20)
     assert (units.reloads, units.repair_passes) == (1, 1)
 
 
-def test_a_burst_of_reloads_gives_one_repair_pass_after_it(bus: str, root: Path) -> None:
+def test_a_burst_of_reloads_gives_one_repair_pass_after_it(
+    bus: str, root: Path, tree: FakeTree
+) -> None:
     manager = FakeManager()
     manager.add_unit(SLICE, root / SLICE_DIR, KUBELET_BESTEFFORT)
     # A second of quiet: the 30 reloads come far closer together than that.
@@ -332,7 +326,7 @@ def test_a_burst_of_reloads_gives_one_repair_pass_after_it(bus: str, root: Path)
                 while units.repair_passes == 0:
                     await asyncio.sleep(0.01)
                 assert units.reloads == 30  # all of them before the pass
-                await until_exact(root / SLICE_DIR)
+                await until_exact(tree)
             passes = [e for e in logs if e["event"].startswith("systemd reloaded")]
             assert [e["reloads"] for e in passes] == [30]
 
@@ -340,7 +334,9 @@ def test_a_burst_of_reloads_gives_one_repair_pass_after_it(bus: str, root: Path)
     assert units.repair_passes == 1
 
 
-def test_a_restarted_systemd_is_followed_to_its_new_bus_name(bus: str, root: Path) -> None:
+def test_a_restarted_systemd_is_followed_to_its_new_bus_name(
+    bus: str, root: Path, tree: FakeTree
+) -> None:
     first, second = FakeManager(), FakeManager()
     for manager in (first, second):
         manager.add_unit(SLICE, root / SLICE_DIR, KUBELET_BESTEFFORT)
@@ -356,20 +352,17 @@ def test_a_restarted_systemd_is_followed_to_its_new_bus_name(bus: str, root: Pat
                 second.daemon_reload()  # taken: from the name's new owner
                 while units.repair_passes == 0:
                     await asyncio.sleep(0.01)
-                await until_exact(root / SLICE_DIR)
+                await until_exact(tree)
 
     run(scenario(), timeout=20)
     assert units.unreachable == 0
 
 
 def test_without_dbus_the_files_are_written_and_the_failure_counted(
-    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tree: FakeTree
 ) -> None:
     monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", f"unix:path={tmp_path}/no-bus")
-    slice_dir = root / SLICE_DIR
-    slice_dir.mkdir(parents=True)
-    for name, text in (("cpu.weight", "1"), ("cpu.max", "max 100000"), ("memory.max", "max")):
-        (slice_dir / name).write_text(text)
+    tree.write(SLICE_DIR, BESTEFFORT)
     plugin, units = systemd_plugin(root)
 
     async def scenario() -> None:
@@ -379,7 +372,7 @@ def test_without_dbus_the_files_are_written_and_the_failure_counted(
             await plugin.pod_event(Event.RUN_POD_SANDBOX, batch_pod("375"))
 
     run(scenario(), timeout=20)
-    assert files(slice_dir) == ("10", "37500", str(256 * MI))
+    assert tree.read(SLICE_DIR) == Values(10, 37500, 256 * MI)
     assert plugin.counters.pod_writes_ok == 1
     assert units.property_sets[("pod", "failed")] == 0  # queued, not tried
 
@@ -408,13 +401,14 @@ def test_values_queued_while_dbus_is_away_reach_systemd_once_it_is_back(
     ]
 
 
-def test_a_refused_call_is_counted_and_the_next_unit_still_set(bus: str, root: Path) -> None:
+def test_a_refused_call_is_counted_and_the_next_unit_still_set(
+    bus: str, root: Path, tree: FakeTree
+) -> None:
     manager = FakeManager()  # knows no slice: refuses it
     manager.add_unit(SCOPE, root / SLICE_DIR / SCOPE, Held(10, 380_000, 256 * MI))
     plugin, units = systemd_plugin(root)
     pod = PodView("uid_batch", "jobs", "batch", {}, {}, SLICE)
-    for name, text in (("cpu.weight", "1"), ("cpu.max", "max 100000"), ("memory.max", "max")):
-        (root / SLICE_DIR / name).write_text(text)
+    tree.write(SLICE_DIR, BESTEFFORT)
     change = ContainerChange(
         pod,
         ContainerView("c1", "app"),
@@ -440,9 +434,7 @@ def test_a_refused_call_is_counted_and_the_next_unit_still_set(bus: str, root: P
         ("container", "ok"): 1,
         ("container", "failed"): 0,
     }
-    assert (
-        files(root / SLICE_DIR) == files(root / SLICE_DIR / SCOPE) == ("10", "37500", str(256 * MI))
-    )
+    assert tree.read(SLICE_DIR) == tree.read(SLICE_DIR, SCOPE) == Values(10, 37500, 256 * MI)
 
 
 def test_what_is_remembered_is_bounded_by_the_pods_known(root: Path) -> None:

@@ -7,7 +7,6 @@ exactly NRI_PLUGIN_NAME, NRI_PLUGIN_IDX and NRI_PLUGIN_SOCKET, and stdio on /dev
 from __future__ import annotations
 
 import io
-import json
 import os
 import socket
 from collections.abc import Iterator, Sequence
@@ -28,6 +27,7 @@ from nri_midbatch.config.settings import Settings
 from nri_midbatch.nri.testing import LoopbackRuntime
 from nri_midbatch.obs.logging import FALLBACK_LOG_FILE, JOURNAL_SOCKET
 from nri_midbatch.tools.cli import main
+from tests.factory import BATCH_APP, SPEC, labels, spec
 
 from .hostile_config import HOSTILE_YAML
 from .nri_fixtures import STARTUP_TIMEOUT, run, start_prelaunched
@@ -403,25 +403,12 @@ def test_prelaunched_process_registers_configures_and_exits_on_close(
     fallback_log: None, metrics_port: None
 ) -> None:
     process, runtime_end = start_prelaunched()
+    # No cgroup parent: a process of its own must not reach for the host's pod cgroups.
     pod = api.PodSandbox(
         id="p",
         uid="uid-p",
-        labels={"koordinator.sh/qosClass": "BE", "koordinator.sh/priority-class": "koord-batch"},
-        annotations={
-            "node.koordinator.sh/extended-resource-spec": json.dumps(
-                {
-                    "containers": {
-                        "app": {
-                            "requests": {"kubernetes.io/batch-cpu": "500"},
-                            "limits": {
-                                "kubernetes.io/batch-cpu": "1k",
-                                "kubernetes.io/batch-memory": "512Mi",
-                            },
-                        }
-                    }
-                }
-            )
-        },
+        labels=labels("BE", "koord-batch"),
+        annotations={SPEC: spec({"app": BATCH_APP})},
     )
     container = api.Container(id="c", pod_sandbox_id="p", name="app")
 

@@ -30,6 +30,7 @@ from nri_midbatch.obs.metrics import WebhookMetrics
 from nri_midbatch.process.app import App
 from nri_midbatch.recording.writer import Recorder, Written
 from nri_midbatch.tools.cli import _parser
+from tests.factory import BATCH_CPU, BATCH_MEMORY, batch_pod, container
 
 from .nri_fixtures import STEP_TIMEOUT, run
 
@@ -50,14 +51,12 @@ OWN_PAGES = [
     REPLAY_DOC,
 ]
 
-SPEC = "node.koordinator.sh/extended-resource-spec"
-BATCH_LABELS = {"koordinator.sh/qosClass": "BE", "koordinator.sh/priority-class": "koord-batch"}
 BATCH_SPEC = json.dumps(
     {
         "containers": {
             "app": {
-                "requests": {"kubernetes.io/batch-cpu": "500"},
-                "limits": {"kubernetes.io/batch-cpu": "1k", "kubernetes.io/batch-memory": "1Gi"},
+                "requests": {BATCH_CPU: "500"},
+                "limits": {BATCH_CPU: "1k", BATCH_MEMORY: "1Gi"},
             }
         }
     }
@@ -93,24 +92,6 @@ class _NullSink:
         pass
 
 
-def _pod(pod_id: str, annotation: str) -> api.PodSandbox:
-    return api.PodSandbox(
-        id=pod_id,
-        name=pod_id,
-        uid=f"uid-{pod_id}",
-        namespace="default",
-        labels=BATCH_LABELS,
-        annotations={SPEC: annotation},
-        linux=api.LinuxPodSandbox(cgroup_parent=f"/kubepods/besteffort/poduid-{pod_id}"),
-    )
-
-
-def _container(container_id: str, pod: api.PodSandbox) -> api.Container:
-    return api.Container(
-        id=container_id, pod_sandbox_id=pod.id, name="app", state=api.CONTAINER_RUNNING
-    )
-
-
 def exposed_families(tmp_path: Path) -> dict[str, tuple[str, frozenset[str]]]:
     """name as exposed -> (type, label names), after a session that fills every family."""
     config = load_config_text(json.dumps({"cgroups": {"root": str(tmp_path)}}), "test")
@@ -129,15 +110,18 @@ def exposed_families(tmp_path: Path) -> dict[str, tuple[str, frozenset[str]]]:
         runtime = await LoopbackRuntime.over(runtime_end)
         task = asyncio.create_task(app.session.run(plugin_end))
         try:
-            good, bad = _pod("good", BATCH_SPEC), _pod("bad", "{not json")
-            await runtime.start(pods=[good], containers=[_container("c0", good)])
+            good = batch_pod("good", name="good", annotation=BATCH_SPEC)
+            bad = batch_pod("bad", name="bad", annotation="{not json")
+            await runtime.start(pods=[good], containers=[container("c0", good, "app")])
             for pod in (good, bad):
                 await runtime.call(
                     "RunPodSandbox", api.RunPodSandboxRequest(pod=pod), api.RunPodSandboxResponse
                 )
                 await runtime.call(
                     "CreateContainer",
-                    api.CreateContainerRequest(pod=pod, container=_container(f"c-{pod.id}", pod)),
+                    api.CreateContainerRequest(
+                        pod=pod, container=container(f"c-{pod.id}", pod, "app")
+                    ),
                     api.CreateContainerResponse,
                 )
         finally:

@@ -17,11 +17,13 @@ from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.config.model import Config
 from nri_midbatch.plugin.codec import NATIVE_LIMITS_ANNOTATION
 from nri_midbatch.tools.status import status_command
+from tests.factory import MI, PRIORITY, QOS, SPEC
+from tests.fake_cgroups import FakeTree
+from tests.oracle.targets import Values
 
+from .app_node import Node, running_node, until
 from .nri_fixtures import run
-from .test_app_reload import PRIORITY, QOS, SPEC, Node, Tree, running_node, until
 
-MI = 1024 * 1024
 NORMALIZATION = {
     "name": "prod",
     "priorityClasses": ["koord-prod", "None"],
@@ -91,12 +93,12 @@ def test_a_restart_under_a_looser_configuration_gives_kubelet_s_values_back(
         async with running_node(
             tmp_path, state_dir=state, tiers=TIERS, rules={"cpuNormalizationRatio": 2.0}
         ) as node:
-            node.tree.add(parent, ("1536", "150000", str(1024 * MI)))
+            node.tree.write(parent, Values(1536, 150000, 1024 * MI))
             await node.state_change(api.RUN_POD_SANDBOX, pod)
-            assert node.tree.read(parent)[1] == "75000"
+            assert node.tree.read(parent).quota == 75000
             kept = await create(node, pod, web_container(pod))
             assert kept.linux.resources.cpu.quota.value == 75_000
-            node.tree.add(parent, ("1024", "75000", "-1"), kept.id)
+            node.tree.write(parent, Values(1024, 75000, -1), kept.id)
             return kept
 
     async def second_life(kept: api.Container) -> None:
@@ -104,7 +106,7 @@ def test_a_restart_under_a_looser_configuration_gives_kubelet_s_values_back(
             tmp_path, state_dir=state, tiers=TIERS, synchronized=([pod], [kept])
         ) as node:
             await node.app.plugin.after_reply.settle()
-            assert node.tree.read(parent) == ("1536", "150000", str(1024 * MI))
+            assert node.tree.read(parent) == Values(1536, 150000, 1024 * MI)
             assert node.synchronized is not None
             (update,) = node.synchronized.update
             assert update.container_id == kept.id
@@ -132,12 +134,12 @@ def test_a_burstable_pod_stays_within_kubelet_s_limits_through_cfs_quota_off(
 
     async def scenario() -> None:
         async with running_node(tmp_path) as node:
-            node.tree.add(parent, ("512", "50000", str(512 * MI)))
+            node.tree.write(parent, Values(512, 50000, 512 * MI))
             await node.state_change(api.RUN_POD_SANDBOX, pod)
-            assert node.tree.read(parent) == ("512", "50000", str(512 * MI))
+            assert node.tree.read(parent) == Values(512, 50000, 512 * MI)
             node.rewrite(rules={"cfsQuota": False})
             await node.watched_reload()
-            assert node.tree.read(parent) == ("512", "50000", str(512 * MI))
+            assert node.tree.read(parent) == Values(512, 50000, 512 * MI)
 
     run(scenario())
 
@@ -149,10 +151,10 @@ def test_a_burst_of_reloads_ends_on_the_last_file(tmp_path: Path) -> None:
 
     async def scenario() -> None:
         async with running_node(tmp_path, watch=False, tiers=TIERS) as node:
-            node.tree.add(parent, ("1536", "150000", str(1024 * MI)))
+            node.tree.write(parent, Values(1536, 150000, 1024 * MI))
             await node.state_change(api.RUN_POD_SANDBOX, pod)
             ctr = await create(node, pod, web_container(pod))
-            node.tree.add(parent, ("1024", "150000", "-1"), ctr.id)
+            node.tree.write(parent, Values(1024, 150000, -1), ctr.id)
             reloads = []
             for n in range(60):
                 rules = {"cpuNormalizationRatio": 2.0} if n % 2 else {}
@@ -160,8 +162,8 @@ def test_a_burst_of_reloads_ends_on_the_last_file(tmp_path: Path) -> None:
                 reloads.append(asyncio.create_task(node.app.reload("SIGHUP")))
                 await asyncio.sleep(0)
             await asyncio.gather(*reloads)
-            assert node.tree.read(parent)[1] == "75000"
-            assert node.tree.read(parent, ctr.id)[1] == "75000"
+            assert node.tree.read(parent).quota == 75000
+            assert node.tree.read(parent, ctr.id).quota == 75000
             # Served in few passes, not 60.
             assert sum(node.app.reloads.values()) < 60
 
@@ -177,10 +179,10 @@ def test_a_resize_moves_the_pod_level_too(tmp_path: Path) -> None:
         async with running_node(
             tmp_path, tiers=TIERS, rules={"cpuNormalizationRatio": 2.0}
         ) as node:
-            node.tree.add(parent, ("1024", "150000", "-1"))
+            node.tree.write(parent, Values(1024, 150000, -1))
             await node.state_change(api.RUN_POD_SANDBOX, pod)
             ctr = await create(node, pod, web_container(pod))
-            assert node.tree.read(parent)[1] == "75000"
+            assert node.tree.read(parent).quota == 75000
             reply = await node.call(
                 "UpdateContainer",
                 api.UpdateContainerRequest(
@@ -190,7 +192,7 @@ def test_a_resize_moves_the_pod_level_too(tmp_path: Path) -> None:
             )
             (update,) = reply.update
             assert update.linux.resources.cpu.quota.value == 150_000
-            await until(lambda: node.tree.read(parent)[1] == "150000", "pod rescaled")
+            await until(lambda: node.tree.read(parent).quota == 150000, "pod rescaled")
 
     run(scenario())
 
@@ -203,7 +205,7 @@ def test_the_pod_overhead_is_part_of_kubelet_s_pod_quota(tmp_path: Path) -> None
         pod_overhead=resources(0, 10_000),
     )
     parent = pod.linux.cgroup_parent
-    Tree(tmp_path / "cgroup").add(parent, ("1024", "110000", "-1"))
+    FakeTree(tmp_path / "cgroup").write(parent, Values(1024, 110000, -1))
 
     async def scenario() -> None:
         async with running_node(
@@ -215,7 +217,7 @@ def test_the_pod_overhead_is_part_of_kubelet_s_pod_quota(tmp_path: Path) -> None
             synchronized=([pod], []),
         ) as node:
             await node.app.plugin.after_reply.settle()
-            assert node.tree.read(parent)[1] == "55000"
+            assert node.tree.read(parent).quota == 55000
 
     run(scenario())
 
@@ -242,10 +244,10 @@ def test_status_shows_kubelet_s_values_the_target_and_drift(tmp_path: Path) -> N
             status_socket=socket_path,
         ) as node:
             assert socket_path.stat().st_mode & 0o077 == 0  # root's only
-            node.tree.add(parent, ("1536", "150000", str(1024 * MI)))
+            node.tree.write(parent, Values(1536, 150000, 1024 * MI))
             await node.state_change(api.RUN_POD_SANDBOX, pod)
             ctr = await create(node, pod, web_container(pod))
-            node.tree.add(parent, ("1024", "75000", "-1"), ctr.id)
+            node.tree.write(parent, Values(1024, 75000, -1), ctr.id)
             code, document, table = await ask()
             assert code == 0
             pod_row, ctr_row = document["workloads"]
@@ -259,7 +261,7 @@ def test_status_shows_kubelet_s_values_the_target_and_drift(tmp_path: Path) -> N
             assert ctr_row["container"] == "web" and ctr_row["tier"] == "prod"
             assert ctr_row["kubelet"]["cpu_quota"] == 150_000
             assert "default/web/web" in table and "0 drifting" in table
-            node.tree.add(parent, ("1024", "150000", "-1"), ctr.id)  # behind our back
+            node.tree.write(parent, Values(1024, 150000, -1), ctr.id)  # behind our back
             code, document, table = await ask()
             assert code == 1
             assert [w["drift"] for w in document["workloads"]] == [False, True]

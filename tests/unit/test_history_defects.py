@@ -69,7 +69,7 @@ def quota(node: HistoryNode, pod: PodModel, container: str | None = None) -> int
     relpath = (
         pod.cgroup_parent if container is None else f"{pod.cgroup_parent}/{pod.id}-{container}"
     )
-    return node.tree.read(relpath)[1]
+    return node.tree.read(relpath).quota
 
 
 NORMALIZING = Config(ratio="1.2", normalization_tier=True)
@@ -120,9 +120,9 @@ def test_cfs_quota_off_keeps_a_burstable_mid_pod_within_kubelets_pod_limits(
         return node
 
     node = run(scenario())
-    _shares, pod_quota, pod_memory = node.tree.read(pod.cgroup_parent)
-    assert 0 < pod_quota <= 50_000
-    assert 0 < pod_memory <= 512 * MI
+    held = node.tree.read(pod.cgroup_parent)
+    assert 0 < held.quota <= 50_000
+    assert 0 < held.memory <= 512 * MI
     assert node.mismatches() == []
 
 
@@ -274,6 +274,6 @@ def test_a_container_a_reload_wrote_through_its_files_is_updated_at_the_next_syn
         return node
 
     node = run(scenario())
-    weight = node.tree.read(f"{pod.cgroup_parent}/{pod.id}-app")[0]
-    assert weight == node.tree.expected(container_target(pod, pod.containers[0], with_mid))[0]
+    weight = node.tree.read(f"{pod.cgroup_parent}/{pod.id}-app").shares
+    assert weight == node.tree.expected(container_target(pod, pod.containers[0], with_mid)).shares
     assert node.mismatches() == []

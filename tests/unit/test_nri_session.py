@@ -31,18 +31,9 @@ from nri_midbatch.nri.session import (
 from nri_midbatch.nri.testing import LoopbackRuntime
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.wire.status import Code
+from tests.factory import container, pod, update
 
-from .nri_fixtures import (
-    ALL_EVENTS,
-    STEP_TIMEOUT,
-    RawPeer,
-    RecordingPlugin,
-    container,
-    loopback,
-    pod,
-    run,
-    update,
-)
+from .nri_fixtures import ALL_EVENTS, STEP_TIMEOUT, RawPeer, RecordingPlugin, loopback, run
 
 
 def configure(

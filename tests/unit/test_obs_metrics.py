@@ -10,195 +10,46 @@ from __future__ import annotations
 import asyncio
 import json
 import platform
-import socket
-import threading
-from collections.abc import AsyncIterator, Iterator, Mapping
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from nri_midbatch import __version__
 from nri_midbatch.api import nri_pb2 as api
-from nri_midbatch.config.compile import settings_of
-from nri_midbatch.config.model import Config, load_config_text
 from nri_midbatch.config.validator import load_startup_settings
-from nri_midbatch.nri.testing import LoopbackRuntime
 from nri_midbatch.process.app import App
 from nri_midbatch.rpc.errors import RpcError
+from tests.factory import BATCH_CPU, BATCH_MEMORY, batch_pod, container, prod_pod
+from tests.fake_cgroups import BESTEFFORT, FakeTree
 
-from .http_fixtures import http_get
+from .app_node import Scrape, make_config, running_app
 from .nri_fixtures import STEP_TIMEOUT, run
 
-QOS = "koordinator.sh/qosClass"
-PRIORITY = "koordinator.sh/priority-class"
-SPEC = "node.koordinator.sh/extended-resource-spec"
 BATCH_SPEC = json.dumps(
     {
         "containers": {
             "app": {
-                "requests": {"kubernetes.io/batch-cpu": "500"},
-                "limits": {"kubernetes.io/batch-cpu": "1k", "kubernetes.io/batch-memory": "512Mi"},
+                "requests": {BATCH_CPU: "500"},
+                "limits": {BATCH_CPU: "1k", BATCH_MEMORY: "512Mi"},
             },
             "sidecar": {
-                "requests": {"kubernetes.io/batch-cpu": "250"},
-                "limits": {"kubernetes.io/batch-cpu": "500"},
+                "requests": {BATCH_CPU: "250"},
+                "limits": {BATCH_CPU: "500"},
             },
         }
     }
 )
 
 
-def make_pod(
-    pod_id: str, labels: Mapping[str, str], annotations: Mapping[str, str] | None = None
-) -> api.PodSandbox:
-    qos_dir = "besteffort" if labels.get(QOS) == "BE" else "burstable"
-    return api.PodSandbox(
-        id=pod_id,
-        name=f"{pod_id}-name",
-        uid=f"uid-{pod_id}",
-        namespace="default",
-        labels=labels,
-        annotations=annotations or {},
-        linux=api.LinuxPodSandbox(cgroup_parent=f"/kubepods/{qos_dir}/poduid-{pod_id}"),
-    )
-
-
-def batch_pod(pod_id: str, annotation: str = BATCH_SPEC) -> api.PodSandbox:
-    return make_pod(pod_id, {QOS: "BE", PRIORITY: "koord-batch"}, {SPEC: annotation})
-
-
-def prod_pod(pod_id: str) -> api.PodSandbox:
-    return make_pod(pod_id, {QOS: "LS", PRIORITY: "koord-prod"})
-
-
-def make_container(container_id: str, pod: api.PodSandbox, name: str) -> api.Container:
-    return api.Container(
-        id=container_id, pod_sandbox_id=pod.id, name=name, state=api.CONTAINER_RUNNING
-    )
-
-
 def cgroup_root(tmp_path: Path, *pods: api.PodSandbox) -> Path:
     """A cgroup v1 tree holding the given pods' directories with kubelet's besteffort values."""
-    root = tmp_path / "cgroup"
-    for pod in pods:
-        parent = pod.linux.cgroup_parent.strip("/")
-        for controller, name, value in (
-            ("cpu", "cpu.shares", "2"),
-            ("cpu", "cpu.cfs_quota_us", "-1"),
-            ("memory", "memory.limit_in_bytes", "9223372036854771712"),
-        ):
-            (root / controller / parent).mkdir(parents=True, exist_ok=True)
-            (root / controller / parent / name).write_text(value + "\n")
-    (root / "cpu").mkdir(parents=True, exist_ok=True)
-    (root / "memory").mkdir(parents=True, exist_ok=True)
-    return root
-
-
-def make_config(root: Path, **extra: Any) -> Config:
-    return load_config_text(json.dumps({"cgroups": {"root": str(root)}, **extra}), "test")
-
-
-# ---------------------------------------------------------------------------
-# Scraping
-# ---------------------------------------------------------------------------
-
-
-class Scrape:
-    """One /metrics answer, parsed by prometheus_client's own parser."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.samples: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                self.samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
-
-    def value(self, name: str, **labels: str) -> float | None:
-        return self.samples.get((name, frozenset(labels.items())))
-
-
-@dataclass
-class Running:
-    app: App
-    runtime: LoopbackRuntime
-    task: asyncio.Task[str]
-    base: str
-
-    async def get(self, path: str) -> tuple[int, str, str]:
-        # From another thread: the server must not need the loop to answer.
-        return await asyncio.to_thread(http_get, self.base + path)
-
-    async def scrape(self) -> Scrape:
-        status, content_type, text = await self.get("/metrics")
-        assert status == 200
-        assert content_type.startswith("text/plain; version=0.0.4")
-        return Scrape(text)
-
-    async def configure(self) -> api.ConfigureResponse:
-        return await self.runtime.configure()
-
-    async def sync(
-        self, pods: list[api.PodSandbox], containers: list[api.Container]
-    ) -> api.SynchronizeResponse:
-        return await self.runtime.call(
-            "Synchronize",
-            api.SynchronizeRequest(pods=pods, containers=containers),
-            api.SynchronizeResponse,
-        )
-
-    async def create(
-        self, pod: api.PodSandbox, container: api.Container
-    ) -> api.CreateContainerResponse:
-        return await self.runtime.call(
-            "CreateContainer",
-            api.CreateContainerRequest(pod=pod, container=container),
-            api.CreateContainerResponse,
-        )
-
-    async def run_pod_sandbox(self, pod: api.PodSandbox) -> api.RunPodSandboxResponse:
-        return await self.runtime.call(
-            "RunPodSandbox", api.RunPodSandboxRequest(pod=pod), api.RunPodSandboxResponse
-        )
-
-
-def _stop_in_background(app: App) -> None:
-    # HealthServer.stop() joins the server's thread; nothing here needs to wait.
-    assert app.health is not None
-    threading.Thread(target=app.health.stop, daemon=True).start()
-
-
-@asynccontextmanager
-async def running_app(config: Config) -> AsyncIterator[Running]:
-    app = App(
-        settings_of(config),
-        name="midbatch",
-        idx="10",
-        config_path=None,
-        metrics_address="127.0.0.1:0",
-    )
-    assert app.health is not None
-    app.health.start()
-    base = f"http://127.0.0.1:{app.health.port}"
-    try:
-        # Not ready before anything connected.
-        status, _, body = await asyncio.to_thread(http_get, base + "/readyz")
-        assert (status, body) == (503, "not registered with a runtime\n")
-        plugin_end, runtime_end = socket.socketpair()
-        runtime = await LoopbackRuntime.over(runtime_end)
-        task = asyncio.create_task(app.session.run(plugin_end))
-        try:
-            yield Running(app, runtime, task, base)
-        finally:
-            await runtime.close()
-            app.session.close()
-            await asyncio.gather(task, return_exceptions=True)
-    finally:
-        _stop_in_background(app)
+    tree = FakeTree(tmp_path / "cgroup")
+    for sandbox in pods:
+        tree.write(sandbox.linux.cgroup_parent, BESTEFFORT)
+    return tree.root
 
 
 # ---------------------------------------------------------------------------
@@ -207,14 +58,14 @@ async def running_app(config: Config) -> AsyncIterator[Running]:
 
 
 def test_metrics_count_what_the_runtime_sent(tmp_path: Path) -> None:
-    good = batch_pod("batch")
+    good = batch_pod("batch", annotation=BATCH_SPEC)
     malformed = batch_pod("bad", annotation="{not json")
     prods = [prod_pod("prod-a"), prod_pod("prod-b")]
     root = cgroup_root(tmp_path, good, malformed, *prods)
     synced = [
-        make_container("c-prod-a", prods[0], "app"),
-        make_container("c-prod-a2", prods[0], "sidecar"),
-        make_container("c-prod-b", prods[1], "app"),
+        container("c-prod-a", prods[0], "app"),
+        container("c-prod-a2", prods[0], "sidecar"),
+        container("c-prod-b", prods[1], "app"),
     ]
 
     async def scenario() -> None:
@@ -230,10 +81,10 @@ def test_metrics_count_what_the_runtime_sent(tmp_path: Path) -> None:
             assert (await r.get("/readyz"))[::2] == (200, "ok\n")
 
             sent = [
-                (good, make_container("c-app", good, "app")),
-                (good, make_container("c-sidecar", good, "sidecar")),
-                (malformed, make_container("c-bad", malformed, "app")),
-                (prods[0], make_container("c-prod-new", prods[0], "app")),
+                (good, container("c-app", good, "app")),
+                (good, container("c-sidecar", good, "sidecar")),
+                (malformed, container("c-bad", malformed, "app")),
+                (prods[0], container("c-prod-new", prods[0], "app")),
             ]
             replies = [await r.create(pod, ctr) for pod, ctr in sent]
             assert [reply.HasField("adjust") for reply in replies] == [True, True, False, False]
@@ -306,7 +157,7 @@ def test_refused_calls_count_as_errors(tmp_path: Path) -> None:
             await r.sync([], [])
             for _ in range(2):
                 try:
-                    await r.create(malformed, make_container("c-bad", malformed, "app"))
+                    await r.create(malformed, container("c-bad", malformed, "app"))
                 except RpcError:
                     pass
                 else:

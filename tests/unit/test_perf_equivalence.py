@@ -40,8 +40,7 @@ from nri_midbatch.state.known import Known
 from nri_midbatch.wire.connection import _response_with_payload
 from nri_midbatch.wire.mux import frame_message, frame_ttrpc
 from nri_midbatch.wire.ttrpc import MessageType, encode_message
-
-from .nri_fixtures import resources
+from tests.factory import resources
 
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 UINT64 = st.integers(min_value=0, max_value=2**64 - 1)

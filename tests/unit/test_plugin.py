@@ -12,7 +12,7 @@ import errno
 import json
 import os
 import socket
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from fractions import Fraction
@@ -46,24 +46,29 @@ from nri_midbatch.policy import ContainerView, Decision, PodView, decide_contain
 from nri_midbatch.policy.cpuset import RESOURCE_STATUS_ANNOTATION
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.wire.status import Code
+from tests.factory import (
+    BATCH_APP,
+    BATCH_CPU,
+    BATCH_MEMORY,
+    GI,
+    MI,
+    MID_CPU,
+    MID_MEMORY,
+    batch_pod,
+    prod_pod,
+    resources,
+    spec,
+)
+from tests.factory import container as make_container
+from tests.factory import pod as make_pod
+from tests.fake_cgroups import BESTEFFORT, FakeTree
+from tests.oracle.targets import Values
 
 from .hostile_config import HOSTILE_YAML
-from .nri_fixtures import STEP_TIMEOUT, resources, run
+from .nri_fixtures import STEP_TIMEOUT, run
 
-QOS = "koordinator.sh/qosClass"
-PRIORITY = "koordinator.sh/priority-class"
-SPEC = "node.koordinator.sh/extended-resource-spec"
-BATCH_CPU, BATCH_MEMORY = "kubernetes.io/batch-cpu", "kubernetes.io/batch-memory"
-MID_CPU, MID_MEMORY = "kubernetes.io/mid-cpu", "kubernetes.io/mid-memory"
-
-MI = 1024 * 1024
-GI = 1024 * MI
-#: What cgroup v1 reads back for an unlimited memory.limit_in_bytes (4 KiB pages).
-V1_UNLIMITED_MEMORY = "9223372036854771712"
-#: Kubelet's besteffort pod cgroup: minimal shares, no quota, no memory limit.
-BESTEFFORT_DEFAULTS = ("2", "-1", V1_UNLIMITED_MEMORY)
 #: A burstable pod with 1 CPU request and limit, 1 GiB memory limit.
-BURSTABLE_DEFAULTS = ("1024", "100000", str(GI))
+BURSTABLE_DEFAULTS = Values(1024, 100000, GI)
 
 # NRI event bits, 1 << (event - 1).
 RUN_POD_SANDBOX_BIT, CREATE_CONTAINER_BIT, UPDATE_CONTAINER_BIT = 0x1, 0x8, 0x80
@@ -79,54 +84,12 @@ UPDATE_POD_SANDBOX_BIT = 0x800
 EXPECTED_EVENTS_V010 = EXPECTED_EVENTS | UPDATE_POD_SANDBOX_BIT
 
 
-# ---------------------------------------------------------------------------
-# Fake cgroup v1 tree
-# ---------------------------------------------------------------------------
-
-POD_FILES = (
-    ("cpu", "cpu.shares"),
-    ("cpu", "cpu.cfs_quota_us"),
-    ("memory", "memory.limit_in_bytes"),
-)
-
-
-class CgroupTree:
-    """tmp_path/{cpu,memory}/<pod dir>/<file>, as kubelet leaves a v1 pod cgroup."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        for controller in ("cpu", "memory"):
-            (root / controller).mkdir(parents=True)
-
-    def add_pod(self, cgroup_parent: str, defaults: tuple[str, str, str]) -> None:
-        for (controller, name), value in zip(POD_FILES, defaults, strict=True):
-            directory = self.root / controller / cgroup_parent.strip("/")
-            directory.mkdir(parents=True, exist_ok=True)
-            (directory / name).write_text(value + "\n")
-
-    def pod(self, cgroup_parent: str) -> tuple[str, str, str]:
-        """(cpu.shares, cpu.cfs_quota_us, memory.limit_in_bytes), stripped."""
-        values = tuple(
-            (self.root / controller / cgroup_parent.strip("/") / name).read_text().strip()
-            for controller, name in POD_FILES
-        )
-        return values  # type: ignore[return-value]
-
-    def snapshot(self) -> dict[str, str]:
-        """Every file anywhere under the root, with its content."""
-        return {
-            str(path.relative_to(self.root)): path.read_text()
-            for path in sorted(self.root.rglob("*"))
-            if path.is_file()
-        }
-
-
 @pytest.fixture
-def tree(tmp_path: Path) -> CgroupTree:
-    return CgroupTree(tmp_path / "cgroup")
+def tree(tmp_path: Path) -> FakeTree:
+    return FakeTree(tmp_path / "cgroup")
 
 
-def make_config(tree: CgroupTree, **overrides: Any) -> Settings:
+def make_config(tree: FakeTree, **overrides: Any) -> Settings:
     document: dict[str, Any] = {"cgroups": {"root": str(tree.root)}}
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(document.get(key), dict):
@@ -141,69 +104,7 @@ def make_config(tree: CgroupTree, **overrides: Any) -> Settings:
 # ---------------------------------------------------------------------------
 
 
-def spec(containers: Mapping[str, Mapping[str, Mapping[str, str]]]) -> str:
-    return json.dumps({"containers": containers})
-
-
-def make_pod(
-    pod_id: str,
-    *,
-    qos: str | None,
-    priority: str | None,
-    annotation: str | None,
-    cgroup_parent: str | None = None,
-    namespace: str = "default",
-) -> api.PodSandbox:
-    labels = {}
-    if qos is not None:
-        labels[QOS] = qos
-    if priority is not None:
-        labels[PRIORITY] = priority
-    annotations = {} if annotation is None else {SPEC: annotation}
-    uid = f"uid-{pod_id}"
-    if cgroup_parent is None:
-        qos_dir = {"BE": "besteffort", "LS": "burstable"}.get(qos or "", "besteffort")
-        cgroup_parent = f"/kubepods/{qos_dir}/pod{uid}"
-    return api.PodSandbox(
-        id=pod_id,
-        name=f"{pod_id}-name",
-        uid=uid,
-        namespace=namespace,
-        labels=labels,
-        annotations=annotations,
-        linux=api.LinuxPodSandbox(cgroup_parent=cgroup_parent),
-    )
-
-
-def make_container(
-    container_id: str,
-    pod: api.PodSandbox | str,
-    name: str,
-    *,
-    state: int = api.CONTAINER_RUNNING,
-    current: api.LinuxResources | None = None,
-) -> api.Container:
-    pod_id = pod if isinstance(pod, str) else pod.id
-    return api.Container(
-        id=container_id,
-        pod_sandbox_id=pod_id,
-        name=name,
-        state=state,
-        linux=api.LinuxContainer(resources=current or api.LinuxResources()),
-    )
-
-
-# Batch BE: request 500m, limit 1 core ("1k" milli), memory limit 512Mi.
-BATCH_APP = {
-    "requests": {BATCH_CPU: "500"},
-    "limits": {BATCH_CPU: "1k", BATCH_MEMORY: "512Mi"},
-}
 BATCH_VALUES = (512, 100_000, 512 * MI)
-
-
-def batch_pod(pod_id: str = "batch", **kwargs: Any) -> api.PodSandbox:
-    kwargs.setdefault("annotation", spec({"app": BATCH_APP}))
-    return make_pod(pod_id, qos="BE", priority="koord-batch", **kwargs)
 
 
 def values_of(res: api.LinuxResources) -> tuple[int, int, int]:
@@ -306,7 +207,7 @@ async def connected(
 # ---------------------------------------------------------------------------
 
 
-def test_create_batch_be_adjusts_exactly_shares_quota_memory(tree: CgroupTree) -> None:
+def test_create_batch_be_adjusts_exactly_shares_quota_memory(tree: FakeTree) -> None:
     pod = batch_pod()
     ctr = make_container("c-app", pod, "app", state=api.CONTAINER_CREATED)
 
@@ -330,7 +231,7 @@ def test_create_batch_be_adjusts_exactly_shares_quota_memory(tree: CgroupTree) -
 
 
 def test_create_mid_be_computes_from_mid_resources_and_keeps_looser_native(
-    tree: CgroupTree,
+    tree: FakeTree,
 ) -> None:
     pod = make_pod(
         "mid-be",
@@ -356,7 +257,7 @@ def test_create_mid_be_computes_from_mid_resources_and_keeps_looser_native(
     run(scenario())
 
 
-def test_create_mid_ls_never_loosens_native_limits(tree: CgroupTree) -> None:
+def test_create_mid_ls_never_loosens_native_limits(tree: FakeTree) -> None:
     pod = make_pod(
         "mid-ls",
         qos="LS",
@@ -386,7 +287,7 @@ def test_create_mid_ls_never_loosens_native_limits(tree: CgroupTree) -> None:
     ],
 )
 def test_create_untouched_pods_get_an_empty_response(
-    tree: CgroupTree, labels: dict[str, str | None], why: str
+    tree: FakeTree, labels: dict[str, str | None], why: str
 ) -> None:
     # Even with batch resources in the annotation, these pods are not a tier's.
     pod = make_pod(
@@ -410,7 +311,7 @@ def test_create_untouched_pods_get_an_empty_response(
 
 
 def test_update_container_names_the_container_and_decides_from_the_request(
-    tree: CgroupTree,
+    tree: FakeTree,
 ) -> None:
     pod = batch_pod()
     # The container's current limits are tight (30000, 128Mi); the update request raises
@@ -438,8 +339,8 @@ def test_update_container_names_the_container_and_decides_from_the_request(
     run(scenario())
 
 
-def test_update_container_of_untouched_pod_returns_no_update(tree: CgroupTree) -> None:
-    pod = make_pod("prod", qos="LS", priority="koord-prod", annotation=None)
+def test_update_container_of_untouched_pod_returns_no_update(tree: FakeTree) -> None:
+    pod = prod_pod("prod")
     ctr = make_container("c", pod, "app")
 
     async def scenario() -> None:
@@ -467,14 +368,14 @@ class SyncNode:
     mid: api.PodSandbox
 
 
-def sync_node(tree: CgroupTree) -> SyncNode:
+def sync_node(tree: FakeTree) -> SyncNode:
     """3 pods, 5 containers: one at tier values, one off, one stopped, one prod, one orphan."""
     batch = batch_pod("batch", annotation=spec({"app": BATCH_APP, "sidecar": SIDECAR}))
-    prod = make_pod("prod", qos="LS", priority="koord-prod", annotation=None)
+    prod = prod_pod("prod")
     mid = make_pod("mid", qos="BE", priority="koord-mid", annotation=spec({"worker": MID_WORKER}))
-    tree.add_pod(batch.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
-    tree.add_pod(prod.linux.cgroup_parent, BURSTABLE_DEFAULTS)
-    tree.add_pod(mid.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
+    tree.write(batch.linux.cgroup_parent, BESTEFFORT)
+    tree.write(prod.linux.cgroup_parent, BURSTABLE_DEFAULTS)
+    tree.write(mid.linux.cgroup_parent, BESTEFFORT)
     at_tier = resources(shares=512, quota=100_000, memory=512 * MI)
     kubelet_be = resources(shares=2)
     containers = [
@@ -487,7 +388,7 @@ def sync_node(tree: CgroupTree) -> SyncNode:
     return SyncNode([batch, prod, mid], containers, batch, prod, mid)
 
 
-def test_synchronize_updates_only_the_container_off_its_tier_values(tree: CgroupTree) -> None:
+def test_synchronize_updates_only_the_container_off_its_tier_values(tree: FakeTree) -> None:
     node = sync_node(tree)
 
     async def scenario() -> None:
@@ -501,14 +402,14 @@ def test_synchronize_updates_only_the_container_off_its_tier_values(tree: Cgroup
 
     run(scenario())
     # Pod level: the tier pods get the sums over their listed containers ...
-    assert tree.pod(node.batch.linux.cgroup_parent) == ("768", "150000", str(768 * MI))
-    assert tree.pod(node.mid.linux.cgroup_parent) == ("1024", "200000", str(GI))
+    assert tree.read(node.batch.linux.cgroup_parent) == Values(768, 150000, 768 * MI)
+    assert tree.read(node.mid.linux.cgroup_parent) == Values(1024, 200000, GI)
     # ... and the prod pod keeps what kubelet set.
-    assert tree.pod(node.prod.linux.cgroup_parent) == BURSTABLE_DEFAULTS
+    assert tree.read(node.prod.linux.cgroup_parent) == BURSTABLE_DEFAULTS
 
 
 def test_synchronize_logs_changes_at_info_and_the_rest_at_debug_with_a_summary(
-    tree: CgroupTree,
+    tree: FakeTree,
 ) -> None:
     """A large node must not bury the log: one summary line, and lines for changes only."""
     node = sync_node(tree)
@@ -541,10 +442,10 @@ def test_synchronize_logs_changes_at_info_and_the_rest_at_debug_with_a_summary(
     assert logs.index(summary) > max(logs.index(line) for line in decisions.values())
 
 
-def test_synchronize_loosens_values_we_set_under_a_stricter_config(tree: CgroupTree) -> None:
+def test_synchronize_loosens_values_we_set_under_a_stricter_config(tree: FakeTree) -> None:
     """A restarted plugin tells our own earlier values from kubelet's by the annotation."""
     pod = batch_pod()
-    tree.add_pod(pod.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
+    tree.write(pod.linux.cgroup_parent, BESTEFFORT)
     # Created under cpuNormalizationRatio 2: our quota 50000 is on the container,
     # and kubelet gave it no limits at all ("{}").
     ours = make_container(
@@ -568,9 +469,9 @@ def test_synchronize_loosens_values_we_set_under_a_stricter_config(tree: CgroupT
     run(scenario())
 
 
-def test_synchronize_keeps_remembered_kubelet_limits(tree: CgroupTree) -> None:
+def test_synchronize_keeps_remembered_kubelet_limits(tree: FakeTree) -> None:
     pod = batch_pod()
-    tree.add_pod(pod.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
+    tree.write(pod.linux.cgroup_parent, BESTEFFORT)
     ctr = make_container(
         "c-app", pod, "app", current=resources(quota=50_000, period=100_000, memory=512 * MI)
     )
@@ -589,10 +490,10 @@ def test_synchronize_keeps_remembered_kubelet_limits(tree: CgroupTree) -> None:
     "garbage", ["not json", "[]", '{"cpuQuota": -5}', '{"cpuQuota": "1"}', '{"bogus": 1}']
 )
 def test_a_garbled_native_annotation_falls_back_to_current_resources(
-    tree: CgroupTree, garbage: str
+    tree: FakeTree, garbage: str
 ) -> None:
     pod = batch_pod()
-    tree.add_pod(pod.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
+    tree.write(pod.linux.cgroup_parent, BESTEFFORT)
     ctr = make_container(
         "c-app", pod, "app", current=resources(quota=50_000, period=100_000, memory=512 * MI)
     )
@@ -608,14 +509,14 @@ def test_a_garbled_native_annotation_falls_back_to_current_resources(
 
 
 def test_synchronize_decides_each_container_as_it_would_be_decided_alone(
-    tree: CgroupTree,
+    tree: FakeTree,
 ) -> None:
     """A Synchronize classifies each pod once for all its containers; no decision differs."""
     pods = [
         batch_pod("batch", annotation=spec({"app": BATCH_APP, "sidecar": SIDECAR})),
         make_pod("mid", qos="LS", priority="koord-mid", annotation=spec({"worker": MID_WORKER})),
         batch_pod("garbled", annotation="{not json"),
-        make_pod("prod", qos="LS", priority="koord-prod", annotation=None),
+        prod_pod("prod"),
         batch_pod("pinned"),
     ]
     pods[-1].annotations[RESOURCE_STATUS_ANNOTATION] = '{"cpuset": "0-3"}'
@@ -650,7 +551,7 @@ def test_synchronize_decides_each_container_as_it_would_be_decided_alone(
 
 def test_split_synchronize_gives_the_same_updates_as_one_chunk(tmp_path: Path) -> None:
     def updates(chunks: list[tuple[list[api.PodSandbox], list[api.Container]]], root: Path) -> Any:
-        tree = CgroupTree(root)
+        tree = FakeTree(root)
         node = sync_node(tree)
         by_id = {p.id: p for p in node.pods} | {c.id: c for c in node.containers}
 
@@ -664,7 +565,7 @@ def test_split_synchronize_gives_the_same_updates_as_one_chunk(tmp_path: Path) -
                     assert partial.more
                     assert list(partial.update) == []
                     # Nothing decided before the last chunk, not even pod files.
-                    assert tree.pod(node.batch.linux.cgroup_parent) == BESTEFFORT_DEFAULTS
+                    assert tree.read(node.batch.linux.cgroup_parent) == BESTEFFORT
                 pods, ctrs = chunks[-1]
                 last = await c.sync([by_id[p.id] for p in pods], [by_id[x.id] for x in ctrs])
                 assert not last.more
@@ -672,7 +573,7 @@ def test_split_synchronize_gives_the_same_updates_as_one_chunk(tmp_path: Path) -
 
         return run(scenario()), tree.snapshot()
 
-    node = sync_node(CgroupTree(tmp_path / "layout"))
+    node = sync_node(FakeTree(tmp_path / "layout"))
     pods, ctrs = node.pods, node.containers
     whole = updates([(pods, ctrs)], tmp_path / "whole")
     # The sidecar and its pod in different chunks.
@@ -690,51 +591,51 @@ def test_split_synchronize_gives_the_same_updates_as_one_chunk(tmp_path: Path) -
 
 
 def sync_directly(
-    tree: CgroupTree,
+    tree: FakeTree,
     plugin: MidBatchPlugin,
     pods: list[api.PodSandbox],
     ctrs: list[api.Container],
-) -> tuple[Sequence[api.ContainerUpdate], tuple[str, str, str], tuple[str, str, str]]:
+) -> tuple[Sequence[api.ContainerUpdate], Values, Values]:
     """Synchronize one pod: (updates, its pod files at the reply, its pod files after)."""
     (pod,) = pods
     parent = pod.linux.cgroup_parent
 
     async def scenario() -> Any:
         response = await plugin.synchronize(pods, ctrs)
-        at_reply = tree.pod(parent)
+        at_reply = tree.read(parent)
         await plugin.after_reply.settle()
-        return response.update, at_reply, tree.pod(parent)
+        return response.update, at_reply, tree.read(parent)
 
     return run(scenario())  # type: ignore[no-any-return]
 
 
-def new_batch_pod(tree: CgroupTree) -> tuple[api.PodSandbox, api.Container, MidBatchPlugin]:
+def new_batch_pod(tree: FakeTree) -> tuple[api.PodSandbox, api.Container, MidBatchPlugin]:
     """A batch pod with kubelet's cgroup and a container without values yet, and a plugin."""
     pod = batch_pod()
-    tree.add_pod(pod.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
+    tree.write(pod.linux.cgroup_parent, BESTEFFORT)
     ctr = make_container("c-app", pod, "app", current=resources(shares=2))
     return pod, ctr, MidBatchPlugin(make_config(tree))
 
 
-def test_synchronize_writes_pod_cgroups_after_the_reply(tree: CgroupTree) -> None:
+def test_synchronize_writes_pod_cgroups_after_the_reply(tree: FakeTree) -> None:
     """Lowered containers first (by the runtime, after our reply), then their pod: v1 order."""
     pod, ctr, plugin = new_batch_pod(tree)
 
     updates, at_reply, after = sync_directly(tree, plugin, [pod], [ctr])
 
     assert [values_of(u.linux.resources) for u in updates] == [BATCH_VALUES]
-    assert at_reply == BESTEFFORT_DEFAULTS
-    assert after == ("512", "100000", str(512 * MI))
+    assert at_reply == BESTEFFORT
+    assert after == Values(512, 100000, 512 * MI)
     assert plugin.counters.pod_writes_ok == 1
 
 
 def test_synchronize_raises_a_pod_before_the_reply_when_a_container_goes_up(
-    tree: CgroupTree,
+    tree: FakeTree,
 ) -> None:
     """On v1 a container's quota above its pod's is EINVAL: the pod must be raised first."""
     pod = batch_pod()
     # Both set under a config that halved the quota (cpuNormalizationRatio 2).
-    tree.add_pod(pod.linux.cgroup_parent, ("512", "50000", str(512 * MI)))
+    tree.write(pod.linux.cgroup_parent, Values(512, 50000, 512 * MI))
     ctr = make_container(
         "c-app", pod, "app", current=resources(shares=512, quota=50_000, memory=512 * MI)
     )
@@ -744,7 +645,7 @@ def test_synchronize_raises_a_pod_before_the_reply_when_a_container_goes_up(
     updates, at_reply, after = sync_directly(tree, plugin, [pod], [ctr])
 
     assert [values_of(u.linux.resources) for u in updates] == [BATCH_VALUES]
-    assert at_reply == after == ("512", "100000", str(512 * MI))
+    assert at_reply == after == Values(512, 100000, 512 * MI)
 
 
 HALVED_CONFIG = {"rules": {"cpuNormalizationRatio": 2.0}}
@@ -753,13 +654,13 @@ QUICK_POLLS = LoweringTimings(poll=0.001)
 
 
 def lowered_batch_pod(
-    tree: CgroupTree, lowering: LoweringTimings = QUICK_POLLS
+    tree: FakeTree, lowering: LoweringTimings = QUICK_POLLS
 ) -> tuple[api.PodSandbox, api.Container, MidBatchPlugin]:
     """A batch pod and its container at the batch values, and a plugin that halves the quota."""
     pod = batch_pod()
     parent = pod.linux.cgroup_parent
-    tree.add_pod(parent, ("512", "100000", str(512 * MI)))
-    tree.add_pod(f"{parent}/c-app", ("512", "100000", str(512 * MI)))
+    tree.write(parent, Values(512, 100000, 512 * MI))
+    tree.write(f"{parent}/c-app", Values(512, 100000, 512 * MI))
     ctr = make_container(
         "c-app", pod, "app", current=resources(shares=512, quota=100_000, memory=512 * MI)
     )
@@ -783,68 +684,68 @@ def count_container_reads(monkeypatch: pytest.MonkeyPatch) -> asyncio.Queue[str]
 
 
 def test_synchronize_lowers_a_pod_only_once_the_runtime_lowered_its_containers(
-    tree: CgroupTree, monkeypatch: pytest.MonkeyPatch
+    tree: FakeTree, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The runtime applies the reply's updates later: the pod waits for the container files."""
     pod, ctr, plugin = lowered_batch_pod(tree)
     parent = pod.linux.cgroup_parent
 
-    async def scenario() -> tuple[tuple[str, str, str], tuple[str, str, str]]:
+    async def scenario() -> tuple[Values, Values]:
         reads = count_container_reads(monkeypatch)
         response = await plugin.synchronize([pod], [ctr])
         assert [values_of(u.linux.resources) for u in response.update] == [(512, 50_000, 512 * MI)]
         for _ in range(3):  # three polls saw the container still at its old quota
             await asyncio.wait_for(reads.get(), STEP_TIMEOUT)
-        before_runtime = tree.pod(parent)
+        before_runtime = tree.read(parent)
         # The runtime applies the update.
-        tree.add_pod(f"{parent}/c-app", ("512", "50000", str(512 * MI)))
+        tree.write(f"{parent}/c-app", Values(512, 50000, 512 * MI))
         await asyncio.wait_for(plugin.after_reply.settle(), STEP_TIMEOUT)
-        return before_runtime, tree.pod(parent)
+        return before_runtime, tree.read(parent)
 
     before_runtime, after = run(scenario())
-    assert before_runtime == ("512", "100000", str(512 * MI))
-    assert after == ("512", "50000", str(512 * MI))
+    assert before_runtime == Values(512, 100000, 512 * MI)
+    assert after == Values(512, 50000, 512 * MI)
     assert (plugin.counters.pod_writes_ok, plugin.counters.pods_lowered_unconfirmed) == (1, 0)
 
 
 def test_synchronize_waits_for_the_container_the_runtime_lowers_last(
-    tree: CgroupTree, monkeypatch: pytest.MonkeyPatch
+    tree: FakeTree, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The runtime applies the reply in order: the pod's last update is its one witness."""
     pod = batch_pod(annotation=spec({"app": BATCH_APP, "side": BATCH_APP}))
     parent = pod.linux.cgroup_parent
-    tree.add_pod(parent, ("1024", "200000", str(GI)))
+    tree.write(parent, Values(1024, 200000, GI))
     current = resources(shares=512, quota=100_000, memory=512 * MI)
     containers = []
     for name in ("app", "side"):
-        tree.add_pod(f"{parent}/c-{name}", ("512", "100000", str(512 * MI)))
+        tree.write(f"{parent}/c-{name}", Values(512, 100000, 512 * MI))
         ctr = make_container(f"c-{name}", pod, name, current=current)
         ctr.annotations[NATIVE_LIMITS_ANNOTATION] = "{}"
         containers.append(ctr)
     plugin = MidBatchPlugin(make_config(tree, **HALVED_CONFIG), lowering_timings=QUICK_POLLS)
 
-    async def scenario() -> tuple[list[str], tuple[str, str, str], tuple[str, str, str]]:
+    async def scenario() -> tuple[list[str], Values, Values]:
         reads = count_container_reads(monkeypatch)
         response = await plugin.synchronize([pod], containers)
         assert [u.container_id for u in response.update] == ["c-app", "c-side"]
         seen = [await asyncio.wait_for(reads.get(), STEP_TIMEOUT) for _ in range(2)]
-        before_runtime = tree.pod(parent)
+        before_runtime = tree.read(parent)
         # The runtime applies both updates, in order.
         for name in ("app", "side"):
-            tree.add_pod(f"{parent}/c-{name}", ("512", "50000", str(512 * MI)))
+            tree.write(f"{parent}/c-{name}", Values(512, 50000, 512 * MI))
         await asyncio.wait_for(plugin.after_reply.settle(), STEP_TIMEOUT)
         while not reads.empty():
             seen.append(reads.get_nowait())
-        return seen, before_runtime, tree.pod(parent)
+        return seen, before_runtime, tree.read(parent)
 
     seen, before_runtime, after = run(scenario())
     assert set(seen) == {"c-side"}
-    assert before_runtime == ("1024", "200000", str(GI))
-    assert after == ("1024", "100000", str(GI))
+    assert before_runtime == Values(1024, 200000, GI)
+    assert after == Values(1024, 100000, GI)
 
 
 def test_synchronize_writes_a_pod_whose_containers_are_never_lowered_after_a_while(
-    tree: CgroupTree,
+    tree: FakeTree,
 ) -> None:
     """An update the runtime failed to apply must not hold the pod forever: logged, counted."""
     pod, ctr, plugin = lowered_batch_pod(tree, LoweringTimings(poll=0.001, stall=0.05))
@@ -856,19 +757,19 @@ def test_synchronize_writes_a_pod_whose_containers_are_never_lowered_after_a_whi
     with structlog.testing.capture_logs() as logs:
         run(scenario())
     # The fake tree takes the pod's lower quota; cgroup v1 would refuse it (EINVAL).
-    assert tree.pod(pod.linux.cgroup_parent) == ("512", "50000", str(512 * MI))
+    assert tree.read(pod.linux.cgroup_parent) == Values(512, 50000, 512 * MI)
     assert plugin.counters.pods_lowered_unconfirmed == 1
     (warning,) = [line for line in logs if line["log_level"] == "warning"]
     assert warning["event"] == "runtime did not lower containers in time, writing their pods anyway"
     assert warning["first_pod"] == f"default/{pod.name}"
 
 
-def test_synchronize_takes_a_removed_container_as_lowered(tree: CgroupTree) -> None:
+def test_synchronize_takes_a_removed_container_as_lowered(tree: FakeTree) -> None:
     """A container whose cgroup is gone holds nothing back: its pod is written at once."""
     pod, ctr, plugin = lowered_batch_pod(tree)
     parent = pod.linux.cgroup_parent
     for controller in ("cpu", "memory"):
-        directory = tree.root / controller / parent.strip("/") / "c-app"
+        directory = tree.directory(controller, parent, "c-app")
         for file in directory.iterdir():
             file.unlink()
         directory.rmdir()
@@ -878,11 +779,11 @@ def test_synchronize_takes_a_removed_container_as_lowered(tree: CgroupTree) -> N
         await asyncio.wait_for(plugin.after_reply.settle(), STEP_TIMEOUT)
 
     run(scenario())
-    assert tree.pod(parent) == ("512", "50000", str(512 * MI))
+    assert tree.read(parent) == Values(512, 50000, 512 * MI)
     assert plugin.counters.pods_lowered_unconfirmed == 0
 
 
-def test_a_newer_synchronize_ends_the_wait_of_the_last_one(tree: CgroupTree) -> None:
+def test_a_newer_synchronize_ends_the_wait_of_the_last_one(tree: FakeTree) -> None:
     """The newer one decides every pod anew: nothing of the old one stays waiting."""
     pod, ctr, plugin = lowered_batch_pod(tree, LoweringTimings(poll=0.001, stall=60.0))
 
@@ -893,14 +794,14 @@ def test_a_newer_synchronize_ends_the_wait_of_the_last_one(tree: CgroupTree) -> 
         await asyncio.wait_for(plugin.after_reply.settle(), STEP_TIMEOUT)
 
     run(scenario())
-    assert tree.pod(pod.linux.cgroup_parent) == ("512", "100000", str(512 * MI))
+    assert tree.read(pod.linux.cgroup_parent) == Values(512, 100000, 512 * MI)
     assert plugin.counters.pods_lowered_unconfirmed == 0
 
 
-def raised_batch_pod(tree: CgroupTree) -> tuple[api.PodSandbox, api.Container, MidBatchPlugin]:
+def raised_batch_pod(tree: FakeTree) -> tuple[api.PodSandbox, api.Container, MidBatchPlugin]:
     """A batch pod set under a config that halved the quota, and a plugin with the default."""
     pod = batch_pod()
-    tree.add_pod(pod.linux.cgroup_parent, ("512", "50000", str(512 * MI)))
+    tree.write(pod.linux.cgroup_parent, Values(512, 50000, 512 * MI))
     ctr = make_container(
         "c-app", pod, "app", current=resources(shares=512, quota=50_000, memory=512 * MI)
     )
@@ -909,7 +810,7 @@ def raised_batch_pod(tree: CgroupTree) -> tuple[api.PodSandbox, api.Container, M
 
 
 def test_synchronize_tries_a_refused_raise_once_more_after_the_reply(
-    tree: CgroupTree, monkeypatch: pytest.MonkeyPatch
+    tree: FakeTree, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pod, ctr, plugin = raised_batch_pod(tree)
     refusals = fail_pod_writes(monkeypatch, times=1)
@@ -918,14 +819,14 @@ def test_synchronize_tries_a_refused_raise_once_more_after_the_reply(
         _, at_reply, after = sync_directly(tree, plugin, [pod], [ctr])
 
     assert refusals == [pod.linux.cgroup_parent]
-    assert at_reply == ("512", "50000", str(512 * MI))
-    assert after == ("512", "100000", str(512 * MI))
+    assert at_reply == Values(512, 50000, 512 * MI)
+    assert after == Values(512, 100000, 512 * MI)
     assert (plugin.counters.pod_writes_ok, plugin.counters.pod_writes_failed) == (1, 0)
     assert not [line for line in logs if line["log_level"] == "warning"]
 
 
 def test_synchronize_reports_a_pod_write_that_fails_twice(
-    tree: CgroupTree, monkeypatch: pytest.MonkeyPatch
+    tree: FakeTree, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pod, ctr, plugin = raised_batch_pod(tree)
     refusals = fail_pod_writes(monkeypatch, times=2)
@@ -934,7 +835,7 @@ def test_synchronize_reports_a_pod_write_that_fails_twice(
         _, _, after = sync_directly(tree, plugin, [pod], [ctr])
 
     assert len(refusals) == 2
-    assert after == ("512", "50000", str(512 * MI))
+    assert after == Values(512, 50000, 512 * MI)
     assert (plugin.counters.pod_writes_ok, plugin.counters.pod_writes_failed) == (0, 1)
     (warning,) = [line for line in logs if line["log_level"] == "warning"]
     assert warning["event"] == "pod cgroup not set"
@@ -942,7 +843,7 @@ def test_synchronize_reports_a_pod_write_that_fails_twice(
     assert "Invalid argument" in warning["reason"]
 
 
-def test_synchronize_leaves_a_pod_removed_before_its_write_alone(tree: CgroupTree) -> None:
+def test_synchronize_leaves_a_pod_removed_before_its_write_alone(tree: FakeTree) -> None:
     pod, ctr, plugin = new_batch_pod(tree)
 
     async def scenario() -> None:
@@ -951,7 +852,7 @@ def test_synchronize_leaves_a_pod_removed_before_its_write_alone(tree: CgroupTre
         await plugin.after_reply.settle()
 
     run(scenario())
-    assert tree.pod(pod.linux.cgroup_parent) == BESTEFFORT_DEFAULTS
+    assert tree.read(pod.linux.cgroup_parent) == BESTEFFORT
     assert (plugin.counters.pod_writes_ok, plugin.counters.pod_writes_failed) == (0, 0)
 
 
@@ -979,7 +880,7 @@ def fail_pod_writes(monkeypatch: pytest.MonkeyPatch, *, times: int) -> list[str]
 # ---------------------------------------------------------------------------
 
 
-def test_run_pod_sandbox_never_loosens_kubelets_pod_limits(tree: CgroupTree) -> None:
+def test_run_pod_sandbox_never_loosens_kubelets_pod_limits(tree: FakeTree) -> None:
     """containerd 1.7 sends no pod resources: kubelet's limits are read from the cgroup."""
     pod = make_pod(
         "mid-ls",
@@ -990,7 +891,7 @@ def test_run_pod_sandbox_never_loosens_kubelets_pod_limits(tree: CgroupTree) -> 
         ),
     )
     # kubelet gave the burstable pod 1 core and 1 GiB.
-    tree.add_pod(pod.linux.cgroup_parent, BURSTABLE_DEFAULTS)
+    tree.write(pod.linux.cgroup_parent, BURSTABLE_DEFAULTS)
 
     async def scenario() -> None:
         async with connected(make_config(tree), nri_version="v0.12.0") as c:
@@ -998,25 +899,25 @@ def test_run_pod_sandbox_never_loosens_kubelets_pod_limits(tree: CgroupTree) -> 
 
     run(scenario())
     # The tier asks 400000 and 4 GiB; the pod keeps kubelet's tighter limits.
-    assert tree.pod(pod.linux.cgroup_parent) == ("1024", "100000", str(GI))
+    assert tree.read(pod.linux.cgroup_parent) == Values(1024, 100000, GI)
 
 
-def test_run_pod_sandbox_takes_no_besteffort_values_for_kubelets(tree: CgroupTree) -> None:
+def test_run_pod_sandbox_takes_no_besteffort_values_for_kubelets(tree: FakeTree) -> None:
     """A best-effort pod's cgroup holds only what we wrote: it is no kubelet limit to keep."""
     pod = batch_pod()
-    tree.add_pod(pod.linux.cgroup_parent, ("256", "20000", str(128 * MI)))
+    tree.write(pod.linux.cgroup_parent, Values(256, 20000, 128 * MI))
 
     async def scenario() -> None:
         async with connected(make_config(tree), nri_version="v0.12.0") as c:
             await c.run_pod_sandbox(pod)
 
     run(scenario())
-    assert tree.pod(pod.linux.cgroup_parent) == ("512", "100000", "536870912")
+    assert tree.read(pod.linux.cgroup_parent) == Values(512, 100000, 512 * MI)
 
 
-def test_run_pod_sandbox_dedicated_rpc_writes_pod_files(tree: CgroupTree) -> None:
+def test_run_pod_sandbox_dedicated_rpc_writes_pod_files(tree: FakeTree) -> None:
     pod = batch_pod()
-    tree.add_pod(pod.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
+    tree.write(pod.linux.cgroup_parent, BESTEFFORT)
 
     async def scenario() -> None:
         async with connected(make_config(tree), nri_version="v0.12.0") as c:
@@ -1025,12 +926,12 @@ def test_run_pod_sandbox_dedicated_rpc_writes_pod_files(tree: CgroupTree) -> Non
             assert c.plugin.counters.pod_writes_failed == 0
 
     run(scenario())
-    assert tree.pod(pod.linux.cgroup_parent) == ("512", "100000", "536870912")
+    assert tree.read(pod.linux.cgroup_parent) == Values(512, 100000, 512 * MI)
 
 
-def test_run_pod_sandbox_via_state_change_writes_pod_files(tree: CgroupTree) -> None:
+def test_run_pod_sandbox_via_state_change_writes_pod_files(tree: FakeTree) -> None:
     pod = batch_pod()
-    tree.add_pod(pod.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
+    tree.write(pod.linux.cgroup_parent, BESTEFFORT)
 
     async def scenario() -> None:
         async with connected(
@@ -1039,12 +940,12 @@ def test_run_pod_sandbox_via_state_change_writes_pod_files(tree: CgroupTree) -> 
             await c.state_change_run(pod)
 
     run(scenario())
-    assert tree.pod(pod.linux.cgroup_parent) == ("512", "100000", "536870912")
+    assert tree.read(pod.linux.cgroup_parent) == Values(512, 100000, 512 * MI)
 
 
-def test_run_pod_sandbox_with_pod_level_off_writes_nothing(tree: CgroupTree) -> None:
+def test_run_pod_sandbox_with_pod_level_off_writes_nothing(tree: FakeTree) -> None:
     pod = batch_pod()
-    tree.add_pod(pod.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
+    tree.write(pod.linux.cgroup_parent, BESTEFFORT)
     before = tree.snapshot()
 
     async def scenario() -> None:
@@ -1059,12 +960,12 @@ def test_run_pod_sandbox_with_pod_level_off_writes_nothing(tree: CgroupTree) -> 
     assert tree.snapshot() == before
 
 
-def test_run_pod_sandbox_refuses_a_cgroup_parent_leaving_the_tree(tree: CgroupTree) -> None:
+def test_run_pod_sandbox_refuses_a_cgroup_parent_leaving_the_tree(tree: FakeTree) -> None:
     pod = batch_pod(cgroup_parent="/kubepods/../../etc")
     # What the parent would reach if it were joined naively: <root>/cpu/../etc.
-    tree.add_pod("/kubepods/bystander", BESTEFFORT_DEFAULTS)
+    tree.write("/kubepods/bystander", BESTEFFORT)
     (tree.root / "etc").mkdir()
-    for _, name in POD_FILES:
+    for name in ("cpu.shares", "cpu.cfs_quota_us", "memory.limit_in_bytes"):
         (tree.root / "etc" / name).write_text("sentinel\n")
     outside = tree.root.parent / "etc"
     before = tree.snapshot()
@@ -1096,10 +997,10 @@ MALFORMED = [
 
 @pytest.mark.parametrize("annotation", MALFORMED)
 def test_ignore_leaves_malformed_pods_alone_and_counts_them(
-    tree: CgroupTree, annotation: str
+    tree: FakeTree, annotation: str
 ) -> None:
     pod = batch_pod(annotation=annotation)
-    tree.add_pod(pod.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
+    tree.write(pod.linux.cgroup_parent, BESTEFFORT)
     ctr = make_container("c-app", pod, "app")
 
     async def scenario() -> None:
@@ -1114,15 +1015,15 @@ def test_ignore_leaves_malformed_pods_alone_and_counts_them(
             assert c.plugin.counters.invalid == {"spec": 3}
 
     run(scenario())
-    assert tree.pod(pod.linux.cgroup_parent) == BESTEFFORT_DEFAULTS
+    assert tree.read(pod.linux.cgroup_parent) == BESTEFFORT
 
 
 @pytest.mark.parametrize("annotation", MALFORMED)
-def test_fail_refuses_malformed_pods_and_stays_connected(tree: CgroupTree, annotation: str) -> None:
+def test_fail_refuses_malformed_pods_and_stays_connected(tree: FakeTree, annotation: str) -> None:
     bad = batch_pod("bad", annotation=annotation)
     good = batch_pod("good")
-    tree.add_pod(bad.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
-    tree.add_pod(good.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
+    tree.write(bad.linux.cgroup_parent, BESTEFFORT)
+    tree.write(good.linux.cgroup_parent, BESTEFFORT)
 
     async def scenario() -> None:
         async with connected(make_config(tree, failurePolicy="Fail"), nri_version="v0.12.0") as c:
@@ -1142,11 +1043,11 @@ def test_fail_refuses_malformed_pods_and_stays_connected(tree: CgroupTree, annot
             assert c.plugin.counters.invalid == {"spec": 2}
 
     run(scenario())
-    assert tree.pod(bad.linux.cgroup_parent) == BESTEFFORT_DEFAULTS
-    assert tree.pod(good.linux.cgroup_parent) == ("512", "100000", "536870912")
+    assert tree.read(bad.linux.cgroup_parent) == BESTEFFORT
+    assert tree.read(good.linux.cgroup_parent) == Values(512, 100000, 512 * MI)
 
 
-def test_fail_refuses_run_pod_sandbox_whose_cgroup_parent_is_refused(tree: CgroupTree) -> None:
+def test_fail_refuses_run_pod_sandbox_whose_cgroup_parent_is_refused(tree: FakeTree) -> None:
     bad = batch_pod("bad", cgroup_parent="/kubepods/../../etc")
     before = tree.snapshot()
 
@@ -1162,11 +1063,11 @@ def test_fail_refuses_run_pod_sandbox_whose_cgroup_parent_is_refused(tree: Cgrou
     assert tree.snapshot() == before
 
 
-def test_fail_policy_does_not_fail_synchronize_for_one_malformed_pod(tree: CgroupTree) -> None:
+def test_fail_policy_does_not_fail_synchronize_for_one_malformed_pod(tree: FakeTree) -> None:
     bad = batch_pod("bad", annotation="{not json")
     good = batch_pod("good")
-    tree.add_pod(good.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
-    tree.add_pod(bad.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
+    tree.write(good.linux.cgroup_parent, BESTEFFORT)
+    tree.write(bad.linux.cgroup_parent, BESTEFFORT)
     ctrs = [make_container("c-bad", bad, "app"), make_container("c-good", good, "app")]
 
     async def scenario() -> None:
@@ -1178,8 +1079,8 @@ def test_fail_policy_does_not_fail_synchronize_for_one_malformed_pod(tree: Cgrou
             assert c.plugin.counters.invalid == {"spec": 2}  # container + pod level
 
     run(scenario())
-    assert tree.pod(good.linux.cgroup_parent) == ("512", "100000", "536870912")
-    assert tree.pod(bad.linux.cgroup_parent) == BESTEFFORT_DEFAULTS
+    assert tree.read(good.linux.cgroup_parent) == Values(512, 100000, 512 * MI)
+    assert tree.read(bad.linux.cgroup_parent) == BESTEFFORT
 
 
 # ---------------------------------------------------------------------------
@@ -1187,7 +1088,7 @@ def test_fail_policy_does_not_fail_synchronize_for_one_malformed_pod(tree: Cgrou
 # ---------------------------------------------------------------------------
 
 
-def test_configure_with_a_drop_in_config_replaces_the_config(tree: CgroupTree) -> None:
+def test_configure_with_a_drop_in_config_replaces_the_config(tree: FakeTree) -> None:
     pod = batch_pod(annotation=spec({"app": {"limits": {BATCH_CPU: "500"}}}))
     ctr = make_container("c-app", pod, "app")
     drop_in = f"rules: {{cpuNormalizationRatio: 1.2}}\ncgroups: {{root: {tree.root}}}\n"
@@ -1204,7 +1105,7 @@ def test_configure_with_a_drop_in_config_replaces_the_config(tree: CgroupTree) -
     run(scenario())
 
 
-def test_configure_with_an_invalid_config_keeps_the_previous_one(tree: CgroupTree) -> None:
+def test_configure_with_an_invalid_config_keeps_the_previous_one(tree: FakeTree) -> None:
     pod = batch_pod(annotation=spec({"app": {"limits": {BATCH_CPU: "500"}}}))
     ctr = make_container("c-app", pod, "app")
     startup = make_config(tree, rules={"cpuNormalizationRatio": 2.0})
@@ -1223,7 +1124,7 @@ def test_configure_with_an_invalid_config_keeps_the_previous_one(tree: CgroupTre
 
 @pytest.mark.parametrize(("text", "reason"), HOSTILE_YAML.values(), ids=HOSTILE_YAML.keys())
 def test_configure_with_a_hostile_drop_in_keeps_the_previous_config(
-    tree: CgroupTree, text: str, reason: str
+    tree: FakeTree, text: str, reason: str
 ) -> None:
     """A pre-launched plugin's bad drop-in is refused: registration still succeeds."""
     startup = make_config(tree, rules={"cpuNormalizationRatio": 2.0})
@@ -1241,7 +1142,7 @@ def test_configure_with_a_hostile_drop_in_keeps_the_previous_config(
     assert reason in refused["error"]
 
 
-def test_configure_event_mask_for_containerd_1_7(tree: CgroupTree) -> None:
+def test_configure_event_mask_for_containerd_1_7(tree: FakeTree) -> None:
     async def scenario() -> None:
         async with connected(
             make_config(tree), runtime_name="containerd", runtime_version="v1.7.24"
@@ -1270,10 +1171,10 @@ def break_decisions(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_ignore_leaves_a_workload_alone_when_its_decision_raises(
-    tree: CgroupTree, monkeypatch: pytest.MonkeyPatch
+    tree: FakeTree, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pod = batch_pod()
-    tree.add_pod(pod.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
+    tree.write(pod.linux.cgroup_parent, BESTEFFORT)
     break_decisions(monkeypatch)
 
     async def scenario() -> Connected:
@@ -1287,7 +1188,7 @@ def test_ignore_leaves_a_workload_alone_when_its_decision_raises(
 
     with structlog.testing.capture_logs() as logs:
         c = run(scenario())
-    assert tree.pod(pod.linux.cgroup_parent) == BESTEFFORT_DEFAULTS
+    assert tree.read(pod.linux.cgroup_parent) == BESTEFFORT
     # RunPodSandbox, CreateContainer, and Synchronize's container and pod.
     assert c.plugin.counters.invalid == {"internal": 4}
     errors = [line for line in logs if line["log_level"] == "error"]
@@ -1302,7 +1203,7 @@ def test_ignore_leaves_a_workload_alone_when_its_decision_raises(
 
 
 def test_fail_refuses_a_workload_whose_decision_raises(
-    tree: CgroupTree, monkeypatch: pytest.MonkeyPatch
+    tree: FakeTree, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pod = batch_pod()
     break_decisions(monkeypatch)
@@ -1324,13 +1225,13 @@ def test_fail_refuses_a_workload_whose_decision_raises(
 
 
 def settled_batch_pod(
-    tree: CgroupTree, container_files: tuple[str, str, str]
+    tree: FakeTree, container_files: Values
 ) -> tuple[api.PodSandbox, api.Container, MidBatchPlugin]:
     """A batch container the runtime reports at the batch values, its files as given."""
     pod = batch_pod()
     parent = pod.linux.cgroup_parent
-    tree.add_pod(parent, ("512", "100000", str(512 * MI)))
-    tree.add_pod(f"{parent}/c-app", container_files)
+    tree.write(parent, Values(512, 100000, 512 * MI))
+    tree.write(f"{parent}/c-app", container_files)
     ctr = make_container(
         "c-app", pod, "app", current=resources(shares=512, quota=100_000, memory=512 * MI)
     )
@@ -1339,10 +1240,10 @@ def settled_batch_pod(
 
 
 def test_synchronize_repairs_a_container_whose_files_miss_the_reported_values(
-    tree: CgroupTree,
+    tree: FakeTree,
 ) -> None:
     """containerd killed mid-update stores the new values first: its next report lies."""
-    pod, ctr, plugin = settled_batch_pod(tree, BESTEFFORT_DEFAULTS)
+    pod, ctr, plugin = settled_batch_pod(tree, BESTEFFORT)
 
     async def scenario() -> Sequence[api.ContainerUpdate]:
         response = await plugin.synchronize([pod], [ctr])
@@ -1351,15 +1252,15 @@ def test_synchronize_repairs_a_container_whose_files_miss_the_reported_values(
 
     with structlog.testing.capture_logs() as logs:
         assert list(run(scenario())) == []
-    assert tree.pod(f"{pod.linux.cgroup_parent}/c-app") == ("512", "100000", str(512 * MI))
+    assert tree.read(f"{pod.linux.cgroup_parent}/c-app") == Values(512, 100000, 512 * MI)
     assert (plugin.counters.containers_repaired, plugin.counters.container_repairs_failed) == (1, 0)
     (warning,) = [line for line in logs if line["log_level"] == "warning"]
     assert warning["event"].startswith("container cgroup repaired")
     assert (warning["pod"], warning["container"]) == (pod.name, "app")
 
 
-def test_synchronize_leaves_containers_that_hold_their_values_alone(tree: CgroupTree) -> None:
-    pod, ctr, plugin = settled_batch_pod(tree, ("512", "100000", str(512 * MI)))
+def test_synchronize_leaves_containers_that_hold_their_values_alone(tree: FakeTree) -> None:
+    pod, ctr, plugin = settled_batch_pod(tree, Values(512, 100000, 512 * MI))
     before = tree.snapshot()
 
     async def scenario() -> None:
@@ -1372,15 +1273,15 @@ def test_synchronize_leaves_containers_that_hold_their_values_alone(tree: Cgroup
 
 
 def test_synchronize_reads_settled_containers_a_few_to_a_piece_of_work(
-    tree: CgroupTree, monkeypatch: pytest.MonkeyPatch
+    tree: FakeTree, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A request arriving while a node's containers are checked waits for a few reads only."""
     pods, containers = [], []
     for n in range(10):
         pod = batch_pod(f"batch-{n}")
         parent = pod.linux.cgroup_parent
-        tree.add_pod(parent, ("512", "100000", str(512 * MI)))
-        tree.add_pod(f"{parent}/c-{n}", ("512", "100000", str(512 * MI)))
+        tree.write(parent, Values(512, 100000, 512 * MI))
+        tree.write(f"{parent}/c-{n}", Values(512, 100000, 512 * MI))
         ctr = make_container(
             f"c-{n}", pod, "app", current=resources(shares=512, quota=100_000, memory=512 * MI)
         )
@@ -1418,7 +1319,7 @@ def test_synchronize_reads_settled_containers_a_few_to_a_piece_of_work(
     assert max(pieces) == CGROUP_READS_PER_PIECE
 
 
-def test_a_pod_cgroup_that_already_holds_its_values_is_logged_at_debug(tree: CgroupTree) -> None:
+def test_a_pod_cgroup_that_already_holds_its_values_is_logged_at_debug(tree: FakeTree) -> None:
     pod, ctr, plugin = new_batch_pod(tree)
     sync_directly(tree, plugin, [pod], [ctr])  # writes the pod's values
 
@@ -1442,13 +1343,13 @@ NORMALIZATION_TIER = {
 }
 
 
-def normalizing_config(tree: CgroupTree) -> Settings:
+def normalizing_config(tree: FakeTree) -> Settings:
     tiers = [*Config().model_dump(mode="json", by_alias=True)["tiers"], NORMALIZATION_TIER]
     return make_config(tree, tiers=tiers, rules={"cpuNormalizationRatio": 1.25})
 
 
-def test_normalization_claims_only_the_quota(tree: CgroupTree) -> None:
-    pod = make_pod("web", qos="LS", priority="koord-prod", annotation=None)
+def test_normalization_claims_only_the_quota(tree: FakeTree) -> None:
+    pod = prod_pod("web")
     kubelet = resources(shares=1024, quota=200_000, period=100_000, memory=GI)
     ctr = make_container("c-web", pod, "web", state=api.CONTAINER_CREATED, current=kubelet)
 
@@ -1473,8 +1374,8 @@ def test_normalization_claims_only_the_quota(tree: CgroupTree) -> None:
     run(scenario())
 
 
-def test_normalization_at_synchronize_scales_only_known_kubelet_quotas(tree: CgroupTree) -> None:
-    pod = make_pod("web", qos="LS", priority="koord-prod", annotation=None)
+def test_normalization_at_synchronize_scales_only_known_kubelet_quotas(tree: FakeTree) -> None:
+    pod = prod_pod("web")
     scaled = make_container("c-ours", pod, "web", current=resources(shares=1024, quota=160_000))
     scaled.annotations[NATIVE_LIMITS_ANNOTATION] = '{"cpuQuota":200000,"cpuPeriod":100000}'
     unknown = make_container("c-old", pod, "web", current=resources(shares=1024, quota=200_000))
@@ -1494,19 +1395,19 @@ def test_normalization_at_synchronize_scales_only_known_kubelet_quotas(tree: Cgr
     run(scenario())
 
 
-def test_normalization_writes_only_the_pod_quota_file(tree: CgroupTree) -> None:
-    pod = make_pod("web", qos="LS", priority="koord-prod", annotation=None)
+def test_normalization_writes_only_the_pod_quota_file(tree: FakeTree) -> None:
+    pod = prod_pod("web")
     pod.linux.pod_resources.CopyFrom(
         resources(shares=1024, quota=200_000, period=100_000, memory=GI)
     )
-    tree.add_pod(pod.linux.cgroup_parent, ("1024", "200000", str(GI)))
+    tree.write(pod.linux.cgroup_parent, Values(1024, 200000, GI))
 
     async def scenario() -> None:
         async with connected(normalizing_config(tree)) as c:
             await c.run_pod_sandbox(pod)
 
     run(scenario())
-    assert tree.pod(pod.linux.cgroup_parent) == ("1024", "160000", str(GI))
+    assert tree.read(pod.linux.cgroup_parent) == Values(1024, 160000, GI)
 
 
 # ---------------------------------------------------------------------------
@@ -1514,9 +1415,9 @@ def test_normalization_writes_only_the_pod_quota_file(tree: CgroupTree) -> None:
 # ---------------------------------------------------------------------------
 
 
-def test_observe_answers_synchronize_and_updates_with_nothing(tree: CgroupTree) -> None:
+def test_observe_answers_synchronize_and_updates_with_nothing(tree: FakeTree) -> None:
     pod = batch_pod()
-    tree.add_pod(pod.linux.cgroup_parent, BESTEFFORT_DEFAULTS)
+    tree.write(pod.linux.cgroup_parent, BESTEFFORT)
     off = make_container("c-app", pod, "app", current=resources(shares=2))
 
     async def scenario() -> None:
@@ -1533,12 +1434,12 @@ def test_observe_answers_synchronize_and_updates_with_nothing(tree: CgroupTree) 
             assert c.plugin.counters.adjusted == {}
 
     run(scenario())
-    assert tree.pod(pod.linux.cgroup_parent) == BESTEFFORT_DEFAULTS
+    assert tree.read(pod.linux.cgroup_parent) == BESTEFFORT
 
 
-def test_observe_says_same_when_the_values_are_already_there(tree: CgroupTree) -> None:
+def test_observe_says_same_when_the_values_are_already_there(tree: FakeTree) -> None:
     pod = batch_pod()
-    tree.add_pod(pod.linux.cgroup_parent, ("512", "100000", str(512 * MI)))
+    tree.write(pod.linux.cgroup_parent, Values(512, 100000, 512 * MI))
     done = make_container(
         "c-app", pod, "app", current=resources(shares=512, quota=100_000, memory=512 * MI)
     )

@@ -16,8 +16,9 @@ from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import Config
 from nri_midbatch.obs.logging import configure_logging, set_level
 from nri_midbatch.plugin.handlers import MidBatchPlugin
+from tests.factory import pod
 
-PROD = api.PodSandbox(id="p", name="prod", namespace="ns", labels={"koordinator.sh/qosClass": "LS"})
+PROD = pod("p", qos="LS", name="prod", namespace="ns")
 APP = api.Container(id="c", name="app", pod_sandbox_id="p")
 
 

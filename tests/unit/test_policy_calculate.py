@@ -22,10 +22,10 @@ from nri_midbatch.policy.calculate import (
 )
 from nri_midbatch.policy.spec import ContainerSpec
 from nri_midbatch.policy.trace import Step, render
+from tests.factory import BATCH_CPU as CPU
+from tests.factory import BATCH_MEMORY as MEMORY
+from tests.factory import GI
 
-CPU = "kubernetes.io/batch-cpu"
-MEMORY = "kubernetes.io/batch-memory"
-GI = 2**30
 BATCH = Tier(
     name="batch",
     priority_classes=(PriorityClass.BATCH, PriorityClass.FREE),

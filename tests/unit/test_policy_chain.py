@@ -7,12 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from nri_midbatch.config.compile import compile_policy
-from nri_midbatch.config.model import load_config_text
 from nri_midbatch.policy import (
     CgroupValues,
     ContainerView,
-    Decision,
     ErrorKind,
     NativeLimits,
     PodView,
@@ -20,73 +17,26 @@ from nri_midbatch.policy import (
     PriorityClass,
     QoSClass,
     Source,
-    decide_container,
     decide_pod,
     render,
 )
 from nri_midbatch.policy.chain import Chain
-
-QOS = "koordinator.sh/qosClass"
-PRIORITY = "koordinator.sh/priority-class"
-SPEC = "node.koordinator.sh/extended-resource-spec"
-BATCH_CPU, BATCH_MEMORY = "kubernetes.io/batch-cpu", "kubernetes.io/batch-memory"
-MID_CPU, MID_MEMORY = "kubernetes.io/mid-cpu", "kubernetes.io/mid-memory"
-GI = 2**30
-
-
-def policy(yaml: str = "") -> Policy:
-    return compile_policy(load_config_text(yaml, "test"))
-
-
-DEFAULT = policy()
-
-
-def spec(cpu: str, memory: str, **containers: tuple[str | None, str | None, str | None]) -> str:
-    """containers: name -> (cpu request, cpu limit, memory limit), as quantity strings."""
-    body = {}
-    for name, (request, limit, memory_limit) in containers.items():
-        entry: dict[str, dict[str, str]] = {}
-        if request is not None:
-            entry["requests"] = {cpu: request}
-        if limit is not None or memory_limit is not None:
-            limits = {cpu: limit, memory: memory_limit}
-            entry["limits"] = {k: v for k, v in limits.items() if v is not None}
-        body[name] = entry
-    return json.dumps({"containers": body})
-
-
-def batch_spec(**containers: tuple[str | None, str | None, str | None]) -> str:
-    return spec(BATCH_CPU, BATCH_MEMORY, **containers)
-
-
-def mid_spec(**containers: tuple[str | None, str | None, str | None]) -> str:
-    return spec(MID_CPU, MID_MEMORY, **containers)
-
-
-def pod(
-    qos: str | None = None,
-    priority: str | None = None,
-    annotation: str | None = None,
-    namespace: str = "default",
-    native: NativeLimits | None = None,
-) -> PodView:
-    labels = {QOS: qos, PRIORITY: priority}
-    return PodView(
-        uid="0a1b",
-        namespace=namespace,
-        name="job-0",
-        labels={k: v for k, v in labels.items() if v is not None},
-        annotations={} if annotation is None else {SPEC: annotation},
-        cgroup_parent="/kubepods/besteffort/pod0a1b",
-        native=native or NativeLimits(),
-    )
-
-
-MAIN = ContainerView(id="c0", name="main")
-
-
-def decide(p: PodView, c: ContainerView = MAIN, policy: Policy = DEFAULT) -> Decision:
-    return decide_container(p, c, policy)
+from tests.factory import (
+    BATCH_CPU,
+    BATCH_MEMORY,
+    GI,
+    MAIN,
+    PRIORITY,
+    QOS,
+    SPEC,
+    batch_spec,
+    decide,
+    mid_spec,
+    policy,
+    resource_spec,
+)
+from tests.factory import DEFAULT_POLICY as DEFAULT
+from tests.factory import pod_view as pod
 
 
 def test_batch_be() -> None:
@@ -217,7 +167,8 @@ rules:
   cpuNormalizationRatio: 2
 """
     )
-    annotation = spec("example.com/free-cpu", "example.com/free-memory", main=("250", "3k", "1Gi"))
+    free = ("example.com/free-cpu", "example.com/free-memory")
+    annotation = resource_spec(*free, main=("250", "3k", "1Gi"))
     labelled = decide(pod("BE", "koord-free", annotation), policy=p)
     assert labelled.tier == "scavenger"
     assert labelled.values == CgroupValues(256, 150_000, GI)

@@ -6,13 +6,10 @@ import json
 
 import pytest
 
-from nri_midbatch.config.compile import compile_policy
-from nri_midbatch.config.model import load_config_text
 from nri_midbatch.policy import (
     Classified,
     ContainerView,
     PodView,
-    Policy,
     PriorityClass,
     QoSClass,
     Source,
@@ -20,17 +17,9 @@ from nri_midbatch.policy import (
     render,
 )
 from nri_midbatch.policy.classify import qos_from_cgroup_parent
+from tests.factory import DEFAULT_POLICY, PRIORITY, QOS, SPEC, policy
 
-QOS = "koordinator.sh/qosClass"
-PRIORITY = "koordinator.sh/priority-class"
-SPEC = "node.koordinator.sh/extended-resource-spec"
-
-
-def policy(yaml: str = "") -> Policy:
-    return compile_policy(load_config_text(yaml, "test"))
-
-
-DEFAULT = policy()
+DEFAULT = DEFAULT_POLICY
 FROM_CGROUP = policy("classification: {qosFromCgroupParent: true}")
 
 

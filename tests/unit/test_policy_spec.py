@@ -21,9 +21,8 @@ from nri_midbatch.policy.spec import (
     parse_spec,
     spec_cache,
 )
-
-CPU = "kubernetes.io/batch-cpu"
-MEMORY = "kubernetes.io/batch-memory"
+from tests.factory import BATCH_CPU as CPU
+from tests.factory import BATCH_MEMORY as MEMORY
 
 
 def test_canonical_annotation() -> None:

@@ -19,15 +19,9 @@ from nri_midbatch.policy.trace import (
     ValueFrom,
 )
 from nri_midbatch.tools.explain import _how, _tier_lines
-from tests.unit.test_policy_chain import (
-    BATCH_CPU,
-    BATCH_MEMORY,
-    DEFAULT,
-    GI,
-    batch_spec,
-    decide,
-    pod,
-)
+from tests.factory import BATCH_CPU, BATCH_MEMORY, GI, batch_spec, decide
+from tests.factory import DEFAULT_POLICY as DEFAULT
+from tests.factory import pod_view as pod
 
 
 def test_steps_say_which_filter_tier_rule_and_value() -> None:

@@ -34,6 +34,7 @@ from nri_midbatch.recording.writer import Recorder, RotatingFile, Written
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.tools.cli import main
 from nri_midbatch.wire.status import Code
+from tests import factory
 from tests.unit.nri_fixtures import STARTUP_TIMEOUT, STEP_TIMEOUT, run, start_prelaunched
 from tests.unit.replay_fixtures import read_whole, replay_whole
 
@@ -53,14 +54,13 @@ def _logging_reset() -> Iterator[None]:
 
 
 def batch_pod(name: str = "batch", annotation: str = SPEC) -> api.PodSandbox:
-    return api.PodSandbox(
-        id=f"sandbox-{name}",
+    return factory.batch_pod(
+        f"sandbox-{name}",
         name=name,
         uid=f"uid-{name}",
         namespace="jobs",
-        labels={"koordinator.sh/qosClass": "BE", "koordinator.sh/priority-class": "koord-batch"},
-        annotations={"node.koordinator.sh/extended-resource-spec": annotation},
-        linux=api.LinuxPodSandbox(cgroup_parent=f"/kubepods/besteffort/pod{name}"),
+        annotation=annotation,
+        cgroup_parent=f"/kubepods/besteffort/pod{name}",
     )
 
 

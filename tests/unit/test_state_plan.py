@@ -23,11 +23,7 @@ from nri_midbatch.policy import (
 )
 from nri_midbatch.state.known import Known
 from nri_midbatch.state.plan import ContainerChange, Plan, PodChange, plan
-
-QOS = "koordinator.sh/qosClass"
-PRIORITY = "koordinator.sh/priority-class"
-SPEC = "node.koordinator.sh/extended-resource-spec"
-MI = 1024 * 1024
+from tests.factory import MI, PRIORITY, QOS, SPEC, pod_view, spec
 
 APP = {
     "requests": {"kubernetes.io/batch-cpu": "500"},
@@ -77,14 +73,7 @@ def pod(
     priority: str = "koord-batch",
     qos: str = "BE",
 ) -> PodView:
-    return PodView(
-        uid=uid,
-        namespace="default",
-        name=f"{uid}-name",
-        labels={QOS: qos, PRIORITY: priority},
-        annotations={SPEC: json.dumps({"containers": containers})},
-        cgroup_parent=f"/kubepods/besteffort/pod{uid}",
-    )
+    return pod_view(qos, priority, spec(containers), uid=uid)
 
 
 def known(*pods: tuple[str, PodView, list[ContainerView]]) -> Known:

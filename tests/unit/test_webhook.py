@@ -8,9 +8,7 @@ the tiers cannot serve; malformed input gets 400 or a denial with the reason, ui
 
 from __future__ import annotations
 
-import base64
 import copy
-import ipaddress
 import json
 import os
 import signal
@@ -19,250 +17,32 @@ import ssl
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from http.client import HTTPSConnection
 from pathlib import Path
 from typing import Any
 
-import jsonpatch
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.hazmat.primitives import serialization
 
 from nri_midbatch.config.model import Config
 from nri_midbatch.tools.webhook.server import WebhookServer
-
-QOS = "koordinator.sh/qosClass"
-PRIORITY = "koordinator.sh/priority-class"
-SPEC = "node.koordinator.sh/extended-resource-spec"
-MID_CPU, MID_MEMORY = "kubernetes.io/mid-cpu", "kubernetes.io/mid-memory"
-BATCH_CPU, BATCH_MEMORY = "kubernetes.io/batch-cpu", "kubernetes.io/batch-memory"
-POD_KIND = {"group": "", "version": "v1", "kind": "Pod"}
-
-
-# ----------------------------------------------------------------------------- certificates
-
-
-@dataclass(frozen=True)
-class Tls:
-    ca_pem: bytes
-    cert: Path
-    key: Path
-
-    def client(self) -> ssl.SSLContext:
-        return ssl.create_default_context(cadata=self.ca_pem.decode())
-
-
-def issue_tls(directory: Path, common_name: str = "localhost") -> Tls:
-    """A private CA and a serving certificate for localhost and 127.0.0.1, as PEM files."""
-    now = datetime.now(UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{common_name} test CA")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(minutes=5))
-        .not_valid_after(now + timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=False,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(minutes=5))
-        .not_valid_after(now + timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName(common_name), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    directory.mkdir(parents=True, exist_ok=True)
-    cert_path, key_path = directory / "tls.crt", directory / "tls.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return Tls(ca.public_bytes(serialization.Encoding.PEM), cert_path, key_path)
-
-
-# ------------------------------------------------------------------------------- pods, reviews
-
-
-def container(
-    name: str,
-    requests: Mapping[str, str] | None = None,
-    limits: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
-    entry: dict[str, Any] = {"name": name, "image": "busybox"}
-    resources: dict[str, Any] = {}
-    if requests:
-        resources["requests"] = dict(requests)
-    if limits:
-        resources["limits"] = dict(limits)
-    if resources:
-        entry["resources"] = resources
-    return entry
-
-
-def pod(
-    *containers: dict[str, Any],
-    priority: int | None = None,
-    labels: Mapping[str, str] | None = None,
-    annotations: Mapping[str, str] | None = None,
-    name: str = "p",
-    namespace: str = "default",
-) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
-    if labels is not None:
-        metadata["labels"] = dict(labels)
-    if annotations is not None:
-        metadata["annotations"] = dict(annotations)
-    spec: dict[str, Any] = {"containers": list(containers) or [container("main")]}
-    if priority is not None:
-        spec["priority"] = priority
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
-
-
-def _name_of(obj: Any) -> str:
-    metadata = obj.get("metadata") if isinstance(obj, dict) else None
-    name = metadata.get("name") if isinstance(metadata, dict) else None
-    return name if isinstance(name, str) else ""
-
-
-def review(
-    obj: Any,
-    *,
-    operation: str = "CREATE",
-    old: Any = None,
-    uid: str = "0b5c1d1e-7a3c-4e7f-9e1d-000000000001",
-    namespace: str = "default",
-) -> dict[str, Any]:
-    request: dict[str, Any] = {
-        "uid": uid,
-        "kind": POD_KIND,
-        "resource": {"group": "", "version": "v1", "resource": "pods"},
-        "requestKind": POD_KIND,
-        "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-        "name": _name_of(obj),
-        "namespace": namespace,
-        "operation": operation,
-        "userInfo": {"username": "tester"},
-        "object": obj,
-        "oldObject": old,
-        "dryRun": False,
-    }
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
-
-
-def mid_pod(**extra: Any) -> dict[str, Any]:
-    """The issue's mid pod: priority 7500, QoS BE, mid-cpu 2k limit and 1k (written 1000)
-    request, 1Gi memory; a sidecar without tier resources; a helper with limits only."""
-    return pod(
-        container(
-            "main",
-            requests={MID_CPU: "1000", MID_MEMORY: "1Gi"},
-            limits={MID_CPU: "2k", MID_MEMORY: "1Gi"},
-        ),
-        container("sidecar", requests={"cpu": "0"}),
-        container("helper", limits={MID_CPU: "1500", MID_MEMORY: "512Mi"}),
-        priority=7500,
-        labels={QOS: "BE", "app": "train"},
-        name="mid",
-        **extra,
-    )
-
-
-MID_SPEC = (
-    '{"containers":{'
-    '"helper":{"limits":{"kubernetes.io/mid-cpu":"1500","kubernetes.io/mid-memory":"512Mi"},'
-    '"requests":{"kubernetes.io/mid-cpu":"1500","kubernetes.io/mid-memory":"512Mi"}},'
-    '"main":{"limits":{"kubernetes.io/mid-cpu":"2k","kubernetes.io/mid-memory":"1Gi"},'
-    '"requests":{"kubernetes.io/mid-cpu":"1k","kubernetes.io/mid-memory":"1Gi"}}}}'
+from tests.admission import (
+    BATCH_SPEC,
+    MID_SPEC,
+    batch_pod,
+    container,
+    mid_pod,
+    mutated,
+    patch_of,
+    pod,
+    review,
 )
-
-
-def batch_pod(**extra: Any) -> dict[str, Any]:
-    return pod(
-        container(
-            "job",
-            requests={BATCH_CPU: "1500", BATCH_MEMORY: "2048Mi"},
-            limits={BATCH_CPU: "3000", BATCH_MEMORY: "4Gi"},
-        ),
-        priority=5500,
-        labels={QOS: "BE"},
-        annotations={"team": "etl"},
-        name="batch",
-        **extra,
-    )
-
-
-BATCH_SPEC = (
-    '{"containers":{"job":{'
-    '"limits":{"kubernetes.io/batch-cpu":"3k","kubernetes.io/batch-memory":"4Gi"},'
-    '"requests":{"kubernetes.io/batch-cpu":"1500","kubernetes.io/batch-memory":"2Gi"}}}}'
-)
-
-
-def patch_of(reply: Mapping[str, Any]) -> list[dict[str, Any]] | None:
-    response = reply["response"]
-    if "patch" not in response:
-        assert "patchType" not in response
-        return None
-    assert response["patchType"] == "JSONPatch"
-    ops = json.loads(base64.b64decode(response["patch"]))
-    assert isinstance(ops, list)
-    return ops
-
-
-def mutated(obj: dict[str, Any], reply: Mapping[str, Any]) -> dict[str, Any]:
-    ops = patch_of(reply)
-    return obj if ops is None else jsonpatch.apply_patch(obj, ops)
-
+from tests.factory import BATCH_CPU, BATCH_MEMORY, MID_CPU, MID_MEMORY, PRIORITY, QOS, SPEC
+from tests.tls import Tls, issue_tls
+from tests.webhook_client import Client, read_reply
 
 # ------------------------------------------------------------------------------ the server
-
-
-@pytest.fixture(scope="module")
-def tls(tmp_path_factory: pytest.TempPathFactory) -> Tls:
-    return issue_tls(tmp_path_factory.mktemp("tls"))
 
 
 @pytest.fixture(scope="module")
@@ -271,39 +51,6 @@ def server(tls: Tls) -> Iterator[WebhookServer]:
     webhook.start()
     yield webhook
     webhook.stop()
-
-
-class Client:
-    def __init__(self, server: WebhookServer, tls: Tls) -> None:
-        self.port = server.port
-        self.context = tls.client()
-
-    def raw(
-        self, method: str, path: str, body: bytes | None = None, headers: Mapping[str, str] = {}
-    ) -> tuple[int, str, bytes]:
-        connection = HTTPSConnection("127.0.0.1", self.port, context=self.context, timeout=10)
-        try:
-            connection.request(method, path, body, dict(headers))
-            reply = connection.getresponse()
-            return reply.status, reply.getheader("Content-Type") or "", reply.read()
-        finally:
-            connection.close()
-
-    def post(self, path: str, document: Any) -> tuple[int, Any]:
-        body = document if isinstance(document, bytes) else json.dumps(document).encode()
-        status, content_type, data = self.raw(
-            "POST", path, body, {"Content-Type": "application/json"}
-        )
-        assert content_type == "application/json", (status, data)
-        return status, json.loads(data)
-
-    def admit(self, path: str, document: Mapping[str, Any]) -> dict[str, Any]:
-        status, reply = self.post(path, document)
-        assert status == 200, reply
-        assert reply["apiVersion"] == "admission.k8s.io/v1"
-        assert reply["kind"] == "AdmissionReview"
-        assert reply["response"]["uid"] == document["request"]["uid"]
-        return reply  # type: ignore[no-any-return]
 
 
 @pytest.fixture
@@ -941,24 +688,6 @@ def test_other_content_types_are_refused(client: Client) -> None:
 def tls_socket(server: WebhookServer, tls: Tls) -> ssl.SSLSocket:
     raw = socket.create_connection(("127.0.0.1", server.port), timeout=5)
     return tls.client().wrap_socket(raw, server_hostname="localhost")
-
-
-def read_reply(sock: ssl.SSLSocket) -> bytes:
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-    head, _, rest = data.partition(b"\r\n\r\n")
-    length = next(
-        int(line.split(b":", 1)[1])
-        for line in head.split(b"\r\n")
-        if line.lower().startswith(b"content-length:")
-    )
-    while len(rest) < length:
-        rest += sock.recv(65536)
-    return head + b"\r\n\r\n" + rest
 
 
 def test_a_body_without_content_length_is_refused(server: WebhookServer, tls: Tls) -> None:

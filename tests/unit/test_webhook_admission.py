@@ -23,21 +23,16 @@ from nri_midbatch.policy.classes import (
 from nri_midbatch.tools.webhook.admission import derive_spec, handle, tier_resources
 from nri_midbatch.tools.webhook.jsonpatch import pointer
 from nri_midbatch.tools.webhook.pods import PodError, pod_qos, read_pod
-
-from .test_webhook import (
-    MID_CPU,
-    MID_MEMORY,
+from tests.admission import (
     MID_SPEC,
-    PRIORITY,
-    QOS,
-    SPEC,
     container,
     mid_pod,
     pod,
     review,
 )
+from tests.factory import DEFAULT_POLICY, MID_CPU, MID_MEMORY, PRIORITY, QOS, SPEC
 
-DEFAULT = compile_policy(load_config_text("", "defaults"))
+DEFAULT = DEFAULT_POLICY
 
 
 def run(path: str, document: dict[str, Any], policy: Any = DEFAULT) -> dict[str, Any]:

@@ -18,20 +18,20 @@ import pytest
 from nri_midbatch.config.model import Config
 from nri_midbatch.tools.webhook.pool import ReviewPool
 from nri_midbatch.tools.webhook.server import WebhookServer
-
-from .test_webhook import PRIORITY, SPEC, Client, Tls, issue_tls, mid_pod, mutated, review
-from .test_webhook_scale import mid_pod_of
-from .test_webhook_server import scrape
+from tests.admission import (
+    mid_pod,
+    mid_pod_of,
+    mutated,
+    review,
+)
+from tests.factory import PRIORITY, SPEC
+from tests.tls import Tls
+from tests.webhook_client import Client, scrape
 
 #: A body larger than this takes the large lane; the wide pod below is far over it.
 LARGE_BODY = 64 * 1024
 #: The wide pod: 1,000 containers, a body of about 200 KB.
 WIDE = 1_000
-
-
-@pytest.fixture(scope="module")
-def tls(tmp_path_factory: pytest.TempPathFactory) -> Tls:
-    return issue_tls(tmp_path_factory.mktemp("tls"))
 
 
 class Gate:

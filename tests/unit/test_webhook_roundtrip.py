@@ -26,23 +26,16 @@ from nri_midbatch.policy import (
 )
 from nri_midbatch.tools.webhook.admission import handle
 from nri_midbatch.tools.webhook.pods import cgroup_parent, read_pod
-
-from .test_webhook import (
-    BATCH_CPU,
-    BATCH_MEMORY,
-    MID_CPU,
-    MID_MEMORY,
-    QOS,
+from tests.admission import (
     batch_pod,
     container,
     mid_pod,
     pod,
     review,
 )
+from tests.factory import BATCH_CPU, BATCH_MEMORY, GI, MI, MID_CPU, MID_MEMORY, QOS
 
 POLICY = compile_policy(Config())
-GI = 1 << 30
-MI = 1 << 20
 
 
 def admitted(obj: dict[str, Any]) -> dict[str, Any]:

@@ -19,22 +19,14 @@ from nri_midbatch.policy import decision, spec
 from nri_midbatch.tools.webhook import admission
 from nri_midbatch.tools.webhook.admission import MAX_LISTED_ERRORS, handle
 from nri_midbatch.tools.webhook.budget import Budget
-
-from .test_webhook import MID_CPU, MID_MEMORY, PRIORITY, QOS, SPEC, container, mutated, pod, review
+from tests.admission import (
+    mid_pod_of,
+    mutated,
+    review,
+)
+from tests.factory import MID_CPU, MID_MEMORY, PRIORITY, SPEC
 
 POLICY = compile_policy(Config())
-
-
-def mid_pod_of(count: int, cpu_limit: str = "2k") -> dict[str, Any]:
-    containers = [
-        container(
-            f"c{n}",
-            requests={MID_CPU: "1k", MID_MEMORY: "1Gi"},
-            limits={MID_CPU: cpu_limit, MID_MEMORY: "1Gi"},
-        )
-        for n in range(count)
-    ]
-    return pod(*containers, priority=7500, labels={QOS: "BE"}, name="wide")
 
 
 def body(document: dict[str, Any]) -> bytes:

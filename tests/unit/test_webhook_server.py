@@ -13,31 +13,22 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from nri_midbatch.config.model import Config
 from nri_midbatch.tools.webhook.server import WebhookServer
-
-from .http_fixtures import PROMETHEUS_ACCEPT, openmetrics_families
-from .test_webhook import (
-    PRIORITY,
-    QOS,
-    Client,
-    Tls,
+from tests.admission import (
     container,
-    issue_tls,
     mid_pod,
     pod,
-    read_reply,
     review,
 )
+from tests.factory import PRIORITY, QOS
+from tests.tls import Tls, issue_tls
+from tests.webhook_client import Client, read_reply, scrape
+
+from .http_fixtures import PROMETHEUS_ACCEPT, openmetrics_families
 
 CAP = 8
-
-
-@pytest.fixture(scope="module")
-def tls(tmp_path_factory: pytest.TempPathFactory) -> Tls:
-    return issue_tls(tmp_path_factory.mktemp("tls"))
 
 
 #: The per-connection deadline of the slow-client tests: long enough that a loaded machine
@@ -177,17 +168,6 @@ def webhook(tls: Tls) -> Iterator[WebhookServer]:
     server = serve(tls)
     yield server
     server.stop()
-
-
-def scrape(client: Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    status, content_type, body = client.raw("GET", "/metrics")
-    assert status == 200
-    assert content_type.startswith("text/plain; version=0.0.4")
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(body.decode())
-        for sample in family.samples
-    }
 
 
 def test_the_page_is_openmetrics_for_prometheus_with_the_process_families(
