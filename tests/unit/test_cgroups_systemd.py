@@ -418,10 +418,12 @@ def test_a_refused_call_is_counted_and_the_next_unit_still_set(
 
     async def scenario() -> None:
         async with serve_manager(bus, manager), running(units):
-            # A reload's file pass: pods first, then containers.
+            # A reload's file pass: the pod goes down after its container (writes.py), so its
+            # unit is set after the container's: wait for both.
             failed = plugin.write_plan(Plan((change,), (PodChange(pod, change.values),)))
             assert failed == Plan((), ())
-            while units.property_sets[("container", "ok")] == 0:
+            sets = units.property_sets
+            while sets[("container", "ok")] == 0 or sets[("pod", "failed")] == 0:
                 await asyncio.sleep(0.01)
 
     run(scenario(), timeout=20)
