@@ -116,7 +116,19 @@ class PluginProcess:
         return read_log(self.log_path)
 
     def wait_for(self, name: str, *, timeout: float = 10.0, after: int = 0) -> tuple[int, Record]:
-        return wait_for_record(self.log_path, event(name), timeout=timeout, after=after)
+        try:
+            return wait_for_record(self.log_path, event(name), timeout=timeout, after=after)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.exit_note()}") from None
+
+    def exit_note(self) -> str:
+        """Whether the plugin still runs, else its exit code and what it printed on stderr:
+        what a plugin that never logs (a start-up error) has to say."""
+        rc = self.proc.poll()
+        if rc is None:
+            return "the plugin is still running"
+        stderr = self.proc.stderr.read() if self.proc.stderr is not None else ""
+        return f"the plugin exited with {rc}; its stderr:\n{stderr[-4000:]}"
 
     def metrics_port(self, timeout: float = 10.0) -> int:
         """The ephemeral port the plugin serves /metrics on, once it says so."""
