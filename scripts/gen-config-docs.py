@@ -307,10 +307,12 @@ start-up it runs while the plugin loads, a reload waits for it in a thread.
 
 A slow child never costs a valid configuration, nor the plugin's start: on a busy node a
 child can wait long for a core. The child's bound is CPU time, which load does not
-stretch: a child that spends 10 s of CPU (30 times what a configuration costs) is killed
-and the configuration refused as `invalid` (`cannot be validated: used more than 10 s of
-CPU`). A child that has not answered after 30 s of wall time, cannot start (no memory or
-processes left) or dies without a verdict is not a verdict: the plugin logs a warning
+stretch: a child that spends 10 s of CPU on the configuration once Python and pydantic are
+loaded (far more than any configuration costs; starting alone takes seconds of CPU on an
+emulated node) is killed and the configuration refused as `invalid` (`cannot be validated:
+used more than 10 s of CPU`). A child that has not answered after 30 s of wall time,
+cannot start (no memory or processes left) or dies without a verdict is not a verdict: the
+plugin logs a warning
 (`validator gave no answer in time; validating in-process`, or `could not start`, `gave no
 verdict`) and validates the configuration itself, with the same bounds and the same
 answer. That costs the 10 MB of pydantic for the rest of the process's life, far less than
