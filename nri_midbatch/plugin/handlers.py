@@ -44,7 +44,7 @@ from nri_midbatch.plugin.deferred import AfterReply
 from nri_midbatch.plugin.lowering import LoweringTimings
 from nri_midbatch.plugin.observer import Observer
 from nri_midbatch.plugin.records import Records
-from nri_midbatch.plugin.synchronize import BESTEFFORT_POD, SynchronizePass, SyncPart
+from nri_midbatch.plugin.synchronize import BESTEFFORT_POD, SynchronizePass
 from nri_midbatch.plugin.writes import Writes
 from nri_midbatch.policy import NativeLimits, PodView, Policy, QoSClass, decide_pod
 from nri_midbatch.policy.classify import qos_from_cgroup_parent
@@ -136,11 +136,6 @@ class MidBatchPlugin:
     @property
     def after_reply(self) -> AfterReply:
         return self._ctx.after_reply
-
-    @property
-    def sync_part(self) -> SyncPart | None:
-        """The Synchronize being received, chunk by chunk."""
-        return self._sync.part
 
     def _apply_config(self, config: Settings) -> None:
         self._ctx.configure(config, "" if self.runtime is None else self.runtime.name, self.systemd)

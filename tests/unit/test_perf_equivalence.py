@@ -11,6 +11,7 @@ import asyncio
 import io
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import structlog
@@ -245,9 +246,17 @@ def test_remembered_pods_hold_plain_dicts_with_shared_keys_and_values() -> None:
 
 def test_a_split_synchronize_keeps_each_path_and_shares_a_pods_strings() -> None:
     """Containers waiting for their pod's chunk hold its id and path head once, not each."""
+    from nri_midbatch.cgroups.paths import CgroupDriver
     from nri_midbatch.config.compile import settings_of
     from nri_midbatch.config.model import Config
-    from nri_midbatch.plugin.handlers import MidBatchPlugin
+    from nri_midbatch.plugin.cgroup_writer import CgroupWriter
+    from nri_midbatch.plugin.context import PluginContext
+    from nri_midbatch.plugin.decisions import Decider
+    from nri_midbatch.plugin.lowering import LoweringTimings
+    from nri_midbatch.plugin.records import Records
+    from nri_midbatch.plugin.synchronize import SynchronizePass
+    from nri_midbatch.plugin.writes import Writes
+    from nri_midbatch.state.store import BaselineStore
 
     parent = "kubepods-besteffort-podu1.slice"
     paths = {
@@ -273,14 +282,24 @@ def test_a_split_synchronize_keeps_each_path_and_shares_a_pods_strings() -> None
         namespace="ns",
         linux=api.LinuxPodSandbox(cgroup_parent=parent),
     )
-    plugin = MidBatchPlugin(settings_of(Config()), dry_run=True)
-    plugin.synchronize_part([], containers, first=True)
-    part = plugin.sync_part
-    assert part is not None
-    waiting = part.containers
+    settings = settings_of(Config())
+    writer = CgroupWriter(Path(settings.cgroups.root), CgroupDriver(settings.cgroups.driver))
+    ctx = PluginContext(settings, settings.compile(), writer, BaselineStore(None), dry_run=True)
+    records = Records(ctx)
+    sync = SynchronizePass(
+        ctx, Decider(ctx, records), Writes(ctx, records), records, LoweringTimings()
+    )
+    sync.take([], containers, first=True)
+    assert sync.part is not None
+    waiting = sync.part.containers
     assert waiting[0] is waiting[5] and waiting[2] is waiting[7]
-    asyncio.run(plugin.synchronize([pod], []))
-    assert {cid: plugin.known.cgroups_path(cid) for cid in paths} == paths
+
+    async def last_chunk_and_reply() -> None:  # the reply leaves work for after it
+        sync.take([pod], [], first=False)
+        sync.reply()
+
+    asyncio.run(last_chunk_and_reply())
+    assert {cid: ctx.known.cgroups_path(cid) for cid in paths} == paths
 
 
 # -- the decision log line ----------------------------------------------------
