@@ -55,6 +55,11 @@ class PluginContext:
         """Put `config` in force, with the writer it implies."""
         self.config = config
         self.policy = config.compile()
-        self.cgroups = CgroupWriter(
-            Path(config.cgroups.root), CgroupDriver(config.cgroups.driver), runtime, systemd
-        )
+        self.cgroups = writer_for(config, runtime, systemd)
+
+
+def writer_for(config: Settings, runtime: str, systemd: SystemdUnits | None) -> CgroupWriter:
+    """The cgroup writer of a configuration: its root and driver, the runtime's naming."""
+    return CgroupWriter(
+        Path(config.cgroups.root), CgroupDriver(config.cgroups.driver), runtime, systemd
+    )

@@ -36,7 +36,7 @@ from nri_midbatch.plugin.codec import (
     pod_view,
     set_resources,
 )
-from nri_midbatch.plugin.context import PluginContext
+from nri_midbatch.plugin.context import PluginContext, writer_for
 from nri_midbatch.plugin.counters import Counters
 from nri_midbatch.plugin.decision_log import DecisionLines
 from nri_midbatch.plugin.decisions import Decider
@@ -88,9 +88,7 @@ class MidBatchPlugin:
         self._ctx = ctx = PluginContext(
             config,
             config.compile(),
-            CgroupWriter(
-                Path(config.cgroups.root), CgroupDriver(config.cgroups.driver), "", self.systemd
-            ),
+            writer_for(config, "", self.systemd),
             store if store is not None and not dry_run else BaselineStore(None),
             dry_run=dry_run,
             observers=tuple(observers),
