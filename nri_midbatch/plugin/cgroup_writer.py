@@ -59,7 +59,7 @@ class CgroupWriter:
         if not report.ok:
             return Written("; ".join(f"{f.operation} {f.path}: {f.error}" for f in report.failed))
         if self.systemd is not None:
-            self.systemd.hold(self.unit_target(pod, container, values, cgroups_path))
+            self.systemd.hold(_unit(location, pod, container, values))
         return Written(None, bool(report.written))
 
     def read(
@@ -92,6 +92,11 @@ class CgroupWriter:
         cgroups_path: str = "",
     ) -> UnitTarget:
         """The systemd unit that holds these values: the pod's slice or the container's scope."""
-        location = self.location(pod, container, cgroups_path)
-        name = "" if container is None else container.name
-        return UnitTarget(location, values, pod.uid, pod.namespace, pod.name, name)
+        return _unit(self.location(pod, container, cgroups_path), pod, container, values)
+
+
+def _unit(
+    location: CgroupLocation, pod: PodView, container: ContainerView | None, values: CgroupValues
+) -> UnitTarget:
+    name = "" if container is None else container.name
+    return UnitTarget(location, values, pod.uid, pod.namespace, pod.name, name)

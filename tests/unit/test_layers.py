@@ -15,6 +15,23 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "nri_midbatch"
 
+#: What the process may import: every room below it.
+_PROCESS = frozenset(
+    {
+        "recording",
+        "plugin",
+        "state",
+        "obs",
+        "config",
+        "nri",
+        "rpc",
+        "wire",
+        "api",
+        "policy",
+        "cgroups",
+    }
+)
+
 #: room -> the rooms it may import, lowest rooms first.
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "api": frozenset(),
@@ -28,37 +45,9 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "state": frozenset({"policy"}),
     "plugin": frozenset({"nri", "rpc", "wire", "api", "policy", "cgroups", "config", "state"}),
     "recording": frozenset({"plugin", "nri", "rpc", "wire", "api", "policy"}),
-    "process": frozenset(
-        {
-            "recording",
-            "plugin",
-            "state",
-            "obs",
-            "config",
-            "nri",
-            "rpc",
-            "wire",
-            "api",
-            "policy",
-            "cgroups",
-        }
-    ),
-    "tools": frozenset(
-        {
-            "process",
-            "recording",
-            "plugin",
-            "state",
-            "obs",
-            "config",
-            "nri",
-            "rpc",
-            "wire",
-            "api",
-            "policy",
-            "cgroups",
-        }
-    ),
+    "process": _PROCESS,
+    # Everything below it, and the process.
+    "tools": _PROCESS | {"process"},
 }
 
 
