@@ -22,17 +22,22 @@ from nri_midbatch.policy import (
     CgroupValues,
     ContainerView,
     Decision,
+    NativeLimits,
     PodClass,
     PodView,
     classify_pod,
     decide_container,
     decide_pod,
 )
+from nri_midbatch.policy.holdable import unholdable_kubelet
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.state.baseline import in_force
 from nri_midbatch.wire.status import Code
 
 log = structlog.get_logger(__name__)
+
+#: The invalid-input reason of values from the runtime that no cgroup file holds (`holdable`).
+RUNTIME_VALUES = "runtime_values"
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +143,26 @@ class Decider:
         if values is None:
             return None
         return PodTarget(pod_id, pod, decision.tier, values, claimed)
+
+    def holdable(self, native: NativeLimits, method: str, *, namespace: str, pod: str) -> bool:
+        """Whether kubelet's values as the runtime tells them (a pod's resources plus its
+        overhead, summed by the plugin) are ones a cgroup file takes and kubelet writes.
+
+        If not (18446744073709551614, a sum past 64 bits, was written to a pod's quota), they
+        are refused: logged with the pod, counted, and the caller keeps what it knew.
+        """
+        why = unholdable_kubelet(native)
+        if why is None:
+            return True
+        self._ctx.counters.count_invalid(RUNTIME_VALUES)
+        log.warning(
+            "kubelet's values from the runtime refused: no cgroup file holds them",
+            method=method,
+            namespace=namespace,
+            pod=pod,
+            reason=why,
+        )
+        return False
 
     def observed(
         self,

@@ -390,7 +390,9 @@ class MidBatchPlugin:
                 None if told.cpu_shares is None else told.cpu_shares + (extra.cpu_shares or 0)
             ),
         )
-        if native == view.native:
+        if native == view.native or not self._decide.holdable(
+            native, "UpdatePodSandbox", namespace=view.namespace, pod=view.name
+        ):
             return
         view = known.pods[pod.id] = replace(view, native=native)
         known.pod_baseline_known.add(pod.id)

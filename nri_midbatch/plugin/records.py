@@ -9,7 +9,7 @@ when it changes, after the reply where the reply does not need it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 
 import structlog
@@ -88,4 +88,10 @@ class Records:
 
     def _prune(self) -> None:
         ctx = self._ctx
-        ctx.store.prune(frozenset(pod.uid for pod in ctx.known.pods.values()))
+        self._prune_piece(ctx.store.pruning(lambda: {pod.uid for pod in ctx.known.pods.values()}))
+
+    def _prune_piece(self, pruning: Iterator[int]) -> None:
+        """One slice of the directory (store.PRUNE_PER_PIECE entries), the next queued behind
+        whatever came meanwhile: 30,000 stale records made one piece of 1.15 s."""
+        if next(pruning, None) is not None:
+            self._ctx.after_reply.defer(self._prune_piece, pruning)

@@ -43,7 +43,7 @@ from nri_midbatch.policy.classify import qos_from_cgroup_parent
 from nri_midbatch.state.baseline import in_force
 from nri_midbatch.state.known import Known, container_at_sync, split_path
 from nri_midbatch.state.plan import raises_quota
-from nri_midbatch.state.store import PodRecord
+from nri_midbatch.state.store import PodRecord, ReadBudget
 
 #: Kubelet's cgroup for a BestEffort pod: the least shares, no quota, no memory limit.
 BESTEFFORT_POD = NativeLimits(cpu_shares=2)
@@ -64,7 +64,7 @@ class SyncPart:
     """
 
     FIELDS = 5
-    __slots__ = ("containers", "known", "listed", "records", "stored")
+    __slots__ = ("budget", "containers", "known", "listed", "records", "stored")
 
     def __init__(self, stored: frozenset[str]) -> None:
         self.known = Known()
@@ -74,6 +74,8 @@ class SyncPart:
         #: The uids of the pods with a record, and the records read (by pod sandbox id).
         self.stored = stored
         self.records: dict[str, PodRecord] = {}
+        #: The bytes of records this Synchronize may still read.
+        self.budget = ReadBudget()
 
 
 class SynchronizePass:
@@ -148,6 +150,10 @@ class SynchronizePass:
             native, applied = record.pod.kubelet, record.pod.applied
         else:
             native = runtime_pod_baseline(pod)
+            if native is not None and not self._decide.holdable(
+                native, "Synchronize", namespace=pod.namespace, pod=pod.name
+            ):
+                native = None
             if native is None and qos_from_cgroup_parent(pod.linux.cgroup_parent) is QoSClass.BE:
                 native = BESTEFFORT_POD
         known.add_pod(pod_id, pod_view(pod, native))
@@ -159,7 +165,7 @@ class SynchronizePass:
         """The pod's record, if it has one; kept with the part for its containers."""
         if pod.uid not in part.stored:
             return None
-        record = self._ctx.store.load(pod.uid)
+        record = self._ctx.store.load(pod.uid, part.budget)
         if record is not None:
             part.records[pod.id] = record
         return record

@@ -32,6 +32,7 @@ from nri_midbatch.obs.health import HealthServer
 from nri_midbatch.obs.logging import set_level
 from nri_midbatch.obs.metrics import CounterFamily, CountersCollector, Metrics
 from nri_midbatch.plugin.codec import container_update
+from nri_midbatch.plugin.decisions import RUNTIME_VALUES
 from nri_midbatch.plugin.deferred import AfterReply, DeferredTimings
 from nri_midbatch.plugin.handlers import MidBatchPlugin
 from nri_midbatch.plugin.lowering import LoweringTimings
@@ -43,7 +44,7 @@ from nri_midbatch.process.status import StatusServer
 from nri_midbatch.recording.writer import Recorder
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.state.plan import Plan, split_pods
-from nri_midbatch.state.store import BaselineStore
+from nri_midbatch.state.store import REFUSALS, BaselineStore
 from nri_midbatch.wire.status import Code
 
 __all__ = ["App"]
@@ -59,7 +60,7 @@ _PASSING_BIND_ERRORS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL})
 #: Prometheus's increase() misses the first rise of a series it did not have,
 #: and the alerts in examples/monitoring/ use increase().
 RELOAD_RESULTS = ("applied", "unchanged", "invalid", "failed")
-INVALID_REASONS = (*(kind.value for kind in ErrorKind), "internal")
+INVALID_REASONS = (*(kind.value for kind in ErrorKind), "internal", RUNTIME_VALUES)
 ADJUSTING_METHODS = ("CreateContainer", "UpdateContainer", "Synchronize")
 #: Runtimes before this never synchronize pre-launched plugins.
 PRELAUNCHED_SYNC_FROM: Version = (0, 7, 0)
@@ -327,6 +328,14 @@ class App:
             " removed",
             (),
             {(): self.plugin.store.failures},
+        )
+        records_refused: dict[tuple[str, ...], int] = {(r,): 0 for r in REFUSALS}
+        records_refused.update({(r,): n for r, n in self.plugin.store.refused.items()})
+        yield (
+            "nri_midbatch_baseline_records_refused",
+            "Pod records under --state-dir read and not taken (as if the pod had none), by reason",
+            ("reason",),
+            records_refused,
         )
         yield (
             "nri_midbatch_pods_lowered_unconfirmed",

@@ -1,0 +1,127 @@
+"""Hostile pod records and runtime values through the real App: what no cgroup file holds is
+refused with the pod named, and a bad record never fails a Synchronize."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.state.store import BaselineStore
+from tests.fake_cgroups import FakeTree
+from tests.oracle.targets import Values
+
+from .app_node import running_node
+from .nri_fixtures import run
+from .test_history import TIERS, ls_pod, resources, web_container
+
+INT64_MAX = (1 << 63) - 1
+#: Normalized by 2: a pod's quota is half of kubelet's.
+RATIO = {"cpuNormalizationRatio": 2.0}
+
+
+def test_a_record_nested_200_000_deep_fails_no_synchronize(tmp_path: Path) -> None:
+    """It made Synchronize answer status 2 at every registration until removed."""
+    pod = ls_pod("web")
+    parent = pod.linux.cgroup_parent
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / f"{pod.uid}.json").write_text("[" * 200_000)
+    FakeTree(tmp_path / "cgroup").write(parent, Values(1536, 150000, -1))
+
+    async def scenario() -> None:
+        async with running_node(
+            tmp_path, state_dir=state, tiers=TIERS, rules=RATIO, synchronized=([pod], [])
+        ) as node:
+            assert node.synchronized is not None
+            await node.app.plugin.after_reply.settle()
+            assert node.app.plugin.store.refused == {"format": 1}
+            # Without a record, kubelet's values came from the pod's cgroup.
+            assert node.tree.read(parent).quota == 75000
+            kept = BaselineStore(state).load(pod.uid)
+            assert kept is not None and kept.pod is not None
+            assert kept.pod.kubelet.cpu_quota == 150_000
+
+    run(scenario())
+
+
+def test_a_record_s_out_of_range_quota_is_never_written(tmp_path: Path) -> None:
+    """A record saying kubelet's quota is -5 (or 2^64-2) is refused, not given back."""
+    pod = ls_pod("web")
+    parent = pod.linux.cgroup_parent
+    state = tmp_path / "state"
+    state.mkdir()
+    record = {"format": 1, "pod": {"kubelet": {"cpuQuota": (1 << 64) - 2}}}
+    (state / f"{pod.uid}.json").write_text(json.dumps(record))
+    FakeTree(tmp_path / "cgroup").write(parent, Values(1536, 150000, -1))
+
+    async def scenario() -> None:
+        async with running_node(
+            tmp_path, state_dir=state, tiers=TIERS, rules=RATIO, synchronized=([pod], [])
+        ) as node:
+            await node.app.plugin.after_reply.settle()
+            assert node.tree.read(parent).quota == 75000
+            assert node.app.plugin.store.refused == {"values": 1}
+
+    run(scenario())
+
+
+def _summed_past_64_bits() -> api.LinuxResources:
+    return resources(1024, INT64_MAX)
+
+
+def test_pod_values_summed_past_64_bits_at_synchronize_are_refused(tmp_path: Path) -> None:
+    """containerd 2.x's pod resources plus overhead: their sum is kubelet's pod quota, unless
+    no cgroup file can hold it; then the pod's cgroup tells, as on containerd 1.7."""
+    pod = ls_pod("web", pod_resources=_summed_past_64_bits(), pod_overhead=_summed_past_64_bits())
+    parent = pod.linux.cgroup_parent
+    FakeTree(tmp_path / "cgroup").write(parent, Values(1024, 110000, -1))
+
+    async def scenario() -> None:
+        async with running_node(
+            tmp_path,
+            runtime_version="v2.1.9",
+            nri_version="v0.8.0",
+            tiers=TIERS,
+            rules=RATIO,
+            synchronized=([pod], []),
+        ) as node:
+            await node.app.plugin.after_reply.settle()
+            assert node.tree.read(parent).quota == 55000
+            assert node.app.plugin.counters.invalid == {"runtime_values": 1}
+
+    run(scenario())
+
+
+def test_an_update_pod_sandbox_summed_past_64_bits_is_refused(tmp_path: Path) -> None:
+    """18446744073709551614 was written to cpu.cfs_quota_us."""
+    pod = ls_pod("web", pod_resources=resources(1024, 100_000), pod_overhead=resources(0, 10_000))
+    parent = pod.linux.cgroup_parent
+    FakeTree(tmp_path / "cgroup").write(parent, Values(1024, 110000, -1))
+
+    async def scenario() -> None:
+        async with running_node(
+            tmp_path,
+            runtime_version="v2.1.9",
+            nri_version="v0.10.0",
+            tiers=TIERS,
+            rules=RATIO,
+            synchronized=([pod], [web_container(pod)]),
+        ) as node:
+            await node.app.plugin.after_reply.settle()
+            assert node.tree.read(parent).quota == 55000
+            await node.call(
+                "UpdatePodSandbox",
+                api.UpdatePodSandboxRequest(
+                    pod=pod,
+                    linux_resources=_summed_past_64_bits(),
+                    overhead_linux_resources=_summed_past_64_bits(),
+                ),
+                api.UpdatePodSandboxResponse,
+            )
+            await node.app.plugin.after_reply.settle()
+            assert node.tree.read(parent).quota == 55000
+            assert node.app.plugin.counters.invalid == {"runtime_values": 1}
+            assert node.app.plugin.known.pods["web"].native.cpu_quota == 110_000
+
+    run(scenario())
