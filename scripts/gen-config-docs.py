@@ -393,10 +393,21 @@ field the plugin never set is never touched: it may be another plugin's.
   pod resources of `UpdatePodSandbox`. Kept by the pod's record.
 
 A pod's record is a small file, `<pod uid>.json`, in `nri-midbatch run --state-dir` (default
-`/var/lib/nri-midbatch/pods`, a host path in the DaemonSet), at most 1 MiB each, one per pod
+`/var/lib/nri-midbatch/pods`, a host path in the DaemonSet), at most 640 KiB and 2,500
+containers each (a pod of 2,000 containers, each resized, takes about 460 KB), one per pod
 the runtime runs: written when what it keeps changes, removed with its pod, and those of pods
-that are gone removed at each `Synchronize`. Failure cases, each counted in
-`nri_midbatch_baseline_record_failures_total` where a file is at fault:
+that are gone removed after each `Synchronize`, 16 files of the directory at a time between
+requests. The plugin writes a record to a fresh name, created so that it cannot be a link,
+and renames it over the pod's file; it opens every file relative to the directory, which must
+not itself be a link. A record is read only within
+[bounds](troubleshooting.md#what-pods-and-files-can-make-the-plugin-hold): one that is not a
+record (not JSON, nested deeper than the format, another shape), holds a value no cgroup file
+takes or kubelet never writes (a quota of -5 or below 1 ms, a memory limit of `1e30`, shares
+outside [2, 262144]), or lies past the 4 MiB one `Synchronize` reads is refused: logged with
+the pod uid (`pod record refused`, the first of each reason at warning), counted in
+`nri_midbatch_baseline_records_refused_total`, and the pod is taken as if it had no record.
+Failure cases, each counted in `nri_midbatch_baseline_record_failures_total` where a file
+could not be read, written or removed:
 
 - **Records lost** (the directory wiped, or the plugin run without it): after a restart the
   plugin takes a non-BestEffort pod's cgroup files, which hold its own earlier values, for
