@@ -15,6 +15,7 @@ from sys import intern
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.policy import CgroupValues, ContainerView, NativeLimits, PodView
 from nri_midbatch.policy.bounded_cache import INPUT_CACHE_BYTES, BoundedCache
+from nri_midbatch.policy.holdable import unholdable_kubelet
 
 # An absent optional value reads as 0, which counts as unset here anyway:
 # reading `.value` without HasField gives the same answer for half the cost.
@@ -173,7 +174,9 @@ def _decoded_native_limits(text: str) -> NativeLimits | None:
         if value is not None and (type(value) is not int or value <= 0):
             return None
         values.append(value or 0)  # 0: absent, as _native_limits takes it
-    return _native_limits(*values)
+    limits = _native_limits(*values)
+    # Given back as the container's values: what no cgroup file holds is no baseline of kubelet's.
+    return None if unholdable_kubelet(limits) is not None else limits
 
 
 #: Decoded native-limits annotations, by their text: a container brings the text, which

@@ -4,10 +4,15 @@ refused with the pod named, and a bad record never fails a Synchronize."""
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
+import pytest
+
 from nri_midbatch.api import nri_pb2 as api
-from nri_midbatch.state.store import BaselineStore
+from nri_midbatch.plugin.codec import decode_native_limits
+from nri_midbatch.state.store import PRUNE_PER_PIECE, BaselineStore
 from tests.fake_cgroups import FakeTree
 from tests.oracle.targets import Values
 
@@ -125,3 +130,43 @@ def test_an_update_pod_sandbox_summed_past_64_bits_is_refused(tmp_path: Path) ->
             assert node.app.plugin.known.pods["web"].native.cpu_quota == 110_000
 
     run(scenario())
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"cpuQuota": 1180591620717411303424}', '{"cpuQuota": 999}', '{"cpuShares": 262145}'],
+)
+def test_a_native_limits_annotation_no_cgroup_file_holds_is_not_kubelet_s(text: str) -> None:
+    """The container's own record of kubelet's values: taken only within the same ranges."""
+    assert decode_native_limits(text) is None
+    assert decode_native_limits('{"cpuQuota": 1000, "cpuShares": 262144}') is not None
+
+
+def test_stale_records_are_pruned_a_slice_at_a_time_and_a_live_one_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pod = ls_pod("web")
+    state = tmp_path / "state"
+    state.mkdir()
+    for n in range(3 * PRUNE_PER_PIECE):
+        (state / f"gone-{n}.json").write_text("{}")
+    FakeTree(tmp_path / "cgroup").write(pod.linux.cgroup_parent, Values(1536, 150000, -1))
+    pieces: list[int] = []
+    pruning = BaselineStore.pruning
+
+    def counted(store: BaselineStore, live: Callable[[], Collection[str]]) -> Iterator[int]:
+        for removed in pruning(store, live):
+            pieces.append(removed)
+            yield removed
+
+    monkeypatch.setattr(BaselineStore, "pruning", counted)
+
+    async def scenario() -> None:
+        async with running_node(
+            tmp_path, state_dir=state, tiers=TIERS, rules=RATIO, synchronized=([pod], [])
+        ) as node:
+            await node.app.plugin.after_reply.settle()
+
+    run(scenario())
+    assert os.listdir(state) == [f"{pod.uid}.json"]
+    assert len(pieces) >= 3 and max(pieces) <= PRUNE_PER_PIECE
