@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Collection, Iterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from nri_midbatch.state.store import PRUNE_PER_PIECE, BaselineStore
 from tests.fake_cgroups import FakeTree
 from tests.oracle.targets import Values
 
-from .app_node import running_node
+from .app_node import Node, running_node
 from .nri_fixtures import run
 from .test_history import TIERS, ls_pod, resources, web_container
 
@@ -71,6 +72,20 @@ def test_a_record_s_out_of_range_quota_is_never_written(tmp_path: Path) -> None:
     run(scenario())
 
 
+def containerd_2(
+    tmp_path: Path, nri_version: str, pod: api.PodSandbox, *containers: api.Container
+) -> AbstractAsyncContextManager[Node]:
+    """A node whose runtime tells pod resources and overhead, `pod` running at Synchronize."""
+    return running_node(
+        tmp_path,
+        runtime_version="v2.1.9",
+        nri_version=nri_version,
+        tiers=TIERS,
+        rules=RATIO,
+        synchronized=([pod], containers),
+    )
+
+
 def _summed_past_64_bits() -> api.LinuxResources:
     return resources(1024, INT64_MAX)
 
@@ -83,14 +98,7 @@ def test_pod_values_summed_past_64_bits_at_synchronize_are_refused(tmp_path: Pat
     FakeTree(tmp_path / "cgroup").write(parent, Values(1024, 110000, -1))
 
     async def scenario() -> None:
-        async with running_node(
-            tmp_path,
-            runtime_version="v2.1.9",
-            nri_version="v0.8.0",
-            tiers=TIERS,
-            rules=RATIO,
-            synchronized=([pod], []),
-        ) as node:
+        async with containerd_2(tmp_path, "v0.8.0", pod) as node:
             await node.app.plugin.after_reply.settle()
             assert node.tree.read(parent).quota == 55000
             assert node.app.plugin.counters.invalid == {"runtime_values": 1}
@@ -105,14 +113,7 @@ def test_an_update_pod_sandbox_summed_past_64_bits_is_refused(tmp_path: Path) ->
     FakeTree(tmp_path / "cgroup").write(parent, Values(1024, 110000, -1))
 
     async def scenario() -> None:
-        async with running_node(
-            tmp_path,
-            runtime_version="v2.1.9",
-            nri_version="v0.10.0",
-            tiers=TIERS,
-            rules=RATIO,
-            synchronized=([pod], [web_container(pod)]),
-        ) as node:
+        async with containerd_2(tmp_path, "v0.10.0", pod, web_container(pod)) as node:
             await node.app.plugin.after_reply.settle()
             assert node.tree.read(parent).quota == 55000
             await node.call(

@@ -230,14 +230,20 @@ def test_an_unwritable_directory_is_counted_not_raised(tmp_path: Path) -> None:
     assert store.failures == 1
 
 
-def test_a_link_planted_as_the_temporary_file_is_never_written_through(tmp_path: Path) -> None:
-    """`.<uid>.json.tmp` linked to a file outside made the next write overwrite that file."""
+def _planted(tmp_path: Path, *names: str) -> tuple[Path, Path]:
+    """A state directory with links of `names` to a file outside it: (directory, file)."""
     pods = tmp_path / "pods"
     pods.mkdir()
     outside = tmp_path / "outside"
     outside.write_text("precious")
-    os.symlink(outside, pods / f".{UID}.json.tmp")
-    os.symlink(outside, pods / f"{UID}.json.new")
+    for name in names:
+        os.symlink(outside, pods / name)
+    return pods, outside
+
+
+def test_a_link_planted_as_the_temporary_file_is_never_written_through(tmp_path: Path) -> None:
+    """`.<uid>.json.tmp` linked to a file outside made the next write overwrite that file."""
+    pods, outside = _planted(tmp_path, f".{UID}.json.tmp", f"{UID}.json.new")
     store = BaselineStore(pods)
     store.save(UID, RECORD)
     assert outside.read_text() == "precious"
@@ -245,11 +251,7 @@ def test_a_link_planted_as_the_temporary_file_is_never_written_through(tmp_path:
 
 
 def test_a_link_planted_as_the_record_is_replaced_not_followed(tmp_path: Path) -> None:
-    pods = tmp_path / "pods"
-    pods.mkdir()
-    outside = tmp_path / "outside"
-    outside.write_text("precious")
-    os.symlink(outside, pods / f"{UID}.json")
+    pods, outside = _planted(tmp_path, f"{UID}.json")
     store = BaselineStore(pods)
     assert store.load(UID) is None  # read through no link either
     store.save(UID, RECORD)
