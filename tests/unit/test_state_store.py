@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from nri_midbatch.policy import CgroupValues, NativeLimits
 from nri_midbatch.state.store import (
@@ -100,8 +101,12 @@ def test_a_record_nested_deep_is_refused_not_raised(
     """200 KB of `[` made every Synchronize answer status 2 (RecursionError)."""
     (tmp_path / "p.json").write_text(opening * depth)
     store = BaselineStore(tmp_path)
-    assert store.load("p") is None
+    with capture_logs() as logs:
+        assert store.load("p") is None
     assert store.refused == {"format": 1}
+    assert [(e["log_level"], e["pod_uid"], e["reason"]) for e in logs] == [
+        ("warning", "p", "format")
+    ]
 
 
 def _pod_kept(kubelet: str, applied: str | None = None) -> str:
