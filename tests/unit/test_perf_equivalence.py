@@ -110,11 +110,12 @@ def test_zero_values_stay_present() -> None:
     assert resources.memory.HasField("limit")
 
 
+# Within what a cgroup file holds (policy/holdable.py): an annotation beyond is not kubelet's.
 @given(
+    st.none() | st.integers(1000, 2**40),
+    st.none() | st.integers(1000, 10**6),
     st.none() | st.integers(1, 2**40),
-    st.none() | st.integers(1, 2**20),
-    st.none() | st.integers(1, 2**40),
-    st.none() | st.integers(1, 2**18),
+    st.none() | st.integers(2, 2**18),
 )
 def test_native_limits_text_is_cached_not_changed(
     quota: int | None, period: int | None, memory: int | None, shares: int | None

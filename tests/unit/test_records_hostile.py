@@ -14,16 +14,59 @@ import pytest
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.plugin.codec import decode_native_limits
 from nri_midbatch.state.store import PRUNE_PER_PIECE, BaselineStore
+from tests import factory
 from tests.fake_cgroups import FakeTree
 from tests.oracle.targets import Values
 
 from .app_node import Node, running_node
 from .nri_fixtures import run
-from .test_history import TIERS, ls_pod, resources, web_container
 
 INT64_MAX = (1 << 63) - 1
+#: One tier: prod pods' quota scaled by the ratio.
+TIERS = [
+    dict(
+        name="prod",
+        priorityClasses=["koord-prod"],
+        qosClasses=["LS"],
+        calculator="cpu-normalization",
+    )
+]
 #: Normalized by 2: a pod's quota is half of kubelet's.
 RATIO = {"cpuNormalizationRatio": 2.0}
+
+
+def ls_pod(pod_id: str, **linux: api.LinuxResources) -> api.PodSandbox:
+    """An LS koord-prod pod; `linux`: pod_resources and pod_overhead, as containerd 2.x sends."""
+    pod = factory.prod_pod(pod_id)
+    for field, resources in linux.items():
+        getattr(pod.linux, field).CopyFrom(resources)
+    return pod
+
+
+def resources(shares: int, quota: int) -> api.LinuxResources:
+    return factory.resources(shares=shares, quota=quota, period=100_000)
+
+
+def web_container(pod: api.PodSandbox) -> api.Container:
+    return factory.container("c-web", pod, "web", current=resources(1024, 150_000))
+
+
+def containerd_2(
+    tmp_path: Path, nri_version: str, pod: api.PodSandbox, *containers: api.Container
+) -> AbstractAsyncContextManager[Node]:
+    """A node whose runtime tells pod resources and overhead, `pod` running at Synchronize."""
+    return running_node(
+        tmp_path,
+        runtime_version="v2.1.9",
+        nri_version=nri_version,
+        tiers=TIERS,
+        rules=RATIO,
+        synchronized=([pod], containers),
+    )
+
+
+def _summed_past_64_bits() -> api.LinuxResources:
+    return resources(1024, INT64_MAX)
 
 
 def test_a_record_nested_200_000_deep_fails_no_synchronize(tmp_path: Path) -> None:
@@ -70,24 +113,6 @@ def test_a_record_s_out_of_range_quota_is_never_written(tmp_path: Path) -> None:
             assert node.app.plugin.store.refused == {"values": 1}
 
     run(scenario())
-
-
-def containerd_2(
-    tmp_path: Path, nri_version: str, pod: api.PodSandbox, *containers: api.Container
-) -> AbstractAsyncContextManager[Node]:
-    """A node whose runtime tells pod resources and overhead, `pod` running at Synchronize."""
-    return running_node(
-        tmp_path,
-        runtime_version="v2.1.9",
-        nri_version=nri_version,
-        tiers=TIERS,
-        rules=RATIO,
-        synchronized=([pod], containers),
-    )
-
-
-def _summed_past_64_bits() -> api.LinuxResources:
-    return resources(1024, INT64_MAX)
 
 
 def test_pod_values_summed_past_64_bits_at_synchronize_are_refused(tmp_path: Path) -> None:
