@@ -330,7 +330,7 @@ class App:
             {(): self.plugin.store.failures},
         )
         records_refused: dict[tuple[str, ...], int] = {(r,): 0 for r in REFUSALS}
-        records_refused.update({(r,): n for r, n in self.plugin.store.refused.items()})
+        records_refused.update({(r,): n for r, n in dict(self.plugin.store.refused).items()})
         yield (
             "nri_midbatch_baseline_records_refused",
             "Pod records under --state-dir read and not taken (as if the pod had none), by reason",
