@@ -64,10 +64,10 @@ MAX_FILE_BYTES = 640 * 1024
 #: The containers one record may keep: the same pod, with room to spare.
 MAX_CONTAINERS = 2_500
 #: The bytes of records read for one Synchronize, in its reply (which the runtime allows 2 s):
-#: reading and decoding them costs 40-75 ms a MiB on a 2-core VM. 10,000 pods with a record
-#: (about 150 bytes each) and 10,000 containers kept (about 230 bytes each) take 3.8 MB.
+#: reading and decoding them costs 40-150 ms a MiB on a busy 2-core VM. 10,000 pods with a
+#: record (about 150 bytes each) and 10,000 containers kept (about 230 bytes each) take 3.8 MB.
 SYNC_READ_BYTES = 4 * 1024 * 1024
-#: Directory entries one piece of pruning looks at: a removal costs 40-110 us.
+#: Directory entries one piece of pruning looks at: a removal costs 20-110 us.
 PRUNE_PER_PIECE = 16
 #: Why a record was refused: larger than MAX_FILE_BYTES; not a record (not JSON, nested
 #: deeper than the format, another shape); a value no cgroup file holds or kubelet never
