@@ -277,7 +277,12 @@ def test_check_config_prints_effective_yaml_that_round_trips(
     # Every setting, defaults included.
     assert document["failurePolicy"] == "Fail"
     assert document["rules"] == {"cfsQuota": True, "cpuNormalizationRatio": 1.2}
-    assert document["cgroups"] == {"root": "/sys/fs/cgroup", "driver": "systemd", "podLevel": False}
+    assert document["cgroups"] == {
+        "root": "/sys/fs/cgroup",
+        "driver": "systemd",
+        "kubeletCgroupRoot": "/",
+        "podLevel": False,
+    }
     assert [tier["name"] for tier in document["tiers"]] == ["batch", "mid"]
     assert document["classification"]["qosLabel"] == "koordinator.sh/qosClass"
     # Round trip: the output is a valid config meaning the same, and is a fixed point.

@@ -234,7 +234,12 @@ def test_effective_config_lists_every_field_in_camel_case() -> None:
         "cgroups",
     ]
     assert rendered["rules"] == {"cfsQuota": True, "cpuNormalizationRatio": None}
-    assert rendered["cgroups"] == {"root": "/sys/fs/cgroup", "driver": "auto", "podLevel": True}
+    assert rendered["cgroups"] == {
+        "root": "/sys/fs/cgroup",
+        "driver": "auto",
+        "kubeletCgroupRoot": "/",
+        "podLevel": True,
+    }
     assert rendered["tiers"][0]["namespaces"] is None
     assert rendered["classification"]["qosFromCgroupParent"] is False
 
