@@ -47,6 +47,10 @@ class PodInputError(ValueError):
     """The file is not a Pod manifest or PodSandbox the explainer can read."""
 
 
+class NotAPodError(PodInputError):
+    """The file is some other object (a Deployment, a configuration): exit status 2."""
+
+
 @dataclass(frozen=True, slots=True)
 class PodInput:
     pod: PodView
@@ -70,9 +74,26 @@ def load_pod(path: Path, policy: Policy) -> PodInput:
         raise PodInputError(str(exc)) from None
     if not isinstance(document, dict):
         raise PodInputError(f"{path}: expected a Pod manifest or a PodSandbox object")
-    if "spec" in document or document.get("kind") == "Pod":
+    kind = document.get("kind")
+    if kind == "Pod" or (kind is None and "spec" in document):
         return _from_manifest(document, path)
+    if kind is not None:
+        raise NotAPodError(
+            f"{path}: a {kind!s:.100}, not a Pod: explain reads a Pod manifest or an NRI "
+            "PodSandbox (for a workload's pods, one of them: kubectl get pod NAME -o yaml)"
+        )
+    if not _SANDBOX_KEYS.intersection(document):
+        # Parsed leniently (a newer runtime's fields), anything would be an empty sandbox.
+        raise NotAPodError(
+            f"{path}: neither a Pod manifest (kind: Pod) nor an NRI PodSandbox (it has none "
+            f"of {', '.join(sorted(_SANDBOX_FIELDS))})"
+        )
     return _from_sandbox(document, path, policy)
+
+
+#: A PodSandbox's fields, as protobuf JSON spells them (proto names and JSON names).
+_SANDBOX_FIELDS = frozenset(field.name for field in api.PodSandbox.DESCRIPTOR.fields)
+_SANDBOX_KEYS = _SANDBOX_FIELDS | {field.json_name for field in api.PodSandbox.DESCRIPTOR.fields}
 
 
 def _from_sandbox(document: dict[str, Any], path: Path, policy: Policy) -> PodInput:
@@ -353,13 +374,14 @@ def render_json(explanation: Explanation) -> str:
 
 
 def explain_command(pod_file: Path, config: Config, *, fmt: str, out: TextIO, err: TextIO) -> int:
-    """`nri-midbatch explain`: 0 when explained, 1 when the pod file cannot be read."""
+    """`nri-midbatch explain`: 0 when explained, 1 when the pod file cannot be read, 2 when
+    it is not a pod at all."""
     policy = compile_policy(config)
     try:
         source = load_pod(pod_file, policy)
     except PodInputError as exc:
         err.write(f"nri-midbatch: {exc}\n")
-        return 1
+        return 2 if isinstance(exc, NotAPodError) else 1
     explanation = explain(source, config, policy)
     out.write(render_json(explanation) if fmt == "json" else render_text(explanation))
     return 0
