@@ -197,15 +197,53 @@ OUTSIDE_KUBEPODS = [
 ]
 
 
-@pytest.mark.parametrize("parent", OUTSIDE_KUBEPODS)
+#: kubelet's --cgroup-root on a KinD node.
+KIND = kubelet_root("/kubelet")
+
+#: With --cgroup-root=/kubelet, only /kubelet's kubepods holds pods: the default root's
+#: pods, the root itself and anything beside its kubepods are refused.
+OUTSIDE_KIND_KUBEPODS = [
+    "/kubepods/besteffort/pod1",
+    "kubepods-besteffort-pod1.slice",
+    "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice",
+    "/kubelet",
+    "kubelet.slice",
+    "/kubelet/kubepods",
+    "/kubelet/kubepods/besteffort",
+    "kubelet-kubepods.slice",
+    "kubelet-kubepods-besteffort.slice",
+    "/kubelet/pod1",
+    "kubelet-pod1.slice",
+    "/kubelet/system.slice/pod1",
+    "/kubelet/besteffort/pod1",
+    "/other/kubelet/kubepods/pod1",
+    "/kubelet/other/kubepods/pod1",
+    "/kubelet/kubepods/besteffort/pod1/child",
+    "/kubelet/kubepods/../kubepods/pod1",
+    "kubelet-kubepods-besteffort-pod1-x.slice",
+    "other-kubelet-kubepods-pod1.slice",
+    # A slice out of its place in the chain.
+    "/kubelet-kubepods-pod1.slice",
+    "/kubelet.slice/kubelet-kubepods-pod1.slice",
+    "/kubepods.slice/kubelet-kubepods.slice/kubelet-kubepods-pod1.slice",
+    "/system.slice",
+    "/init.scope",
+]
+
+
+@pytest.mark.parametrize(
+    ("root", "parent"),
+    [((), parent) for parent in OUTSIDE_KUBEPODS]
+    + [(KIND, parent) for parent in OUTSIDE_KIND_KUBEPODS],
+)
 @pytest.mark.parametrize("driver", [AUTO, CGROUPFS, SYSTEMD])
 def test_refuses_parents_that_are_not_kubelets_pod_cgroups(
-    parent: str, driver: CgroupDriver
+    root: tuple[str, ...], parent: str, driver: CgroupDriver
 ) -> None:
     with pytest.raises(CgroupPathError, match="cgroup parent"):
-        CgroupLocation(driver, parent).relpath()
+        CgroupLocation(driver, parent, kubelet_root=root).relpath()
     with pytest.raises(CgroupPathError, match="cgroup parent"):
-        CgroupLocation(driver, parent, "abc123").relpath()
+        CgroupLocation(driver, parent, "abc123", kubelet_root=root).relpath()
 
 
 @pytest.mark.parametrize(
@@ -252,8 +290,6 @@ def test_accepts_the_runtimes_container_paths_inside_pod_cgroups(
 
 
 # -- kubelet's --cgroup-root ---------------------------------------------------------------
-
-KIND = kubelet_root("/kubelet")
 
 
 @pytest.mark.parametrize(
@@ -354,48 +390,6 @@ def test_containers_below_kubelets_cgroup_root(
 ) -> None:
     location = CgroupLocation(AUTO, parent, "abc123", cgroups_path, runtime, KIND)
     assert location.relpath() == PurePosixPath(expected)
-
-
-#: With --cgroup-root=/kubelet, only /kubelet's kubepods holds pods: the default root's
-#: pods, the root itself and anything beside its kubepods are refused.
-OUTSIDE_KIND_KUBEPODS = [
-    "/kubepods/besteffort/pod1",
-    "kubepods-besteffort-pod1.slice",
-    "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice",
-    "/kubelet",
-    "kubelet.slice",
-    "/kubelet/kubepods",
-    "/kubelet/kubepods/besteffort",
-    "kubelet-kubepods.slice",
-    "kubelet-kubepods-besteffort.slice",
-    "/kubelet/pod1",
-    "kubelet-pod1.slice",
-    "/kubelet/system.slice/pod1",
-    "/kubelet/besteffort/pod1",
-    "/other/kubelet/kubepods/pod1",
-    "/kubelet/other/kubepods/pod1",
-    "/kubelet/kubepods/besteffort/pod1/child",
-    "/kubelet/kubepods/../kubepods/pod1",
-    "kubelet-kubepods-besteffort-pod1-x.slice",
-    "other-kubelet-kubepods-pod1.slice",
-    # A slice out of its place in the chain.
-    "/kubelet-kubepods-pod1.slice",
-    "/kubelet.slice/kubelet-kubepods-pod1.slice",
-    "/kubepods.slice/kubelet-kubepods.slice/kubelet-kubepods-pod1.slice",
-    "/system.slice",
-    "/init.scope",
-]
-
-
-@pytest.mark.parametrize("parent", OUTSIDE_KIND_KUBEPODS)
-@pytest.mark.parametrize("driver", [AUTO, CGROUPFS, SYSTEMD])
-def test_refuses_parents_outside_the_configured_roots_kubepods(
-    parent: str, driver: CgroupDriver
-) -> None:
-    with pytest.raises(CgroupPathError, match="cgroup parent"):
-        CgroupLocation(driver, parent, kubelet_root=KIND).relpath()
-    with pytest.raises(CgroupPathError, match="cgroup parent"):
-        CgroupLocation(driver, parent, "abc123", kubelet_root=KIND).relpath()
 
 
 @pytest.mark.parametrize(
