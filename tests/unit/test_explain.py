@@ -130,6 +130,16 @@ def test_an_unreadable_pod_file(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "cannot read" in capsys.readouterr().err
 
 
+def test_a_manifest_s_pod_cgroup_is_below_kubelet_s_cgroup_root(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "kind.yaml"
+    config.write_text("cgroups: {kubeletCgroupRoot: /kubelet}\n")
+    text = explain(capsys, "--pod", str(PODS / "mid-ls.yaml"), "--config", str(config))
+    assert "cgroup parent  /kubelet/kubepods/burstable/pod6f1c2a0e-" in text
+    assert "Tier: mid" in text
+
+
 def test_what_is_not_a_pod_is_refused_with_why(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
