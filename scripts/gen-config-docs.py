@@ -355,10 +355,10 @@ is a number, and the others are refused (`must be a decimal number ...`), as are
 so quote a name that does.
 
 The value used is exactly the decimal written: `1.15` is 23/20, not the double nearest to
-it. A decimal that no double holds exactly is refused (`... cannot be held exactly as a
-double`) rather than rounded: one with more significant digits than a double keeps
-(`1.23456789012345678`), or beyond a double's range (`1e999`, `1e-999`). Up to 15
-significant digits between 1e-308 and 1e308 are always held.
+it. A decimal that no double holds exactly is refused (`valid YAML, but a number is refused:
+... cannot be held exactly as a double`) rather than rounded: one with more significant
+digits than a double keeps (`1.23456789012345678`), or beyond a double's range (`1e999`,
+`1e-999`). Up to 15 significant digits between 1e-308 and 1e308 are always held.
 """
 
 RELOAD = """\

@@ -3,8 +3,9 @@
 #
 #   sudo examples/prelaunched/install.sh [PACKAGE]
 #
-# PACKAGE is anything pip installs: a wheel, a source checkout, or a requirement such
-# as nri-midbatch==0.1.0. Default: the checkout this script lives in.
+# PACKAGE is anything pip installs: a wheel built from a checkout
+# (python3 -m pip wheel --no-deps -w dist .), or a source checkout; the package is not
+# on PyPI. Default: the checkout this script lives in.
 #
 # What it does:
 #   1. creates a virtualenv in $PREFIX (default /opt/nri-midbatch) from $PYTHON

@@ -10,8 +10,9 @@ Only cgroups kubelet creates for pods are accepted, and containers directly
 inside them: the parent is a runtime's or a CRI client's to choose, and a
 batch pod "in" `system.slice` or `/init.scope` would otherwise have its
 limits written into (and, under the systemd driver, held by) the node's own
-services. kubelet's default `--cgroup-root` (`/`) is assumed: pods below
-`kubepods`, or the `kubepods.slice` tree.
+services. Pods are below `kubepods` in kubelet's `--cgroup-root` (`/` by default,
+`/kubelet` in KinD): `<root>/kubepods/...` with cgroupfs, the slices named
+`<root>-kubepods-...` with systemd. Nothing outside that root's `kubepods` is accepted.
 """
 
 from collections.abc import Sequence
@@ -47,6 +48,28 @@ class CgroupPathError(ValueError):
     """A cgroup parent or container id that must not be turned into a path."""
 
 
+#: kubelet's `--cgroup-root` as names, e.g. `/kubelet` -> ("kubelet",); `/` -> ().
+KubeletRoot = tuple[str, ...]
+
+
+def kubelet_root(flag: str) -> KubeletRoot:
+    """kubelet's `--cgroup-root`, spelled as the flag is (a cgroupfs path), as names.
+
+    kubelet reads the flag as a cgroupfs path under either driver and appends `kubepods`
+    (and a QoS level, and `pod<uid>`) to its names; the systemd driver then joins them
+    with `-` into a slice, each name's own `-` turned into `_` (kubelet's
+    cgroup_manager_linux.go, ToSystemd).
+    """
+    if not flag.startswith("/"):
+        raise CgroupPathError(f"kubelet cgroup root {flag!r}: not an absolute path")
+    _check_text(flag, flag)
+    names = tuple(name for name in flag.split("/") if name)
+    for name in names:
+        if name in (".", ".."):
+            raise CgroupPathError(f"kubelet cgroup root {flag!r}: {name!r} segment not allowed")
+    return names
+
+
 class CgroupDriver(StrEnum):
     """How the kubelet names pod cgroups (its `--cgroup-driver`)."""
 
@@ -80,6 +103,8 @@ class CgroupLocation:
     cgroups_path: str = ""
     #: The runtime's name from Configure: its naming finds a container sent without a path.
     runtime: str = ""
+    #: kubelet's `--cgroup-root`: pods are accepted below its `kubepods` only.
+    kubelet_root: KubeletRoot = ()
 
     @property
     def level(self) -> Level:
@@ -97,7 +122,7 @@ class CgroupLocation:
         cgroup of kubelet's, or to a container's directly inside one.
         """
         if self.container_id is None:
-            return _pod_relpath(self.driver, self.cgroup_parent)
+            return _pod_relpath(self.driver, self.cgroup_parent, self.kubelet_root)
         return self._container_relpath(self.container_id)
 
     def _container_relpath(self, container_id: str) -> PurePosixPath:
@@ -108,14 +133,14 @@ class CgroupLocation:
         # is taken for containerd.
         if self.cgroups_path:
             relpath = runtime_cgroups_relpath(self.cgroups_path)
-            if not _is_kubepods_container(relpath.parts):
+            if not _is_kubepods_container(relpath.parts, self.kubelet_root):
                 raise CgroupPathError(
                     f"cgroups path {self.cgroups_path!r}: not a container cgroup directly "
                     "inside a pod cgroup of kubelet's"
                 )
             return relpath
         parent = self.cgroup_parent
-        pod = _pod_relpath(self.driver, parent)
+        pod = _pod_relpath(self.driver, parent, self.kubelet_root)
         _check_text(container_id, parent)
         if not _is_segment(container_id):
             raise CgroupPathError(
@@ -130,7 +155,7 @@ class CgroupLocation:
         return pod / f"{cgroupfs_prefix}{container_id}"
 
 
-def _pod_relpath(driver: CgroupDriver, cgroup_parent: str) -> PurePosixPath:
+def _pod_relpath(driver: CgroupDriver, cgroup_parent: str, root: KubeletRoot) -> PurePosixPath:
     _check_text(cgroup_parent, cgroup_parent)
     concrete = resolve_driver(driver, cgroup_parent)
     # A systemd parent with slashes is already an expanded path (the form
@@ -140,10 +165,12 @@ def _pod_relpath(driver: CgroupDriver, cgroup_parent: str) -> PurePosixPath:
         segments = _expand_slice(cgroup_parent)
     else:
         segments = _split_segments(cgroup_parent)
-    if not _is_kubepods_pod(segments):
+    if not _is_kubepods_pod(segments, root):
+        cgroupfs, systemd = "/".join((*root, _KUBEPODS)), "-".join((*_escaped(root), _KUBEPODS))
         raise CgroupPathError(
             f"cgroup parent {cgroup_parent!r}: not a pod cgroup of kubelet's "
-            "(kubepods[/<qos>]/pod<uid>, or a kubepods[-<qos>]-pod<uid>.slice)"
+            f"({cgroupfs}[/<qos>]/pod<uid>, or a {systemd}[-<qos>]-pod<uid>.slice; "
+            "kubelet's --cgroup-root is cgroups.kubeletCgroupRoot)"
         )
     return PurePosixPath(*segments)
 
@@ -168,21 +195,21 @@ def runtime_cgroups_relpath(cgroups_path: str) -> PurePosixPath:
     return PurePosixPath(*_expand_slice(slice_name), unit)
 
 
-def _is_kubepods_pod(segments: Sequence[str]) -> bool:
+def _is_kubepods_pod(segments: Sequence[str], root: KubeletRoot) -> bool:
     """Whether the path is a pod cgroup kubelet creates, with either driver."""
-    return _is_cgroupfs_pod(segments) or _is_systemd_pod(segments)
+    return _is_cgroupfs_pod(segments, root) or _is_systemd_pod(segments, root)
 
 
-def _is_cgroupfs_pod(segments: Sequence[str]) -> bool:
+def _is_cgroupfs_pod(segments: Sequence[str], root: KubeletRoot) -> bool:
     *levels, pod = segments
-    return _is_kubelet_levels(levels) and _is_pod_name(pod)
+    return _is_kubelet_levels(levels, root) and _is_pod_name(pod)
 
 
-def _is_systemd_pod(segments: Sequence[str]) -> bool:
-    # The whole chain of slices, as systemd nests them: nothing above
-    # kubepods.slice, nothing between it and the pod's slice.
+def _is_systemd_pod(segments: Sequence[str], root: KubeletRoot) -> bool:
+    # The whole chain of slices, as systemd nests them: nothing above the
+    # root's first slice, nothing between it and the pod's slice.
     *levels, pod = segments[-1].removesuffix(_SLICE_SUFFIX).split("-")
-    if not (_is_kubelet_levels(levels) and _is_pod_name(pod)):
+    if not (_is_kubelet_levels(levels, _escaped(root)) and _is_pod_name(pod)):
         return False
     try:
         return list(segments) == _expand_slice(segments[-1])
@@ -190,18 +217,27 @@ def _is_systemd_pod(segments: Sequence[str]) -> bool:
         return False
 
 
-def _is_kubelet_levels(levels: Sequence[str]) -> bool:
-    """`kubepods`, or `kubepods` and a QoS level: where kubelet puts pods."""
-    if not levels or levels[0] != _KUBEPODS:
+def _is_kubelet_levels(levels: Sequence[str], root: Sequence[str]) -> bool:
+    """The root's `kubepods`, or it and a QoS level: where kubelet puts pods."""
+    depth = len(root)
+    if tuple(levels[:depth]) != tuple(root):
         return False
-    return len(levels) == 1 or (len(levels) == 2 and levels[1] in _QOS_LEVELS)
+    below = levels[depth:]
+    if not below or below[0] != _KUBEPODS:
+        return False
+    return len(below) == 1 or (len(below) == 2 and below[1] in _QOS_LEVELS)
 
 
-def _is_kubepods_container(segments: Sequence[str]) -> bool:
+def _escaped(root: KubeletRoot) -> tuple[str, ...]:
+    """The root's names as kubelet's systemd driver writes them into a slice name."""
+    return tuple(name.replace("-", "_") for name in root)
+
+
+def _is_kubepods_container(segments: Sequence[str], root: KubeletRoot) -> bool:
     """A container's cgroup: one level inside a pod's; a systemd pod's holds scopes."""
-    if len(segments) < 2 or not _is_kubepods_pod(segments[:-1]):
+    if len(segments) < 2 or not _is_kubepods_pod(segments[:-1], root):
         return False
-    if not _is_systemd_pod(segments[:-1]):
+    if not _is_systemd_pod(segments[:-1], root):
         return True
     # A scope unit, as runc names it from `slice:prefix:id`: `<prefix>-<id>.scope`
     # (cri-containerd-<id>, crio-<id>), or `<id>.scope` with no prefix.

@@ -87,6 +87,9 @@ def load_yaml(text: str, source: str) -> Any:
     stream.name = source  # PyYAML quotes the stream name in error marks
     try:
         return yaml.load(stream, Loader=_StrictLoader)
+    except _NumberRefused as error:
+        message = f"{source}: valid YAML, but a number is refused: {error}"
+        raise UntrustedInputError(message) from None
     except yaml.YAMLError as error:
         raise UntrustedInputError(f"{source}: not valid YAML: {error}") from None
     except Exception as error:  # e.g. an integer of 5,000 digits (ValueError)
@@ -220,6 +223,10 @@ _INTEGER = re.compile(r"[-+]?[0-9]+\Z")
 _INT_TAG, _FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
 
 
+class _NumberRefused(yaml.constructor.ConstructorError):
+    """Valid YAML whose number is not one this reader takes."""
+
+
 def _construct_number(loader: _StrictLoader, node: yaml.ScalarNode) -> int | float:
     """A decimal as the double that is exactly it (compile reads the ratio back by repr).
 
@@ -227,13 +234,13 @@ def _construct_number(loader: _StrictLoader, node: yaml.ScalarNode) -> int | flo
     """
     text = loader.construct_scalar(node)
     if not _DECIMAL.match(text):
-        raise yaml.constructor.ConstructorError(
+        raise _NumberRefused(
             None, None, f"{text!r} is not a decimal number ({DECIMAL_SYNTAX})", node.start_mark
         )
     value = float(text)
     # Decimal compares exponents as numbers: no power of ten is built for 1e999999.
     if Decimal(repr(value)) != Decimal(text):
-        raise yaml.constructor.ConstructorError(
+        raise _NumberRefused(
             None,
             None,
             f"{text} cannot be held exactly as a double (any decimal of up to 15 "

@@ -9,7 +9,7 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import TypeVar
 
-from nri_midbatch.cgroups.paths import CgroupDriver
+from nri_midbatch.cgroups.paths import CgroupDriver, kubelet_root
 from nri_midbatch.config.model import Config, effective_config_yaml
 from nri_midbatch.config.settings import CgroupSettings, Settings
 from nri_midbatch.policy import (
@@ -69,6 +69,7 @@ def settings_of(config: Config) -> Settings:
             root=config.cgroups.root,
             driver=CgroupDriver(config.cgroups.driver),
             pod_level=config.cgroups.pod_level,
+            kubelet_root=kubelet_root(config.cgroups.kubelet_cgroup_root),
         ),
         effective=effective_config_yaml(config),
     )

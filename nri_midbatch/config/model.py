@@ -69,10 +69,14 @@ def _unique(items: tuple[Hashable, ...]) -> tuple[Hashable, ...]:
 
 
 _NAME, _TIER_NAME, _ABSOLUTE = r"^\S+$", r"^[a-z0-9-]+$", r"^/"
+# A segment that is not `.` or `..` and holds no NUL (the regex engine has no lookahead).
+_SEGMENT = r"(?:[^/.\x00][^/\x00]*|\.[^/.\x00][^/\x00]*|\.\.[^/\x00]+)"
+_CGROUP_PATH = rf"^/(?:/*{_SEGMENT})*/*$"
 _PATTERN_MEANINGS = {
     _NAME: "must be non-empty without whitespace",
     _TIER_NAME: "must match [a-z0-9-]+",
     _ABSOLUTE: "must be an absolute path",
+    _CGROUP_PATH: "must be an absolute path with no `.` or `..` segment, and no NUL",
 }
 _Name = Annotated[str, StringConstraints(pattern=_NAME)]
 _TierName = Annotated[str, StringConstraints(pattern=_TIER_NAME)]
@@ -241,6 +245,14 @@ class CgroupsConfig(_Model):
         "(`kubepods-besteffort-pod<uid>.slice`), or `auto`: systemd when the parent ends in "
         "`.slice`. Only `systemd` also has systemd hold the values over D-Bus and puts them "
         "back after a `systemctl daemon-reload` (cgroup v2; read at start; see install.md).",
+    )
+    kubelet_cgroup_root: Annotated[str, StringConstraints(pattern=_CGROUP_PATH)] = Field(
+        default="/",
+        description="kubelet's `--cgroup-root` (`cgroupRoot` in its configuration file), "
+        "spelled as kubelet's flag is under either driver: `/`, or `/kubelet` on a KinD "
+        "node. Pods are found, and values written, only below its `kubepods`: "
+        "`/kubelet/kubepods/...` with cgroupfs, `kubelet.slice/kubelet-kubepods.slice/...` "
+        "with systemd; any other cgroup parent is refused.",
     )
     pod_level: StrictBool = Field(
         default=True,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from nri_midbatch.cgroups.paths import CgroupDriver
+from nri_midbatch.cgroups.paths import CgroupDriver, KubeletRoot
 from nri_midbatch.policy import ClassificationSettings, Policy, Rules, Tier
 
 __all__ = ["CgroupSettings", "ConfigError", "FailurePolicy", "Mode", "Settings"]
@@ -37,6 +37,8 @@ class CgroupSettings:
     root: str
     driver: CgroupDriver
     pod_level: bool
+    #: kubelet's `--cgroup-root`, as names.
+    kubelet_root: KubeletRoot = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nri_midbatch.cgroups.fs import apply_values, read_values
-from nri_midbatch.cgroups.paths import CgroupDriver, CgroupLocation, CgroupPathError
+from nri_midbatch.cgroups.paths import CgroupDriver, CgroupLocation, CgroupPathError, KubeletRoot
 from nri_midbatch.cgroups.systemd import SystemdUnits, UnitTarget
 from nri_midbatch.cgroups.values import CgroupReading
 from nri_midbatch.policy import CgroupValues, ContainerView, PodView
@@ -42,6 +42,8 @@ class CgroupWriter:
     runtime: str = ""
     #: Only under the systemd driver.
     systemd: SystemdUnits | None = None
+    #: kubelet's `--cgroup-root`: only pods below its `kubepods` are written.
+    kubelet_root: KubeletRoot = ()
 
     def write(
         self,
@@ -79,9 +81,14 @@ class CgroupWriter:
     ) -> CgroupLocation:
         """Where the pod's (container None) or the container's cgroup is."""
         if container is None:
-            return CgroupLocation(self.driver, pod.cgroup_parent)
+            return CgroupLocation(self.driver, pod.cgroup_parent, kubelet_root=self.kubelet_root)
         return CgroupLocation(
-            self.driver, pod.cgroup_parent, container.id, cgroups_path, self.runtime
+            self.driver,
+            pod.cgroup_parent,
+            container.id,
+            cgroups_path,
+            self.runtime,
+            self.kubelet_root,
         )
 
     def unit_target(

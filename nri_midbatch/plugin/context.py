@@ -60,6 +60,7 @@ class PluginContext:
 
 def writer_for(config: Settings, runtime: str, systemd: SystemdUnits | None) -> CgroupWriter:
     """The cgroup writer of a configuration: its root and driver, the runtime's naming."""
+    cgroups = config.cgroups
     return CgroupWriter(
-        Path(config.cgroups.root), CgroupDriver(config.cgroups.driver), runtime, systemd
+        Path(cgroups.root), CgroupDriver(cgroups.driver), runtime, systemd, cgroups.kubelet_root
     )

@@ -72,6 +72,9 @@ class Quantity:
 
     amount: Fraction
     format: Format = Format.DECIMAL_SI
+    #: apimachinery holds it as an `inf.Dec` rather than an int64 and a scale: ParseQuantity's
+    #: slow path (`_parsed_as_inf_dec`). Its Value() and MilliValue() round differently.
+    inf_dec: bool = False
 
     def __post_init__(self) -> None:
         if (self.amount * _NANO).denominator != 1:
@@ -87,12 +90,21 @@ class Quantity:
         return hash(self.amount)
 
     def value(self) -> int:
-        """Quantity.Value(): the integer value, rounded away from zero."""
-        return _round_away_from_zero(self.amount)
+        """Quantity.Value(): the integer value, rounded as apimachinery rounds it."""
+        return self._scaled(self.amount)
 
     def milli_value(self) -> int:
-        """Quantity.MilliValue(): value * 1000, rounded away from zero."""
-        return _round_away_from_zero(self.amount * 1000)
+        """Quantity.MilliValue(): value * 1000, rounded as apimachinery rounds it."""
+        return self._scaled(self.amount * 1000)
+
+    def _scaled(self, amount: Fraction) -> int:
+        # An int64-backed quantity rounds away from zero (negativeScaleInt64). An inf.Dec
+        # one goes through scaledValue (scale_int.go), which truncates toward zero as Go's
+        # `/` does and adds 1 for any remainder, whatever the sign: -1.5 -> 0, -1n -> 1.
+        if not self.inf_dec:
+            return _round_away_from_zero(amount)
+        truncated = int(amount)
+        return truncated + 1 if amount != truncated else truncated
 
     def __str__(self) -> str:
         """Kubernetes canonical form (Quantity.String())."""
@@ -127,6 +139,7 @@ def parse_quantity(text: str) -> Quantity:
     # apimachinery's scanner reads a missing number as 0 ("k", "Mi", "-", "."), and the API
     # server stores such quantities, so a pod can carry them: they are zero here too.
     fmt, exponent = _interpret_suffix(text, suffix, bool(whole or fraction))
+    inf_dec = _parsed_as_inf_dec(whole, fraction, fmt, exponent)
     amount = Fraction(int(whole + fraction or "0"), 10 ** len(fraction))
     if fmt is Format.BINARY_SI:
         amount *= 2**exponent
@@ -141,7 +154,21 @@ def parse_quantity(text: str) -> Quantity:
             amount = Fraction(INT64_MAX if amount > 0 else -INT64_MAX)
         elif 0 < abs(amount) < 1:
             fmt = Format.DECIMAL_SI
-    return Quantity(amount, fmt)
+    return Quantity(amount, fmt, inf_dec)
+
+
+def _parsed_as_inf_dec(whole: str, fraction: str, fmt: Format, exponent: int) -> bool:
+    """Whether ParseQuantity (quantity.go) leaves its int64 fast path for an inf.Dec.
+
+    Decimal: more than 18 digits (leading zeros of the whole part not counted, an empty
+    whole part counted as one digit), or finer than nano as written (`1e-10`, `0.5n`,
+    `0.0000000001`, even when the digits are zeros). Binary: any fraction, or more digits
+    than the suffix leaves room for in int64 (`15 - digits - exponent*3/10 - 1 < 0`).
+    """
+    digits = len(whole.lstrip("0") or "0")
+    if fmt is Format.BINARY_SI:
+        return bool(fraction) or 14 - digits - exponent * 3 // 10 < 0
+    return digits + len(fraction) > 18 or exponent - len(fraction) < -9
 
 
 # The shape of nearly every real quantity: digits, then no suffix or one of the tables'

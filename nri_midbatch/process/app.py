@@ -143,7 +143,11 @@ class App:
         self._prelaunched = False
         self._syncs_seen = 0
         self._stop = asyncio.Event()
-        self._status = None if status_socket is None else StatusServer(self.plugin, status_socket)
+        self._status = (
+            None
+            if status_socket is None
+            else StatusServer(self.plugin, status_socket, self.readiness)
+        )
         #: Reload requests made, and those a pass has read the file for; one pass at a time.
         self._reloads_asked = 0
         self._reloads_served = 0

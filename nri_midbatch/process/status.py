@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,8 +82,13 @@ def _rows(plugin: MidBatchPlugin) -> list[_Row]:
     return rows
 
 
-def status_document(plugin: MidBatchPlugin, rows: list[_Row]) -> dict[str, Any]:
-    """The rows with what each cgroup holds now: blocking reads, for a thread."""
+def status_document(
+    plugin: MidBatchPlugin, rows: list[_Row], readiness: str | None = None
+) -> dict[str, Any]:
+    """The rows with what each cgroup holds now: blocking reads, for a thread.
+
+    readiness: what /readyz says (`ok`, `not registered with a runtime`, ...), None unknown.
+    """
     workloads = []
     for row in rows:
         now: dict[str, int | None] | None
@@ -122,6 +128,7 @@ def status_document(plugin: MidBatchPlugin, rows: list[_Row]) -> dict[str, Any]:
         "format": FORMAT,
         "mode": str(plugin.config.mode),
         "keeping_records": plugin.store.keeping,
+        "readiness": readiness,
         "workloads": workloads,
     }
 
@@ -154,9 +161,16 @@ def _values(values: CgroupValues | None) -> dict[str, int] | None:
 class StatusServer:
     """The Unix socket `nri-midbatch status` reads; one JSON document per connection."""
 
-    def __init__(self, plugin: MidBatchPlugin, path: Path) -> None:
+    def __init__(
+        self,
+        plugin: MidBatchPlugin,
+        path: Path,
+        readiness: Callable[[], tuple[bool, str]] | None = None,
+    ) -> None:
         self._plugin = plugin
         self.path = path
+        #: The App's readiness: whether a runtime is there to have told the plugin anything.
+        self._readiness = readiness
         self._server: asyncio.Server | None = None
         self._slots = asyncio.Semaphore(STATUS_CLIENTS)
 
@@ -182,7 +196,8 @@ class StatusServer:
         try:
             async with self._slots, asyncio.timeout(STATUS_SECONDS):
                 rows = _rows(self._plugin)
-                document = await asyncio.to_thread(status_document, self._plugin, rows)
+                ready = None if self._readiness is None else self._readiness()[1]
+                document = await asyncio.to_thread(status_document, self._plugin, rows, ready)
                 writer.write(json.dumps(document, separators=(",", ":")).encode())
                 await writer.drain()
         except (TimeoutError, OSError) as exc:

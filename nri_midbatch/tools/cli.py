@@ -24,7 +24,13 @@ import structlog
 
 from nri_midbatch import __version__
 from nri_midbatch.nri.session import DEFAULT_REGISTRATION_TIMEOUT
-from nri_midbatch.obs.logging import LEVELS, JournalWriter, configure_logging, open_sink
+from nri_midbatch.obs.logging import (
+    FALLBACK_LOG_FILE,
+    LEVELS,
+    JournalWriter,
+    configure_logging,
+    open_sink,
+)
 from nri_midbatch.recording.redact import kept_annotations
 from nri_midbatch.recording.writer import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, Recorder, RotatingFile
 
@@ -112,6 +118,10 @@ def _plugin_idx(value: str) -> str:
     return value
 
 
+#: The help of a flag whose choices say what it is: its default.
+_DEFAULT = "(default %(default)s)"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nri-midbatch",
@@ -121,30 +131,56 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = commands.add_parser("run", help="connect to the runtime and serve NRI events")
-    run.add_argument("--socket-path", default=DEFAULT_SOCKET, help="NRI socket of the runtime")
-    run.add_argument("--name", type=_plugin_name, default=None, help="plugin name")
-    run.add_argument("--idx", type=_plugin_idx, default=None, help="plugin index, two digits")
-    run.add_argument("--config", metavar="FILE", help="YAML configuration file")
-    run.add_argument("--log-level", choices=LEVELS, default="info")
-    run.add_argument("--log-format", choices=("json", "console"), default="json")
-    run.add_argument("--log-file", metavar="FILE", help="log here instead of stderr")
+    run.add_argument(
+        "--socket-path",
+        default=DEFAULT_SOCKET,
+        help="NRI socket of the runtime (default %(default)s)",
+    )
+    run.add_argument(
+        "--name",
+        type=_plugin_name,
+        default=None,
+        help=f"plugin name (default: $NRI_PLUGIN_NAME, else {DEFAULT_NAME})",
+    )
+    run.add_argument(
+        "--idx",
+        type=_plugin_idx,
+        default=None,
+        help=f"plugin index, two digits (default: $NRI_PLUGIN_IDX, else {DEFAULT_IDX})",
+    )
+    run.add_argument(
+        "--config",
+        metavar="FILE",
+        help="YAML configuration file, reloaded when it changes (default: none, the built-in "
+        "defaults; a pre-launched plugin takes the runtime's drop-in)",
+    )
+    run.add_argument("--log-level", choices=LEVELS, default="info", help=_DEFAULT)
+    run.add_argument("--log-format", choices=("json", "console"), default="json", help=_DEFAULT)
+    run.add_argument(
+        "--log-file",
+        metavar="FILE",
+        help="log here (default: stderr; a pre-launched plugin the journal, else "
+        f"{FALLBACK_LOG_FILE})",
+    )
     run.add_argument(
         "--registration-timeout",
         type=_positive_seconds,
         default=DEFAULT_REGISTRATION_TIMEOUT,
         metavar="SECONDS",
         help="how long to wait for the runtime to take our registration "
-        "(keep it at least the runtime's plugin_registration_timeout)",
+        "(keep it at least the runtime's plugin_registration_timeout; default %(default)s)",
     )
     run.add_argument(
         "--metrics-address",
         default=DEFAULT_METRICS_ADDRESS,
         type=_metrics_address,
         metavar="HOST:PORT",
-        help="serve /metrics, /healthz and /readyz here; empty to disable",
+        help="serve /metrics, /healthz and /readyz here; empty to disable (default %(default)s)",
     )
     run.add_argument(
-        "--record", metavar="FILE", help="append every NRI request and reply to FILE (JSON lines)"
+        "--record",
+        metavar="FILE",
+        help="append every NRI request and reply to FILE (JSON lines; default: none)",
     )
     run.add_argument(
         "--record-max-bytes",
@@ -192,7 +228,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     replay.add_argument("recording", metavar="FILE", help="a recording made with run --record")
     replay.add_argument(
-        "--config", metavar="FILE", help="configuration (wins over a recorded Configure's)"
+        "--config",
+        metavar="FILE",
+        help="configuration (wins over a recorded Configure's; default: the recorded "
+        "Configure's, else the built-in defaults)",
     )
     replay.add_argument("--expect", metavar="GOLDEN", help="compare the replies with GOLDEN")
     replay.add_argument(
@@ -203,15 +242,17 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="drive the plugin through a socket pair, mux and ttrpc, as a runtime does",
     )
-    replay.add_argument("--format", choices=("table", "json"), default="table")
-    replay.add_argument("--log-level", choices=LEVELS, default="error")
+    replay.add_argument("--format", choices=("table", "json"), default="table", help=_DEFAULT)
+    replay.add_argument("--log-level", choices=LEVELS, default="error", help=_DEFAULT)
 
     explain = commands.add_parser("explain", help="explain the decision for a pod")
     explain.add_argument(
         "--pod", metavar="FILE", required=True, help="Pod manifest or NRI PodSandbox (YAML/JSON)"
     )
-    explain.add_argument("--config", metavar="FILE", help="YAML configuration file")
-    explain.add_argument("--format", choices=("text", "json"), default="text")
+    explain.add_argument(
+        "--config", metavar="FILE", help="YAML configuration file (default: the built-in defaults)"
+    )
+    explain.add_argument("--format", choices=("text", "json"), default="text", help=_DEFAULT)
 
     status = commands.add_parser(
         "status",
@@ -219,9 +260,12 @@ def _parser() -> argparse.ArgumentParser:
         "from a running plugin",
     )
     status.add_argument(
-        "--socket", metavar="PATH", default=DEFAULT_STATUS_SOCKET, help="the plugin's status socket"
+        "--socket",
+        metavar="PATH",
+        default=DEFAULT_STATUS_SOCKET,
+        help="the plugin's status socket, its run --status-socket (default %(default)s)",
     )
-    status.add_argument("--format", choices=("table", "json"), default="table")
+    status.add_argument("--format", choices=("table", "json"), default="table", help=_DEFAULT)
 
     webhook = commands.add_parser(
         "webhook",
@@ -236,7 +280,11 @@ def _parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="listen here (default %(default)s)",
     )
-    webhook.add_argument("--config", metavar="FILE", help="YAML configuration file (the plugin's)")
+    webhook.add_argument(
+        "--config",
+        metavar="FILE",
+        help="YAML configuration file, the plugin's (default: the built-in defaults)",
+    )
     webhook.add_argument(
         "--shutdown-delay",
         type=_non_negative_seconds,
@@ -244,8 +292,8 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="on SIGTERM, fail readiness and keep serving this long first (default %(default)s)",
     )
-    webhook.add_argument("--log-level", choices=LEVELS, default="info")
-    webhook.add_argument("--log-format", choices=("json", "console"), default="json")
+    webhook.add_argument("--log-level", choices=LEVELS, default="info", help=_DEFAULT)
+    webhook.add_argument("--log-format", choices=("json", "console"), default="json", help=_DEFAULT)
     return parser
 
 

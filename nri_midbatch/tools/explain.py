@@ -18,6 +18,7 @@ from typing import Any, TextIO
 from google.protobuf.json_format import ParseDict, ParseError
 
 from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.cgroups.paths import KubeletRoot, kubelet_root
 from nri_midbatch.config.bounded_yaml import UntrustedInputError, load_yaml, read_file
 from nri_midbatch.config.compile import compile_policy
 from nri_midbatch.config.model import Config
@@ -47,6 +48,10 @@ class PodInputError(ValueError):
     """The file is not a Pod manifest or PodSandbox the explainer can read."""
 
 
+class NotAPodError(PodInputError):
+    """The file is some other object (a Deployment, a configuration): exit status 2."""
+
+
 @dataclass(frozen=True, slots=True)
 class PodInput:
     pod: PodView
@@ -58,11 +63,12 @@ class PodInput:
 # -- reading -----------------------------------------------------------------
 
 
-def load_pod(path: Path, policy: Policy) -> PodInput:
+def load_pod(path: Path, policy: Policy, kubelet_root: KubeletRoot = ()) -> PodInput:
     """The pod a manifest or PodSandbox file describes, read within the configuration's bounds.
 
     The file is anyone's, so it is read as a configuration is (bounded_yaml.py): a regular
     file only, at most 1 MiB, nested at most 32 deep; JSON is read as the YAML it is.
+    kubelet_root: kubelet's --cgroup-root, where a manifest's pod cgroup is.
     """
     try:
         document = load_yaml(read_file(path), str(path))
@@ -70,9 +76,26 @@ def load_pod(path: Path, policy: Policy) -> PodInput:
         raise PodInputError(str(exc)) from None
     if not isinstance(document, dict):
         raise PodInputError(f"{path}: expected a Pod manifest or a PodSandbox object")
-    if "spec" in document or document.get("kind") == "Pod":
-        return _from_manifest(document, path)
+    kind = document.get("kind")
+    if kind == "Pod" or (kind is None and "spec" in document):
+        return _from_manifest(document, path, kubelet_root)
+    if kind is not None:
+        raise NotAPodError(
+            f"{path}: a {kind!s:.100}, not a Pod: explain reads a Pod manifest or an NRI "
+            "PodSandbox (for a workload's pods, one of them: kubectl get pod NAME -o yaml)"
+        )
+    if not _SANDBOX_KEYS.intersection(document):
+        # Parsed leniently (a newer runtime's fields), anything would be an empty sandbox.
+        raise NotAPodError(
+            f"{path}: neither a Pod manifest (kind: Pod) nor an NRI PodSandbox (it has none "
+            f"of {', '.join(sorted(_SANDBOX_FIELDS))})"
+        )
     return _from_sandbox(document, path, policy)
+
+
+#: A PodSandbox's fields, as protobuf JSON spells them (proto names and JSON names).
+_SANDBOX_FIELDS = frozenset(field.name for field in api.PodSandbox.DESCRIPTOR.fields)
+_SANDBOX_KEYS = _SANDBOX_FIELDS | {field.json_name for field in api.PodSandbox.DESCRIPTOR.fields}
 
 
 def _from_sandbox(document: dict[str, Any], path: Path, policy: Policy) -> PodInput:
@@ -88,7 +111,7 @@ def _from_sandbox(document: dict[str, Any], path: Path, policy: Policy) -> PodIn
     return PodInput(pod, containers, "the extended-resource spec (a PodSandbox lists none)")
 
 
-def _from_manifest(document: dict[str, Any], path: Path) -> PodInput:
+def _from_manifest(document: dict[str, Any], path: Path, kubelet_root: KubeletRoot) -> PodInput:
     metadata = _mapping(document.get("metadata"), "metadata", path)
     spec = _mapping(document.get("spec"), "spec", path)
     uid = str(metadata.get("uid", ""))
@@ -117,7 +140,7 @@ def _from_manifest(document: dict[str, Any], path: Path) -> PodInput:
                 native = _native(limit)
                 containers.append(ContainerView(id="", name=name, native=native))
                 limits.append(native)
-    parent = qos_cgroup_parent(kubernetes_qos(resources), uid)
+    parent = "/".join(("", *kubelet_root, qos_cgroup_parent(kubernetes_qos(resources), uid)[1:]))
     pod = PodView(
         uid=uid,
         namespace=str(metadata.get("namespace", "default")),
@@ -353,13 +376,14 @@ def render_json(explanation: Explanation) -> str:
 
 
 def explain_command(pod_file: Path, config: Config, *, fmt: str, out: TextIO, err: TextIO) -> int:
-    """`nri-midbatch explain`: 0 when explained, 1 when the pod file cannot be read."""
+    """`nri-midbatch explain`: 0 when explained, 1 when the pod file cannot be read, 2 when
+    it is not a pod at all."""
     policy = compile_policy(config)
     try:
-        source = load_pod(pod_file, policy)
+        source = load_pod(pod_file, policy, kubelet_root(config.cgroups.kubelet_cgroup_root))
     except PodInputError as exc:
         err.write(f"nri-midbatch: {exc}\n")
-        return 1
+        return 2 if isinstance(exc, NotAPodError) else 1
     explanation = explain(source, config, policy)
     out.write(render_json(explanation) if fmt == "json" else render_text(explanation))
     return 0

@@ -3,7 +3,8 @@
 Reads the running plugin's status socket (process/status.py) and shows, for each workload,
 its tier, kubelet's values, the target the configuration in force gives it, what its cgroup
 files hold now, and whether they drift from the target. Exit status: 0 no drift, 1 drift,
-2 the plugin could not be asked.
+2 the plugin could not be asked, or is not ready (not registered with a runtime, or waiting
+for its Synchronize): what it shows then is not the node's.
 """
 
 from __future__ import annotations
@@ -23,6 +24,17 @@ TIMEOUT_SECONDS = 60.0
 def status_command(path: Path, *, fmt: str, out: TextIO, err: TextIO) -> int:
     try:
         document = _fetch(path)
+    except (FileNotFoundError, ConnectionRefusedError) as exc:
+        print(
+            f"nri-midbatch: status from {path}: {exc.strerror}: no plugin serves it. Is the "
+            "plugin running, with this --status-socket (an empty one serves none)? Give its "
+            "path with --socket.",
+            file=err,
+        )
+        return 2
+    except PermissionError as exc:
+        print(f"nri-midbatch: status from {path}: {exc.strerror}: it is root's only", file=err)
+        return 2
     except (OSError, ValueError) as exc:
         print(f"nri-midbatch: status from {path}: {exc}", file=err)
         return 2
@@ -32,6 +44,14 @@ def status_command(path: Path, *, fmt: str, out: TextIO, err: TextIO) -> int:
         out.write("\n")
     else:
         _table(document, workloads, out)
+    readiness = document.get("readiness")
+    if readiness not in (None, "ok"):
+        print(
+            f"nri-midbatch: the plugin is not ready: {readiness}. It shows only what it knows "
+            "so far, which is not the node's (nothing until a runtime registers it).",
+            file=err,
+        )
+        return 2
     return 1 if any(w.get("drift") for w in workloads) else 0
 
 

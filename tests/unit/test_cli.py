@@ -6,6 +6,8 @@ exactly NRI_PLUGIN_NAME, NRI_PLUGIN_IDX and NRI_PLUGIN_SOCKET, and stdio on /dev
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import io
 import os
 import socket
@@ -277,7 +279,12 @@ def test_check_config_prints_effective_yaml_that_round_trips(
     # Every setting, defaults included.
     assert document["failurePolicy"] == "Fail"
     assert document["rules"] == {"cfsQuota": True, "cpuNormalizationRatio": 1.2}
-    assert document["cgroups"] == {"root": "/sys/fs/cgroup", "driver": "systemd", "podLevel": False}
+    assert document["cgroups"] == {
+        "root": "/sys/fs/cgroup",
+        "driver": "systemd",
+        "kubeletCgroupRoot": "/",
+        "podLevel": False,
+    }
     assert [tier["name"] for tier in document["tiers"]] == ["batch", "mid"]
     assert document["classification"]["qosLabel"] == "koordinator.sh/qosClass"
     # Round trip: the output is a valid config meaning the same, and is a fixed point.
@@ -447,3 +454,69 @@ def test_prelaunched_process_registers_configures_and_exits_on_close(
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = nri_midbatch.tools.cli._parser()
+    (commands,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(commands.choices)
+
+
+@pytest.mark.parametrize("command", sorted(_subcommands()))
+def test_help_shows_the_default_of_every_flag_that_has_one(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sub = _subcommands()[command]
+    with pytest.raises(SystemExit):
+        sub.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for action in sub._actions:
+        if not action.option_strings or action.nargs == 0 or action.default is None:
+            continue  # positional, a switch (--help, --record-raw), or nothing by default
+        assert f"default {action.default}" in text, f"{command} {action.option_strings[0]}"
+
+
+def test_run_help_says_what_an_unset_identity_config_and_log_file_mean(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: $NRI_PLUGIN_NAME, else midbatch)" in text
+    assert "(default: $NRI_PLUGIN_IDX, else 10)" in text
+    assert "default: none, the built-in defaults" in text
+    assert f"(default: stderr; a pre-launched plugin the journal, else {FALLBACK_LOG_FILE})" in text
+
+
+def test_status_without_a_plugin_says_what_to_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["status", "--socket", str(tmp_path / "none.sock")]) == 2
+    err = capsys.readouterr().err
+    assert "none.sock: No such file or directory: no plugin serves it" in err
+    assert "Is the plugin running, with this --status-socket" in err
+
+
+def test_status_of_a_plugin_no_runtime_registered_says_so(tmp_path: Path) -> None:
+    """It knows no workload: not "0 workloads" and exit 0, as if the node had none."""
+    from nri_midbatch.process.app import App
+    from nri_midbatch.tools.status import status_command
+
+    socket_path = tmp_path / "status.sock"
+    app = App(
+        settings_of(Config()), name="midbatch", idx="10", config_path=None,
+        status_socket=socket_path,
+    )  # fmt: skip
+
+    async def ask() -> tuple[int, str, str]:
+        async with app._services():
+            out, err = io.StringIO(), io.StringIO()
+            code = await asyncio.to_thread(
+                status_command, socket_path, fmt="json", out=out, err=err
+            )
+            return code, out.getvalue(), err.getvalue()
+
+    code, out, err = asyncio.run(ask())
+    assert code == 2
+    assert yaml.safe_load(out)["readiness"] == "not registered with a runtime"
+    assert "the plugin is not ready: not registered with a runtime" in err

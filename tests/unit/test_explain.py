@@ -130,6 +130,38 @@ def test_an_unreadable_pod_file(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "cannot read" in capsys.readouterr().err
 
 
+def test_a_manifest_s_pod_cgroup_is_below_kubelet_s_cgroup_root(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "kind.yaml"
+    config.write_text("cgroups: {kubeletCgroupRoot: /kubelet}\n")
+    text = explain(capsys, "--pod", str(PODS / "mid-ls.yaml"), "--config", str(config))
+    assert "cgroup parent  /kubelet/kubepods/burstable/pod6f1c2a0e-" in text
+    assert "Tier: mid" in text
+
+
+def test_what_is_not_a_pod_is_refused_with_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A Deployment's pods look like a Pod inside its template, and used to be "no tier".
+    deployment = tmp_path / "deployment.yaml"
+    pod = (PODS / "batch-be.yaml").read_text()
+    deployment.write_text(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: batch}\n"
+        "spec:\n  template:\n" + "".join(f"    {line}\n" for line in pod.splitlines())
+    )
+    assert main(["explain", "--pod", str(deployment)]) == 2
+    err = capsys.readouterr().err
+    assert "a Deployment, not a Pod" in err
+    assert "kubectl get pod NAME -o yaml" in err
+    # A configuration file parses as an empty PodSandbox when read leniently.
+    config = ROOT / "examples" / "config" / "default.yaml"
+    assert main(["explain", "--pod", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "neither a Pod manifest (kind: Pod) nor an NRI PodSandbox" in err
+    assert "no tier" not in capsys.readouterr().out
+
+
 def test_an_init_container_without_resources_makes_the_pod_burstable_as_in_the_webhook(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

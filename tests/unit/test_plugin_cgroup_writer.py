@@ -4,9 +4,12 @@ from pathlib import Path
 
 import pytest
 
-from nri_midbatch.cgroups.paths import CgroupDriver
+from nri_midbatch.cgroups.paths import CgroupDriver, CgroupLocation
 from nri_midbatch.cgroups.values import UNLIMITED, CgroupReading
+from nri_midbatch.config.compile import settings_of
+from nri_midbatch.config.model import load_config_text
 from nri_midbatch.plugin.cgroup_writer import CgroupUnreadable, CgroupWriter
+from nri_midbatch.plugin.context import writer_for
 from nri_midbatch.policy import CgroupValues, ContainerView, PodView
 
 PARENT = "/kubepods/besteffort/pod1"
@@ -55,3 +58,53 @@ def test_a_read_of_a_file_that_holds_no_value_raises_cgroup_unreadable(tmp_path:
 
     with pytest.raises(CgroupUnreadable):
         CgroupWriter(tmp_path, CgroupDriver.CGROUPFS).read(POD)
+
+
+KIND_POD_CGROUPFS = "/kubelet/kubepods/besteffort/pod1"
+KIND_POD_SYSTEMD = "kubelet-kubepods-besteffort-pod1.slice"
+KIND_POD_SYSTEMD_DIR = (
+    "kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/" + KIND_POD_SYSTEMD
+)
+
+
+@pytest.mark.parametrize(
+    ("driver", "parent", "directory"),
+    [
+        ("cgroupfs", KIND_POD_CGROUPFS, KIND_POD_CGROUPFS),
+        ("systemd", KIND_POD_SYSTEMD, KIND_POD_SYSTEMD_DIR),
+    ],
+)
+def test_kubelets_cgroup_root_from_the_configuration_is_where_pods_are_written(
+    tmp_path: Path, driver: str, parent: str, directory: str
+) -> None:
+    text = f"cgroups:\n  root: {tmp_path}\n  driver: {driver}\n  kubeletCgroupRoot: /kubelet\n"
+    writer = writer_for(settings_of(load_config_text(text, "test")), "containerd", None)
+    cgroup_v2(tmp_path, directory)
+    pod = PodView("1", "jobs", "batch", {}, {}, parent)
+
+    assert writer.write(pod, None, CgroupValues(None, 50_000, None)).failure is None
+    assert (tmp_path / directory.lstrip("/") / "cpu.max").read_text() == "50000"
+    assert writer.read(pod) == CgroupReading(None, 100, 50_000, UNLIMITED)
+
+
+@pytest.mark.parametrize(
+    ("driver", "outside"),
+    [
+        ("cgroupfs", "/kubepods/besteffort/pod1"),
+        ("systemd", "kubepods-besteffort-pod1.slice"),
+    ],
+)
+def test_kubelets_cgroup_root_writes_nothing_outside_its_kubepods(
+    tmp_path: Path, driver: str, outside: str
+) -> None:
+    text = f"cgroups:\n  root: {tmp_path}\n  driver: {driver}\n  kubeletCgroupRoot: /kubelet\n"
+    writer = writer_for(settings_of(load_config_text(text, "test")), "containerd", None)
+    # A pod cgroup of the default root's: there, and refused.
+    relpath = CgroupLocation(CgroupDriver(driver), outside).relpath()
+    cgroup_v2(tmp_path, str(relpath))
+    pod = PodView("1", "jobs", "batch", {}, {}, outside)
+
+    written = writer.write(pod, None, CgroupValues(None, 50_000, None))
+
+    assert written.failure is not None and "not a pod cgroup" in written.failure
+    assert (tmp_path / relpath / "cpu.max").read_text() == "max 100000\n"

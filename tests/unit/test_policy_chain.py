@@ -545,7 +545,11 @@ def test_a_quota_with_a_50ms_period_is_scaled_in_its_own_period() -> None:
     assert decision.values == CgroupValues(None, 41_667, None)  # ceil(50000 / 1.2)
 
 
-def test_a_limit_below_nano_resolution_keeps_its_sign() -> None:
-    """apimachinery reads -1e-10 as -1n (Value() -1), a limit <= 0: no quota, not 1000."""
+def test_a_negative_limit_below_nano_resolution_is_one_as_koordlet_reads_it() -> None:
+    """apimachinery keeps -1e-10 as an inf.Dec of -1n, whose Value() is 1 (scaledValue
+    truncates toward zero and adds 1 for the remainder): a limit of 1 milli-core, quota
+    1000 (its minimum), as koordlet sets; `-1n` itself is int64-backed, Value() -1: none."""
     decision = decide(pod("BE", "koord-batch", batch_spec(main=("1e-10", "-1e-10", None))))
+    assert decision.values == CgroupValues(2, 1000, -1)
+    decision = decide(pod("BE", "koord-batch", batch_spec(main=("1e-10", "-1n", None))))
     assert decision.values == CgroupValues(2, -1, -1)

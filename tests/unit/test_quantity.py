@@ -124,17 +124,28 @@ def test_error_says_what_is_wrong() -> None:
         ("1n", 1, 1),
         ("0.1m", 1, 1),
         ("2Gi", 2 * 2**30, 2 * 2**30 * 1000),
-        # Negative: rounded away from zero (apimachinery scaledValue / negativeScaleInt64).
+        # Negative and int64-backed: rounded away from zero (negativeScaleInt64).
         ("-1.5", -2, -1500),
         ("-1.4", -2, -1400),
         ("-500m", -1, -500),
         ("-1n", -1, -1),
         ("-0.1m", -1, -1),
-        # Below nano resolution: ParseQuantity rounds the magnitude up to 1n and puts the
-        # sign back (apimachinery quantity.go), so -1e-10 is -1n, Value() -1, not +1.
+        ("-0.000000001", -1, -1),  # nine decimals: still nano
+        ("-000000000000000000001.5", -2, -1500),  # leading zeros are not digits
+        # ParseQuantity's inf.Dec path: the magnitude rounded up to nano, the sign put back,
+        # then scaledValue truncates toward zero and adds 1 for a remainder, whatever the
+        # sign (checked against apimachinery v0.36.3: -1e-10 -> Value 1, MilliValue 1).
         ("1e-10", 1, 1),
-        ("-1e-10", -1, -1),
-        ("-1.5e-10", -1, -1),
+        ("-1e-10", 1, 1),
+        ("-1.5e-10", 1, 1),
+        ("-0.5n", 1, 1),  # finer than nano as written
+        ("-0.00000000010", 1, 1),  # ten decimals, even with a trailing zero
+        ("-0.5000000000000000000", 1, -500),  # 20 digits
+        ("-2.50000000000000000000", -1, -2500),
+        ("-1000000000000000000", -(10**18), -(10**21)),  # 19 digits, whole
+        ("-0.0001Ki", 1, -101),  # a binary fraction: -0.1024
+        ("-1.5Ki", -1536, -1536000),
+        ("-1234567890123456Ki", -1234567890123456 * 1024, -1234567890123456 * 1024000),
         ("0", 0, 0),
     ],
 )
@@ -228,11 +239,12 @@ def test_binary_suffix_equals_plain_integer(number: int, suffix: str) -> None:
 
 
 @given(
-    st.integers(min_value=0, max_value=10**12),
     st.integers(min_value=0, max_value=10**9 - 1),
-    st.sampled_from(["", "m", "k", "Mi"]),
+    st.integers(min_value=0, max_value=10**9 - 1),
+    st.sampled_from(["", "k", "M"]),
 )
 def test_value_rounds_up_positive_and_down_negative(whole: int, nanos: int, suffix: str) -> None:
+    # At most 18 digits, none finer than nano: int64-backed, rounded away from zero.
     text = f"{whole}.{nanos:09d}{suffix}"
     positive = parse_quantity(text)
     exact = positive.amount
@@ -242,6 +254,28 @@ def test_value_rounds_up_positive_and_down_negative(whole: int, nanos: int, suff
     negative = parse_quantity("-" + text)
     assert negative.value() == -positive.value()
     assert negative.milli_value() == -positive.milli_value()
+
+
+@given(
+    st.integers(min_value=0, max_value=10**12),
+    st.integers(min_value=0, max_value=10**9 - 1),
+    st.sampled_from(["", "k", "m", "M"]),
+)
+def test_an_inf_dec_quantity_truncates_and_adds_one_whatever_its_sign(
+    whole: int, nanos: int, suffix: str
+) -> None:
+    # Ten more decimals, zeros (over 18 digits), make apimachinery keep the same amount as
+    # an inf.Dec: positive values round up as before; negative ones come out 1 above their
+    # truncation.
+    text = f"{whole}.{nanos:09d}{'0' * 10}{suffix}"
+    int64_backed = parse_quantity(f"{whole}.{nanos:09d}{suffix}")
+    positive, negative = parse_quantity(text), parse_quantity("-" + text)
+    assert positive.amount == int64_backed.amount == -negative.amount
+    assert positive.value() == int64_backed.value()
+    fraction = positive.amount.denominator != 1
+    assert negative.value() == -positive.value() + (2 if fraction else 0)
+    milli_fraction = (positive.amount * 1000).denominator != 1
+    assert negative.milli_value() == -positive.milli_value() + (2 if milli_fraction else 0)
 
 
 @given(st.text(alphabet="0123456789.+-eEinumkKMGTP ", max_size=12) | st.text(max_size=40))

@@ -175,6 +175,18 @@ def test_the_table_shows_what_changed(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "4 replies differ from the recording" in out
 
 
+def test_observe_mode_shows_now_untouched_and_the_legend_says_what_it_means(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "observe.yaml"
+    config.write_text("mode: observe\n")
+    main(["replay", str(RECORDING), "--config", str(config)])
+    out = capsys.readouterr().out
+    batch = [line for line in out.splitlines() if "default/batch-be" in line and "main" in line]
+    assert "now untouched" in batch[0]
+    assert "now untouched: values were set then, none now (observe mode decides values" in out
+
+
 def test_the_config_flag_wins_over_a_recorded_configure(tmp_path: Path) -> None:
     recorded = lines(RECORDING)
     recorded[0]["request"]["config"] = "rules:\n  cfsQuota: false\n"

@@ -22,7 +22,9 @@ from nri_midbatch.tools.replay.runner import Outcome
 
 TABLE_LEGEND = (
     "CHANGE: = as recorded; a -> b what this configuration changes; ? nothing recorded to "
-    "compare.\nContainers compare the values in the reply; pods, the recorded decision."
+    "compare; now untouched: values were set then, none now (observe mode decides values "
+    "but sets none), was untouched: the reverse.\n"
+    "Containers compare the values in the reply; pods, the recorded decision."
 )
 _HEADER = (
     "LINE",
