@@ -29,8 +29,8 @@ from tests.tls import Tls
 from tests.webhook_client import Client
 
 CLIENTS = 8
-REVIEWS = 16  # per client, alternately validated and mutated
-CONTAINERS = 50
+REVIEWS = 8  # per client, alternately validated and mutated
+CONTAINERS = 250
 #: Every cache a review goes through, and what it is shrunk to.
 CACHES: tuple[BoundedCache[Any, Any], ...] = (
     pods.quantity_cache,
@@ -70,7 +70,7 @@ def test_concurrent_reviews_of_distinct_pods_are_all_answered_right(
     # A budget no review reaches however slowly the switching makes it: every answer is
     # the review's own, not the over-budget one.
     pool = ReviewPool(
-        workers=4,
+        workers=CLIENTS,
         waiting=CLIENTS,
         large_workers=1,
         large_waiting=1,
