@@ -21,8 +21,8 @@ from nri_midbatch.config.model import Config
 from nri_midbatch.policy import calculate, spec
 from nri_midbatch.policy.bounded_cache import BoundedCache
 from nri_midbatch.tools.webhook import admission, pods
-from nri_midbatch.tools.webhook.pool import ReviewPool
-from nri_midbatch.tools.webhook.server import LARGE_BODY_BYTES, WebhookServer
+from nri_midbatch.tools.webhook.pool import Lane, ReviewPool
+from nri_midbatch.tools.webhook.server import WebhookServer
 from tests.admission import container, mutated, pod, review
 from tests.factory import MID_CPU, MID_MEMORY, QOS, SPEC
 from tests.tls import Tls
@@ -69,15 +69,7 @@ def test_concurrent_reviews_of_distinct_pods_are_all_answered_right(
 ) -> None:
     # A budget no review reaches however slowly the switching makes it: every answer is
     # the review's own, not the over-budget one.
-    pool = ReviewPool(
-        workers=CLIENTS,
-        waiting=CLIENTS,
-        large_workers=1,
-        large_waiting=1,
-        large_body=LARGE_BODY_BYTES,
-        budget=300,
-        grace=60,
-    )
+    pool = ReviewPool([Lane("review", CLIENTS, CLIENTS, None)], budget=300, grace=60)
     webhook = WebhookServer(
         "127.0.0.1:0", tls.cert, tls.key, Config(), reload_interval=3600, pool=pool
     )
