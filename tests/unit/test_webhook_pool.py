@@ -67,6 +67,10 @@ def serve(
         grace=grace,
         clock=gate.clock,
     )
+    return serve_pool(tls, pool)
+
+
+def serve_pool(tls: Tls, pool: ReviewPool) -> WebhookServer:
     webhook = WebhookServer(
         "127.0.0.1:0", tls.cert, tls.key, Config(), reload_interval=3600, pool=pool
     )
@@ -167,10 +171,7 @@ def test_a_review_over_budget_is_answered_as_the_failure_policy_says(tls: Tls) -
         grace=60.0,
         clock=lambda: float(next(ticks)),
     )
-    webhook = WebhookServer(
-        "127.0.0.1:0", tls.cert, tls.key, Config(), reload_interval=3600, pool=pool
-    )
-    webhook.start()
+    webhook = serve_pool(tls, pool)
     client = Client(webhook, tls)
     try:
         denied = client.admit("/validate", review(mid_pod()))["response"]
@@ -211,15 +212,7 @@ def test_reviews_just_under_the_large_line_leave_normal_reviews_their_lane(tls: 
     of their own: the rest get 503 at once, and a normal review is answered meanwhile.
     """
     gate = Gate("wide-review")
-    webhook = WebhookServer(
-        "127.0.0.1:0",
-        tls.cert,
-        tls.key,
-        Config(),
-        reload_interval=3600,
-        pool=default_pool(gate.clock),
-    )
-    webhook.start()
+    webhook = serve_pool(tls, default_pool(gate.clock))
     client = Client(webhook, tls)
     document = json.dumps(review(mid_pod_of(WIDE))).encode()
     body = document + b" " * (LARGE_BODY_BYTES - 5 * 1024 - len(document))
