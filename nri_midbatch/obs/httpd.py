@@ -15,6 +15,10 @@ The bounds, per server:
   extend it. Writing an answer has the same deadline, for a client that never reads.
 - `MAX_HEAD_BYTES` of request line and headers, at most `MAX_HEADERS` header lines, and a body
   of at most `max_body` bytes, sent with a Content-Length (no chunked bodies).
+- A body's framing must be unambiguous (RFC 9112 section 6.3): Content-Length headers that
+  differ, a Content-Length beside a Transfer-Encoding, or one that is not a plain decimal
+  number get 400 and the connection is closed, as a proxy in front may have read the body
+  differently (request smuggling).
 
 Handlers are plain functions called on the server's loop; they must be quick and must not block
 (a metrics scrape). One with slow work returns an awaitable instead, which the connection awaits
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import re
 import socket
 import ssl
 import threading
@@ -51,6 +56,9 @@ MAX_HEAD_BYTES = 16 * 1024
 MAX_HEADERS = 64
 #: For stop(): how long to wait for the loop thread to finish.
 _STOP_WAIT = 5.0
+#: RFC 9110's 1*DIGIT, ASCII only (str.isdigit takes "²", which int() refuses), and short
+#: enough for int() (which refuses more than 4,300 digits); 20 digits pass any 64-bit size.
+_CONTENT_LENGTH = re.compile(r"[0-9]{1,20}")
 
 log = structlog.get_logger("nri_midbatch.httpd")
 
@@ -284,15 +292,17 @@ class BoundedHTTPServer:
         return Request(method, path, headers, body, keep_alive)
 
     def _body_length(self, method: str, headers: Mapping[str, str]) -> int:
-        if "transfer-encoding" in headers:
-            raise _Refused(411, "send the body with a Content-Length")
         raw = headers.get("content-length")
+        if "transfer-encoding" in headers:
+            if raw is not None:
+                raise _Refused(400, "both Transfer-Encoding and Content-Length")
+            raise _Refused(411, "send the body with a Content-Length")
         if raw is None:
             if method == "POST":
                 raise _Refused(411, "Content-Length is required")
             return 0
-        if not raw.strip().isdigit():
-            raise _Refused(400, "Content-Length is not a number")
+        if not _CONTENT_LENGTH.fullmatch(raw):
+            raise _Refused(400, "Content-Length is not a number of at most 20 digits")
         length = int(raw)
         if length > self.max_body:
             # Not read: the connection closes instead.
@@ -337,6 +347,9 @@ def _parse_head(head: bytes) -> tuple[str, str, str, dict[str, str]]:
         name, sep, value = line.partition(":")
         if not sep or not name or name != name.strip():
             raise _Refused(400, "malformed header line")
-        headers[name.lower()] = value.strip()
+        key, value = name.lower(), value.strip()
+        if key == "content-length" and headers.get(key, value) != value:
+            raise _Refused(400, "Content-Length headers that differ")
+        headers[key] = value
     method, target, version = parts
     return method, target.split("?", 1)[0], version, headers

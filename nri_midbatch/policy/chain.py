@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -21,12 +22,15 @@ class TierMatch:
 
 
 class Chain:
-    __slots__ = ("_memo", "_namespaced", "tiers")
+    __slots__ = ("_lock", "_memo", "_namespaced", "tiers")
 
     def __init__(self, tiers: Sequence[Tier]) -> None:
         self.tiers = tuple(tiers)
         self._namespaced = any(tier.namespaces is not None for tier in self.tiers)
         self._memo: dict[tuple[PriorityClass | None, QoSClass | None, str], TierMatch] = {}
+        # The webhook's workers share a policy. A hit is one dict lookup, atomic under the
+        # GIL; a miss checks the cap, clears and stores under the lock, so the cap holds.
+        self._lock = threading.Lock()
 
     def select(
         self, priority: PriorityClass | None, qos: QoSClass | None, namespace: str
@@ -35,9 +39,11 @@ class Chain:
         key = (priority, qos, namespace if self._namespaced else "")
         match = self._memo.get(key)
         if match is None:
-            if len(self._memo) >= _MEMO_LIMIT:
-                self._memo.clear()
-            match = self._memo[key] = _walk(self.tiers, priority, qos, namespace)
+            match = _walk(self.tiers, priority, qos, namespace)
+            with self._lock:
+                if len(self._memo) >= _MEMO_LIMIT:
+                    self._memo.clear()
+                self._memo[key] = match
         return match
 
 

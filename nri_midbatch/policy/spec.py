@@ -15,6 +15,7 @@ import json.decoder
 import json.scanner
 import string
 import sys
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -188,11 +189,12 @@ def parse_spec(text: str) -> ExtendedSpec | None:
 
 
 def _decode(text: str) -> object:
+    decoders = _DECODERS
     if "\\" in text:
-        return _ESCAPE_AWARE.decode(text)
+        return decoders.escape_aware.decode(text)
     if text.startswith("\ufeff"):
         return json.loads(text)  # refuses it, with json.loads' own message for a BOM
-    return _PLAIN.decode(text)  # no escapes: the fast C scanner
+    return decoders.plain.decode(text)  # no escapes: the fast C scanner
 
 
 def _reject_constant(token: str) -> object:
@@ -213,10 +215,6 @@ def _decoder() -> json.JSONDecoder:
     )
 
 
-#: Made once: json.loads with arguments builds a decoder (and its scanner) for every text.
-_PLAIN = _decoder()
-
-
 def _escape_aware_decoder() -> json.JSONDecoder:
     """A decoder whose string values remember whether they were written with escapes.
 
@@ -233,7 +231,19 @@ def _escape_aware_decoder() -> json.JSONDecoder:
     return decoder
 
 
-_ESCAPE_AWARE = _escape_aware_decoder()
+class _Decoders(threading.local):
+    """Each thread's own decoders, made once per thread (json.loads with arguments builds a
+    decoder and its scanner for every text). A decoder is not shared between threads: its
+    scanner keeps a memo of the keys it has read, filled and cleared at every document, and
+    the webhook's workers parse specs at once.
+    """
+
+    def __init__(self) -> None:
+        self.plain = _decoder()
+        self.escape_aware = _escape_aware_decoder()
+
+
+_DECODERS = _Decoders()
 
 
 def _container(entry: object, name: str) -> ContainerSpec:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from fractions import Fraction
+
 import pytest
 
 from nri_midbatch.policy.bounded_cache import BoundedCache
@@ -65,3 +68,36 @@ def test_memoize_keeps_no_outcome_of_a_call_that_raises() -> None:
     with pytest.raises(ValueError):
         cached("not a number")
     assert len(cache) == 0 and cached("12") == 12
+
+
+def test_threads_sharing_a_cache_get_their_values_and_leave_it_whole(
+    switching_often: None,
+) -> None:
+    """Issue 30: the webhook's review workers share every module-level cache.
+
+    Keys are Fractions, made afresh for each call (equal, not identical, to the cached
+    one), so every hit runs Fraction.__eq__, Python code, inside the OrderedDict's C
+    lookup; 24 of them through 4 entries, so the cache evicts all along. Unlocked, this
+    raised KeyError from move_to_end within a few hundred calls, and could segfault.
+    """
+    cache: BoundedCache[Fraction, str] = BoundedCache(max_entries=4, max_bytes=10**9)
+    cached = cache.memoize(str)
+    failures: list[BaseException] = []
+
+    def calls(seed: int) -> None:
+        for n in range(10_000):
+            amount = Fraction(seed + 7 * n % 24, 1000)
+            try:
+                assert cached(amount) == str(amount)
+            except BaseException as error:
+                failures.append(error)
+
+    threads = [threading.Thread(target=calls, args=(seed,)) for seed in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    entries = cache._entries  # the order list and the table must still agree
+    assert len(list(entries)) == len(entries) == len(cache) <= 4
+    assert cache.bytes == sum(cost for _, cost in entries.values())

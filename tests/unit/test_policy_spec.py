@@ -265,7 +265,7 @@ def test_the_escape_aware_decoder_still_finds_the_json_internals_it_builds_on() 
     # json.decoder.scanstring(text, index after the opening quote, strict) -> (value, end)
     value, end = json.decoder.scanstring('"1\\u006b" tail', 1, True)  # type: ignore[attr-defined]
     assert (value, end) == ("1k", 9), "json.decoder.scanstring changed its contract"
-    document = spec_module._ESCAPE_AWARE.decode(
+    document = spec_module._escape_aware_decoder().decode(
         '{"k\\u0065y": {"plain": "1k", "escaped": "1\\u006b", "list": ["a", "\\n"]}}'
     )
     assert document == [("key", [("plain", "1k"), ("escaped", "1k"), ("list", ["a", "\n"])])]

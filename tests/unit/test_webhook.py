@@ -702,6 +702,52 @@ def test_a_body_without_content_length_is_refused(server: WebhookServer, tls: Tl
         assert read_reply(sock).startswith(b"HTTP/1.1 411 ")
 
 
+@pytest.mark.parametrize(
+    ("framing", "reason"),
+    [
+        # RFC 9112 section 6.3: a proxy may have taken either; the last one won here.
+        (b"Content-Length: 2\r\nContent-Length: 40\r\n", b"Content-Length headers that differ"),
+        (
+            b"Transfer-Encoding: chunked\r\nContent-Length: 2\r\n",
+            b"both Transfer-Encoding and Content-Length",
+        ),
+        (b"Content-Length: 2x\r\n", b"Content-Length is not a number of at most 20 digits"),
+        # str.isdigit takes a superscript two, int() does not.
+        ("Content-Length: \u00b2\r\n".encode("latin-1"), b"Content-Length is not a number"),
+        # int() refuses more than 4,300 digits.
+        (b"Content-Length: " + b"0" * 5000 + b"2\r\n", b"Content-Length is not a number"),
+    ],
+)
+def test_a_body_whose_length_is_ambiguous_is_refused_and_the_connection_closed(
+    server: WebhookServer, tls: Tls, framing: bytes, reason: bytes
+) -> None:
+    with tls_socket(server, tls) as sock:
+        sock.sendall(
+            b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + framing
+            + b"\r\n{}"
+        )
+        reply = read_reply(sock)
+        assert reply.startswith(b"HTTP/1.1 400 ")
+        assert reason in reply.partition(b"\r\n\r\n")[2]
+        assert b"\r\nConnection: close\r\n" in reply
+        sock.settimeout(10)
+        assert sock.recv(1) == b""
+
+
+def test_a_repeated_content_length_of_one_value_is_read(server: WebhookServer, tls: Tls) -> None:
+    body = json.dumps(review(mid_pod())).encode()
+    with tls_socket(server, tls) as sock:
+        length = f"Content-Length: {len(body)}\r\n".encode()
+        sock.sendall(
+            b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + length * 2
+            + b"Connection: close\r\n\r\n"
+            + body
+        )
+        assert read_reply(sock).startswith(b"HTTP/1.1 200 ")
+
+
 def test_one_connection_serves_many_reviews(server: WebhookServer, tls: Tls) -> None:
     connection = HTTPSConnection("127.0.0.1", server.port, context=tls.client(), timeout=5)
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -16,8 +17,15 @@ from typing import Any
 import pytest
 
 from nri_midbatch.config.model import Config
-from nri_midbatch.tools.webhook.pool import ReviewPool
-from nri_midbatch.tools.webhook.server import WebhookServer
+from nri_midbatch.tools.webhook.pool import Lane, ReviewPool
+from nri_midbatch.tools.webhook.server import (
+    LARGE_BODY_BYTES,
+    REVIEW_BODY_BYTES,
+    WIDE_WAITING,
+    WIDE_WORKERS,
+    WebhookServer,
+    default_pool,
+)
 from tests.admission import (
     mid_pod,
     mid_pod_of,
@@ -35,14 +43,15 @@ WIDE = 1_000
 
 
 class Gate:
-    """A clock that holds each large-lane worker at its first reading until released."""
+    """A clock that holds each worker of one lane at its first reading until released."""
 
-    def __init__(self) -> None:
+    def __init__(self, lane: str = "large-review") -> None:
+        self.lane = lane
         self.entered = threading.Event()
         self.released = threading.Event()
 
     def clock(self) -> float:
-        if threading.current_thread().name.startswith("webhook-large-review"):
+        if threading.current_thread().name.startswith(f"webhook-{self.lane}"):
             self.entered.set()
             # A bound so a failing test ends; the test releases long before.
             assert self.released.wait(30), "the test never released the large review"
@@ -53,15 +62,15 @@ def serve(
     tls: Tls, gate: Gate, *, budget: float = 60.0, grace: float = 60.0, large_waiting: int = 2
 ) -> WebhookServer:
     pool = ReviewPool(
-        workers=2,
-        waiting=4,
-        large_workers=1,
-        large_waiting=large_waiting,
-        large_body=LARGE_BODY,
+        [Lane("review", 2, 4, LARGE_BODY), Lane("large-review", 1, large_waiting, None)],
         budget=budget,
         grace=grace,
         clock=gate.clock,
     )
+    return serve_pool(tls, pool)
+
+
+def serve_pool(tls: Tls, pool: ReviewPool) -> WebhookServer:
     webhook = WebhookServer(
         "127.0.0.1:0", tls.cert, tls.key, Config(), reload_interval=3600, pool=pool
     )
@@ -157,19 +166,12 @@ def test_a_review_over_budget_is_answered_as_the_failure_policy_says(tls: Tls) -
     # A clock one second later at every reading: every review runs out at its first check.
     ticks = iter(range(1_000_000))
     pool = ReviewPool(
-        workers=1,
-        waiting=0,
-        large_workers=1,
-        large_waiting=0,
-        large_body=LARGE_BODY,
+        [Lane("review", 1, 0, LARGE_BODY), Lane("large-review", 1, 0, None)],
         budget=1.0,
         grace=60.0,
         clock=lambda: float(next(ticks)),
     )
-    webhook = WebhookServer(
-        "127.0.0.1:0", tls.cert, tls.key, Config(), reload_interval=3600, pool=pool
-    )
-    webhook.start()
+    webhook = serve_pool(tls, pool)
     client = Client(webhook, tls)
     try:
         denied = client.admit("/validate", review(mid_pod()))["response"]
@@ -178,4 +180,63 @@ def test_a_review_over_budget_is_answered_as_the_failure_policy_says(tls: Tls) -
         assert admitted["allowed"] is True and "patch" not in admitted
         assert shed(client) == {"mutate/over_budget": 1.0, "validate/over_budget": 1.0}
     finally:
+        webhook.stop()
+
+
+# -- the default lanes (issue 30) ----------------------------------------------------------
+
+
+def test_each_body_takes_the_lane_of_its_size_class() -> None:
+    pool = default_pool()
+    try:
+        assert [pool.lane(size).name for size in (0, REVIEW_BODY_BYTES)] == ["review"] * 2
+        wide = (REVIEW_BODY_BYTES + 1, LARGE_BODY_BYTES)
+        assert [pool.lane(size).name for size in wide] == ["wide-review"] * 2
+        assert pool.lane(LARGE_BODY_BYTES + 1).name == "large-review"
+    finally:
+        pool.shutdown()
+
+
+def until(condition: Callable[[], bool]) -> None:
+    """Waits (bounded) for something another thread does."""
+    for _ in range(3000):
+        if condition():
+            return
+        time.sleep(0.01)
+    raise AssertionError("the condition never held")
+
+
+def test_reviews_just_under_the_large_line_leave_normal_reviews_their_lane(tls: Tls) -> None:
+    """24 connections posting 251 KiB reviews took the normal lane's 20 slots: normal
+    reviews got 503 (4 of 13) or waited 3.5 s. Now such reviews have 2 workers and 2 places
+    of their own: the rest get 503 at once, and a normal review is answered meanwhile.
+    """
+    gate = Gate("wide-review")
+    webhook = serve_pool(tls, default_pool(gate.clock))
+    client = Client(webhook, tls)
+    document = json.dumps(review(mid_pod_of(WIDE))).encode()
+    body = document + b" " * (LARGE_BODY_BYTES - 5 * 1024 - len(document))
+    headers = {"Content-Type": "application/json"}
+    held = WIDE_WORKERS + WIDE_WAITING
+    executor = ThreadPoolExecutor(held)
+    try:
+        wide = [
+            executor.submit(lambda: client.raw("POST", "/validate", body, headers)[0])
+            for _ in range(held)
+        ]
+        assert gate.entered.wait(30)
+        until(lambda: webhook.pool.lane(len(body)).taken == held)
+        status, _, text = client.raw("POST", "/validate", body, headers)
+        assert (status, text) == (
+            503,
+            f"{held} wide-review reviews in progress or waiting\n".encode(),
+        )
+        normal = client.admit("/validate", review(mid_pod()))["response"]
+        assert normal["allowed"] is True
+        assert not any(future.done() for future in wide)
+        gate.released.set()
+        assert [future.result(60) for future in wide] == [200] * held
+    finally:
+        gate.released.set()
+        executor.shutdown()
         webhook.stop()

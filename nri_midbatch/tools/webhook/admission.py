@@ -347,21 +347,28 @@ def derive_spec(
 
 
 def _canonical(quantity: Quantity) -> str:
-    return _canonical_form((quantity.amount, quantity.format))
+    amount = quantity.amount
+    return _canonical_form((amount.numerator, amount.denominator, quantity.format))
 
 
-def _canonical_text(key: tuple[Fraction, Format]) -> str:
+#: An amount as its numerator and denominator, and the format it was written in.
+_CanonicalKey = tuple[int, int, Format]
+
+
+def _canonical_text(key: _CanonicalKey) -> str:
     """Kubernetes' canonical text of a quantity; cached, as a pod's quantities repeat.
 
     Keyed by amount and format, not by Quantity: quantities compare by amount alone, but
     "1Ki" and "1024" are written differently. An amount a pod author writes can be long.
+    The amount is two ints, not a Fraction: a Fraction's hash and == are Python code, run
+    inside the cache's C lookups, where they let other threads in (see bounded_cache).
     """
-    return str(Quantity(*key))
+    numerator, denominator, written = key
+    return str(Quantity(Fraction(numerator, denominator), written))
 
 
-_canonical_form = BoundedCache[tuple[Fraction, Format], str](1024, INPUT_CACHE_BYTES).memoize(
-    _canonical_text
-)
+canonical_cache = BoundedCache[_CanonicalKey, str](1024, INPUT_CACHE_BYTES)
+_canonical_form = canonical_cache.memoize(_canonical_text)
 
 
 def encode_spec(spec: Mapping[str, Any]) -> str:

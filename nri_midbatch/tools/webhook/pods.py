@@ -163,9 +163,8 @@ def _parse_quantity(text: str) -> Quantity | QuantityError:
 # Exact parsing takes tens of microseconds, four times a container, and a pod's containers
 # repeat a few quantities ("1k", "1Gi"): each is parsed once. Quantities are immutable, so
 # containers may share one. At most 1024 keys of at most QUANTITY_CACHE_TEXT characters.
-_cached_quantity = BoundedCache[str, Quantity | QuantityError](1024, INPUT_CACHE_BYTES).memoize(
-    _parse_quantity
-)
+quantity_cache = BoundedCache[str, Quantity | QuantityError](1024, INPUT_CACHE_BYTES)
+_cached_quantity = quantity_cache.memoize(_parse_quantity)
 
 
 def _mapping(value: object, where: str) -> dict[str, Any]:

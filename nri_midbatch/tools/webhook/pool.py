@@ -1,13 +1,12 @@
 """Reviews decided off the server's event loop, in worker threads, bounded in number and time.
 
 The HTTP loop only reads requests and writes answers; each review runs in a worker, so a slow
-one delays no other. Two lanes, by body size, each with its own workers and its own bound on
-reviews waiting for one:
-
-- normal bodies (a pod of a few hundred containers at most) have `workers` threads;
-- large bodies have `large_workers` threads of their own, so however many large reviews
-  arrive, normal ones never wait behind them, and the memory a large review parses into
-  (several times its body) is held by few at once.
+one delays no other. Lanes by body size, each with its own workers and its own bound on
+reviews waiting for one: a review takes the first lane whose `max_body` its body fits. A
+review's cost (time, and the memory it parses into, several times its body) grows with its
+body, so reviews wait only behind reviews of their own size class: however many bodies just
+under one lane's line arrive, the lanes below keep every one of their slots, and the memory
+the costly ones hold is bounded by their lane's few workers.
 
 A review gets `budget` seconds from the moment it is handed over (its wait for a worker
 included); admission stops at the budget and answers as the failure policy says
@@ -20,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
@@ -40,12 +39,16 @@ class Abandoned(Exception):
 
 
 class Lane:
-    """Workers and a bound on the reviews handed to them and not yet finished."""
+    """Workers and a bound on the reviews handed to them and not yet finished.
 
-    def __init__(self, name: str, workers: int, waiting: int) -> None:
+    For bodies of at most `max_body` bytes (None: any body the server reads).
+    """
+
+    def __init__(self, name: str, workers: int, waiting: int, max_body: int | None) -> None:
         if workers < 1 or waiting < 0:
             raise ValueError(f"lane {name}: at least one worker and no negative waiting room")
         self.name = name
+        self.max_body = max_body
         self.capacity = workers + waiting
         #: Reviews handed over and not finished, running or waiting; touched on the loop only.
         self.taken = 0
@@ -70,25 +73,27 @@ class Lane:
 class ReviewPool:
     def __init__(
         self,
+        lanes: Sequence[Lane],
         *,
-        workers: int,
-        waiting: int,
-        large_workers: int,
-        large_waiting: int,
-        large_body: int,
         budget: float,
         grace: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.normal = Lane("review", workers, waiting)
-        self.large = Lane("large-review", large_workers, large_waiting)
-        self.large_body = large_body
+        """`lanes` by growing `max_body`; the last one takes any body (max_body None)."""
+        if not lanes or lanes[-1].max_body is not None:
+            raise ValueError("the last lane takes any body: its max_body is None")
+        bounds = [lane.max_body for lane in lanes[:-1] if lane.max_body is not None]
+        if len(bounds) != len(lanes) - 1 or bounds != sorted(bounds):
+            raise ValueError("the other lanes have a max_body each, growing")
+        self.lanes = tuple(lanes)
         self.budget = budget
         self.grace = grace
         self._clock = clock
 
     def lane(self, body_bytes: int) -> Lane:
-        return self.large if body_bytes > self.large_body else self.normal
+        return next(
+            lane for lane in self.lanes if lane.max_body is None or body_bytes <= lane.max_body
+        )
 
     async def run(self, body_bytes: int, review: Callable[[Budget], T]) -> T:
         """review(budget) in a worker of the body's lane; Busy or Abandoned when it cannot be."""
@@ -104,5 +109,5 @@ class ReviewPool:
             ) from None
 
     def shutdown(self) -> None:
-        self.normal.shutdown()
-        self.large.shutdown()
+        for lane in self.lanes:
+            lane.shutdown()

@@ -39,7 +39,7 @@ from nri_midbatch.process.reload import FileWatch
 
 from .admission import Answer, Endpoint, handle
 from .budget import Budget
-from .pool import Abandoned, Busy, ReviewPool
+from .pool import Abandoned, Busy, Lane, ReviewPool
 
 __all__ = [
     "DEFAULT_ADDRESS",
@@ -66,12 +66,16 @@ REVIEW_BUDGET = 2.0
 #: (admission checks the budget per container; a step between checks, such as parsing a
 #: 3 MiB body, is not interrupted) before it answers 504 without it.
 REVIEW_GRACE = 1.0
-#: Workers for bodies up to LARGE_BODY_BYTES (a pod of some hundreds of containers), and
-#: reviews that may wait for one.
+#: Workers for bodies up to REVIEW_BODY_BYTES (a pod of a few hundred containers; a real
+#: pod is a few KiB), and reviews that may wait for one.
+REVIEW_BODY_BYTES = 64 * 1024
 REVIEW_WORKERS, REVIEW_WAITING = 4, 16
-#: Larger bodies have a worker of their own: they never hold up the normal ones, and the
-#: memory a large review parses into (about twenty times its body) is held by one at a time.
+#: Bodies up to LARGE_BODY_BYTES have workers of their own: however many arrive just under
+#: the large line, they take none of the normal lane's slots, and run two at a time.
 LARGE_BODY_BYTES = 256 * 1024
+WIDE_WORKERS, WIDE_WAITING = 2, 2
+#: Larger bodies have a worker of their own: they never hold up the others, and the memory
+#: a large review parses into (about twenty times its body) is held by one at a time.
 LARGE_WORKERS, LARGE_WAITING = 1, 2
 _ENDPOINTS: dict[str, Endpoint] = {"/mutate": "mutate", "/validate": "validate"}
 
@@ -112,15 +116,16 @@ class _Watched:
         return True
 
 
-def default_pool() -> ReviewPool:
+def default_pool(clock: Callable[[], float] = time.monotonic) -> ReviewPool:
     return ReviewPool(
-        workers=REVIEW_WORKERS,
-        waiting=REVIEW_WAITING,
-        large_workers=LARGE_WORKERS,
-        large_waiting=LARGE_WAITING,
-        large_body=LARGE_BODY_BYTES,
+        [
+            Lane("review", REVIEW_WORKERS, REVIEW_WAITING, REVIEW_BODY_BYTES),
+            Lane("wide-review", WIDE_WORKERS, WIDE_WAITING, LARGE_BODY_BYTES),
+            Lane("large-review", LARGE_WORKERS, LARGE_WAITING, None),
+        ],
         budget=REVIEW_BUDGET,
         grace=REVIEW_GRACE,
+        clock=clock,
     )
 
 
