@@ -299,7 +299,12 @@ class Reconciler:
             # Once more after its containers: they may hold it back (cgroup v1).
             walk.retried = True
             walk.items.append((pod_id, None))
-        self._ctx.after_reply.defer(self._step, walk)
+        if walk.done is None:
+            self._ctx.after_reply.defer(self._step, walk)
+        else:
+            # A turn of the loop between the pieces of a pass: whatever waits for the work
+            # after replies to settle (a reload) does not wait for the whole pass.
+            asyncio.get_running_loop().call_soon(self._ctx.after_reply.defer, self._step, walk)
 
     def _check(self, pod_id: str, container_id: str | None) -> _Outcome:
         ctx = self._ctx

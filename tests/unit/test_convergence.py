@@ -9,6 +9,7 @@ re-checks and passes are run explicitly (`recheck`, `converge`), as their time w
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -224,3 +225,22 @@ def test_update_pod_sandbox_is_refused_only_under_failure_policy_fail(
     else:
         run(scenario())
     assert plugin.counters.invalid["internal"] == 1
+
+
+def test_a_reload_does_not_wait_for_a_whole_pass(tmp_path: Path) -> None:
+    """A reload first lets the work after replies settle: a pass yields between its pieces."""
+    pod = mid_ls_pod()
+
+    async def scenario() -> tuple[bool, bool]:
+        node = await node_with(tmp_path, CONTAINERD_2, Config(), pod)
+        assert node.app is not None
+        plugin = node.app.plugin
+        passing = asyncio.create_task(plugin.reconcile.converge())
+        await asyncio.sleep(0)
+        await plugin.after_reply.settle()
+        settled_first = not passing.done()
+        await passing
+        await node.stop_plugin()
+        return settled_first, passing.done()
+
+    assert run(scenario()) == (True, True)
