@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from nri_midbatch.cgroups.paths import CgroupDriver, kubelet_root
 from nri_midbatch.config.model import Config, effective_config_yaml
-from nri_midbatch.config.settings import CgroupSettings, Settings
+from nri_midbatch.config.settings import CgroupSettings, ConvergenceSettings, Settings
 from nri_midbatch.policy import (
     ClassificationSettings,
     Policy,
@@ -72,4 +72,5 @@ def settings_of(config: Config) -> Settings:
             kubelet_root=kubelet_root(config.cgroups.kubelet_cgroup_root),
         ),
         effective=effective_config_yaml(config),
+        convergence=ConvergenceSettings(config.convergence.interval_seconds),
     )

@@ -43,15 +43,23 @@ from nri_midbatch.plugin.decisions import Decider
 from nri_midbatch.plugin.deferred import AfterReply
 from nri_midbatch.plugin.lowering import LoweringTimings
 from nri_midbatch.plugin.observer import Observer
+from nri_midbatch.plugin.reconcile import ConvergenceTimings, Reconciler
 from nri_midbatch.plugin.records import Records
 from nri_midbatch.plugin.synchronize import SynchronizePass, told_baseline
 from nri_midbatch.plugin.writes import Writes
 from nri_midbatch.policy import NativeLimits, PodView, Policy, QoSClass, decide_pod
 from nri_midbatch.policy.classify import qos_from_cgroup_parent
-from nri_midbatch.state.baseline import in_force, newly_limited, resized_pod_baseline
+from nri_midbatch.rpc.errors import RpcError
+from nri_midbatch.state.baseline import (
+    in_force,
+    newly_limited,
+    resized_pod_baseline,
+    told_pod_baseline,
+)
 from nri_midbatch.state.known import Known
 from nri_midbatch.state.plan import Plan, plan, quota_in_force, raises_quota
 from nri_midbatch.state.store import BaselineStore
+from nri_midbatch.wire.status import Code
 
 log = structlog.get_logger(__name__)
 
@@ -66,6 +74,7 @@ class MidBatchPlugin:
         after_reply: AfterReply | None = None,
         store: BaselineStore | None = None,
         lowering_timings: LoweringTimings = LoweringTimings(),
+        convergence_timings: ConvergenceTimings = ConvergenceTimings(),
     ) -> None:
         """dry_run: decide pod-level values but write no cgroup file (replay, audits).
 
@@ -75,7 +84,8 @@ class MidBatchPlugin:
         (plugin/deferred.py); the App's is also among the session's observers, so that it
         yields to the runtime's requests. By default one of the plugin's own, which never
         waits (replay, tests). `lowering_timings`: a Synchronize's wait for the runtime to
-        lower containers (plugin/lowering.py).
+        lower containers (plugin/lowering.py). `convergence_timings`: when a resized pod is
+        checked again (plugin/reconcile.py).
         """
         self.runtime: RuntimeInfo | None = None
         #: Under the systemd driver, the units that hold our values (its task
@@ -100,6 +110,11 @@ class MidBatchPlugin:
         self._sync = SynchronizePass(
             ctx, self._decide, self._writes, self._records, lowering_timings
         )
+        #: The convergence pass and the re-checks after resizes (the App runs its period).
+        self.reconcile = Reconciler(ctx, convergence_timings, on_recheck=self._on_recheck)
+        #: Pods newly limited by a resize whose new limit kubelet had not yet written when
+        #: read (containerd 1.7): read again at the re-checks.
+        self._awaiting_kubelet: set[str] = set()
 
     # What the App, the status endpoint and tests read of the plugin.
 
@@ -168,10 +183,10 @@ class MidBatchPlugin:
     def write_plan(self, plan: Plan) -> Plan:
         """Bring running workloads to `plan` through their cgroup files; returns what failed.
 
-        Blocking file I/O (writes.py): run it in a thread, then `applied` in the loop with
+        Blocking file I/O (reconcile.py): run it in a thread, then `applied` in the loop with
         what went through.
         """
-        return self._writes.plan(plan)
+        return self.reconcile.write_plan(plan)
 
     def applied(self, plan: Plan, failed: Plan | None = None, *, by_files: bool = False) -> None:
         """Remember that `plan`, less `failed`, is in force, and keep the pods' records.
@@ -295,6 +310,9 @@ class MidBatchPlugin:
         if view is None:
             view = pod_view(pod)
         resized = entry is not None and entry[1].native != ctr_view.native
+        if resized:
+            # Kubelet writes the pod cgroup after the containers when a resize lowers them.
+            self.reconcile.recheck_soon(pod.id)
         pod_moved = False
         if entry is not None:
             known.set_container(container_id, pod.id, ctr_view, container.linux.cgroups_path)
@@ -361,26 +379,75 @@ class MidBatchPlugin:
                     ctx.after_reply.defer(self._writes.pod_if_current, target, "UpdateContainer")
         self._records.keep_later(pod_id)
 
-    def _follow_resize_later(self, pod_id: str) -> None:
-        view = self._ctx.known.pods.get(pod_id)
+    def _follow_resize_later(self, pod_id: str, *, final: bool = False) -> None:
+        """A newly limited pod's baseline read back from its cgroup, then its values written.
+
+        Kubelet writes a pod's new limit after the containers when a resize lowers them: a
+        read that still finds the pod unlimited where kubelet's formula limits it came before
+        kubelet's write, and is tried again at the pod's re-checks (`final`: the last one).
+        """
+        known = self._ctx.known
+        view = known.pods.get(pod_id)
         if view is None:
+            self._awaiting_kubelet.discard(pod_id)
             return
+        if pod_id not in known.pod_baseline_known:
+            kept = self._records.establish_pod_baseline(pod_id, view)
+            if not final and newly_limited(kept.native, view.native):
+                known.pods[pod_id] = view
+                known.pod_baseline_known.discard(pod_id)
+                self._awaiting_kubelet.add(pod_id)
+                return
+        self._awaiting_kubelet.discard(pod_id)
+        view = known.pods[pod_id]
         target = self._decide.pod(pod_id, view, "UpdateContainer", refuse=False)
         if target is not None:
             self._writes.pod(target, "UpdateContainer", refuse=False)
         self._records.keep(pod_id)
 
+    def _on_recheck(self, pod_id: str, final: bool) -> None:
+        if pod_id in self._awaiting_kubelet:
+            self._follow_resize_later(pod_id, final=final)
+
     async def update_pod_sandbox(
         self, pod: api.PodSandbox, overhead: api.LinuxResources, resources: api.LinuxResources
     ) -> None:
-        """An in-place pod resize (NRI v0.10+): kubelet's new pod values, overhead included."""
+        """An in-place pod resize (NRI v0.10+): kubelet's new pod values, overhead included.
+
+        Never refused unless `failurePolicy: Fail`: from kubernetes#137555 an error here
+        blocks kubelet's resize of the pod.
+        """
+        try:
+            self._update_pod_sandbox(pod, overhead, resources)
+        except RpcError:
+            raise  # the failure policy's own refusal
+        except Exception as exc:
+            self._ctx.counters.count_invalid("internal")
+            log.error(
+                "UpdatePodSandbox failed" if self._ctx.fail else "UpdatePodSandbox failed, ignored",
+                namespace=pod.namespace,
+                pod=pod.name,
+                error=f"{type(exc).__name__}: {exc}",
+                exc_info=exc,
+            )
+            if self._ctx.fail:
+                raise RpcError(Code.INTERNAL, f"nri-midbatch: UpdatePodSandbox: {exc}") from None
+
+    def _update_pod_sandbox(
+        self, pod: api.PodSandbox, overhead: api.LinuxResources, resources: api.LinuxResources
+    ) -> None:
         known = self._ctx.known
         view = known.pods.get(pod.id)
         if view is None:
             return
+        # Kubelet writes the pod cgroup right after this call (kubernetes#137555), or wrote
+        # it before: either way its write may come after the plugin's.
+        self.reconcile.recheck_soon(pod.id)
+        if qos_from_cgroup_parent(view.cgroup_parent) is QoSClass.BE:
+            return  # kubelet keeps a BestEffort pod's cgroup as it is, whatever it is told
         told = native_limits(resources)
         extra = native_limits(overhead)
-        native = NativeLimits(
+        summed = NativeLimits(
             cpu_quota=None if told.cpu_quota is None else told.cpu_quota + (extra.cpu_quota or 0),
             cpu_period=told.cpu_period,
             memory_limit=(
@@ -390,9 +457,12 @@ class MidBatchPlugin:
                 None if told.cpu_shares is None else told.cpu_shares + (extra.cpu_shares or 0)
             ),
         )
-        if native == view.native or not self._decide.holdable(
-            native, "UpdatePodSandbox", namespace=view.namespace, pod=view.name
+        if not self._decide.holdable(
+            summed, "UpdatePodSandbox", namespace=view.namespace, pod=view.name
         ):
+            return
+        native = told_pod_baseline(view.native, summed, told, known.applied.get(pod.id))
+        if native == view.native:
             return
         view = known.pods[pod.id] = replace(view, native=native)
         known.pod_baseline_known.add(pod.id)

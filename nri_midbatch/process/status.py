@@ -26,6 +26,7 @@ import structlog
 from nri_midbatch.cgroups.values import holds
 from nri_midbatch.plugin.cgroup_writer import CgroupUnreadable
 from nri_midbatch.plugin.handlers import MidBatchPlugin
+from nri_midbatch.plugin.reconcile import PodCheck
 from nri_midbatch.policy import (
     CgroupValues,
     ContainerView,
@@ -34,7 +35,7 @@ from nri_midbatch.policy import (
     decide_container,
     decide_pod,
 )
-from nri_midbatch.state.baseline import in_force
+from nri_midbatch.state.baseline import target as target_of
 
 __all__ = ["STATUS_CLIENTS", "STATUS_SECONDS", "StatusServer", "status_document"]
 
@@ -55,6 +56,8 @@ class _Row:
     kubelet: NativeLimits
     target: CgroupValues | None
     applied: CgroupValues | None
+    #: The pod's: when the convergence pass last checked it, and the last drift it found.
+    check: PodCheck | None = None
 
 
 def _rows(plugin: MidBatchPlugin) -> list[_Row]:
@@ -65,16 +68,15 @@ def _rows(plugin: MidBatchPlugin) -> list[_Row]:
     rows = []
     for pod_id, pod in known.pods.items():
         decision = decide_pod(pod, policy)
-        claimed = decision.values if enforce and pod_level and decision.error is None else None
         applied = known.applied.get(pod_id)
-        target = in_force(claimed, applied, pod.native)
-        rows.append(_Row(pod_id, pod, None, "", decision.tier, pod.native, target, applied))
+        target = target_of(decision, applied, pod.native, enforce=enforce and pod_level)
+        check = plugin.reconcile.checks.get(pod_id)
+        rows.append(_Row(pod_id, pod, None, "", decision.tier, pod.native, target, applied, check))
         for container_id in known.containers_of(pod_id):
             container = known.containers[container_id][1]
             decided = decide_container(pod, container, policy)
-            claimed = decided.values if enforce and decided.error is None else None
             applied = known.applied.get(container_id)
-            target = in_force(claimed, applied, container.native)
+            target = target_of(decided, applied, container.native, enforce=enforce)
             path = known.cgroups_path(container_id)
             rows.append(
                 _Row(pod_id, pod, container, path, decided.tier, container.native, target, applied)
@@ -122,6 +124,7 @@ def status_document(
                 "now": now,
                 "drift": drift,
                 "unreadable": unreadable,
+                **({} if row.container is not None else _convergence(row.check)),
             }
         )
     return {
@@ -130,6 +133,26 @@ def status_document(
         "keeping_records": plugin.store.keeping,
         "readiness": readiness,
         "workloads": workloads,
+    }
+
+
+def _convergence(check: PodCheck | None) -> dict[str, Any]:
+    """A pod's: when it was last checked (seconds since the epoch; None: not yet), and the
+    last drift found in it or its containers, whoever wrote it."""
+    if check is None or not check.checked_at:
+        return {"checked_at": None, "last_drift": None}
+    drift = check.drift
+    return {
+        "checked_at": round(check.checked_at, 3),
+        "last_drift": None
+        if drift is None
+        else {
+            "at": round(drift.at, 3),
+            "container": drift.container,
+            "writer": drift.writer,
+            "changes": drift.fields,
+            "repaired": drift.repaired,
+        },
     }
 
 
