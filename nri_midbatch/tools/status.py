@@ -78,6 +78,11 @@ def _table(document: dict[str, Any], workloads: list[dict[str, Any]], out: TextI
         f"\nmode {document.get('mode')}; {len(workloads)} workloads, {drifting} drifting; "
         "values are shares/quota/memory (v2: shares as kubelet's weight), -1 unlimited.\n"
     )
+    if omitted := document.get("omitted"):
+        out.write(
+            f"{omitted} more workloads left out: the answer reached its bound in bytes or time"
+            " (docs/troubleshooting.md, what pods and files can make the plugin hold).\n"
+        )
     if not document.get("keeping_records"):
         out.write("no --state-dir: kubelet's pod values are not kept across restarts.\n")
 
