@@ -13,10 +13,11 @@ What clients can make the plugin hold or do is bounded (`StatusLimits`):
 - `seconds` from accept to a connection's last byte; then it is dropped, aborted, so that a
   client that never reads cannot keep it open either.
 - The document is written as it is made, one workload (one cgroup read) at a time, as work
-  after replies (plugin/deferred.py): only while the runtime's connection is idle, so it never
-  stretches a reply to the runtime. Workloads are made a chunk (`chunk_bytes`) ahead of what
-  the client has taken, so what a client holds is a chunk and a socket buffer, and a client
-  that has gone is noticed at the next write, before anything more is made for it.
+  after replies (plugin/deferred.py, `defer_idle`): only while the runtime's connection is
+  idle, even under steady load, so it never stretches a reply to the runtime. Workloads are
+  made a chunk (`chunk_bytes`) ahead of what the client has taken, so what a client holds is
+  a chunk and the socket's buffers, and a client that has gone is noticed at the next write,
+  before anything more is made for it.
 - At most `max_bytes` of workloads, made within `rows_seconds` of accept: the workloads left
   out are counted in the document's `omitted`.
 
@@ -229,7 +230,7 @@ class _Answer:
         Cancel the future to stop: the work after replies sees it and makes no more.
         """
         future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        self._plugin.after_reply.defer(self._piece, future)
+        self._plugin.after_reply.defer_idle(self._piece, future)
         return future
 
     def _pending_rows(self) -> Iterator[_Row]:
@@ -261,7 +262,7 @@ class _Answer:
             future.set_result(b"".join(self._chunk))
             self._chunk, self._chunk_bytes = [], 0
         else:
-            self._plugin.after_reply.defer(self._piece, future)
+            self._plugin.after_reply.defer_idle(self._piece, future)
 
     def _add(self, data: bytes) -> None:
         if self._bytes:
