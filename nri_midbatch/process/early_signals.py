@@ -35,8 +35,8 @@ def hold() -> None:
 
 def take() -> list[signal.Signals]:
     """What came since `hold`, oldest first; called once the loop's own handlers are in."""
-    taken = list(_pending)
-    _pending.clear()
+    taken = _pending[:]
+    del _pending[: len(taken)]  # not clear(): what the handler adds meanwhile stays
     return taken
 
 

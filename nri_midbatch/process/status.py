@@ -80,8 +80,8 @@ class StatusLimits:
     rows_seconds: float = 45.0
     #: The workloads of one answer: about 500 bytes a container, 60,000 containers.
     max_bytes: int = 32 * 1024 * 1024
-    #: Workloads made at a time, and the socket's and the transport's buffer: what is made
-    #: ahead of what the client has read.
+    #: Workloads made at a time; also the connection's write buffer and the socket's send
+    #: buffer (which the kernel doubles): about four chunks are made ahead of the client.
     chunk_bytes: int = 64 * 1024
 
 
@@ -329,8 +329,10 @@ class StatusServer:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self._accepting = None
         if self._sock is not None:
             self._sock.close()
+            self._sock = None
             with contextlib.suppress(FileNotFoundError):
                 now = os.lstat(self.path)
                 if (now.st_dev, now.st_ino) == self._made:
