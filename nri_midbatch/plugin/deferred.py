@@ -204,12 +204,14 @@ class AfterReply(Observer):
     def defer_idle(self, work: Callable[..., Any], *args: Any) -> None:
         """Like `defer`, for work that need not keep up (a status answer): never run while a
         request is in progress, not even under steady load (`DeferredTimings.starved`); there
-        it waits `DeferredTimings.recheck` and is queued again."""
+        it waits `DeferredTimings.recheck` and is queued again. While it waits, `settle` and
+        `flush` do not wait for it."""
         self.defer(self._when_idle, work, args)
 
     def _when_idle(self, work: Callable[..., Any], args: tuple[Any, ...]) -> None:
         if self._link.busy():
-            self.defer_later(self._timings.recheck, self._when_idle, work, args)
+            loop = asyncio.get_running_loop()
+            loop.call_later(self._timings.recheck, self.defer_idle, work, *args)
         else:
             work(*args)
 
