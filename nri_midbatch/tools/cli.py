@@ -395,7 +395,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             log = structlog.get_logger(__name__)
             log.info("signals from before serving", signals=[sig.name for sig in early])
             if {signal.SIGTERM, signal.SIGINT} & set(early):
-                log.info("stopping")
+                app.stop()
                 return 0
             for sig in early:
                 handlers[sig]()
