@@ -32,20 +32,11 @@ from typing import Any
 
 from bench import workload
 from bench.run import SYNC_SUMMARY, Bench, Options, Plugin, SyncNode
+from nri_midbatch.tools.status import read_answer
 
 IDLE_CLIENTS = 1100
 SYNCS = 3
 AFTER_SECONDS = 10.0
-
-
-def read_answer(path: Path) -> bytes:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
-        client.settimeout(120)
-        client.connect(str(path))
-        chunks = []
-        while chunk := client.recv(1 << 16):
-            chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def synchronize(bench: Bench, plugin: Plugin, node: SyncNode) -> list[float]:

@@ -14,7 +14,7 @@ import json
 import os
 import socket
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from structlog.testing import capture_logs
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.plugin.cgroup_writer import CgroupWriter
 from nri_midbatch.process.status import StatusLimits, StatusServer
-from nri_midbatch.tools.status import status_command
+from nri_midbatch.tools.status import read_answer, status_command
 from tests.factory import container, prod_pod
 
 from .app_node import Node, running_node, until
@@ -57,17 +57,6 @@ async def serving(
             yield node, server
         finally:
             await server.close()
-
-
-def read_all(path: Path) -> bytes:
-    """What a client that reads everything gets, until the plugin closes."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
-        client.settimeout(30)
-        client.connect(str(path))
-        chunks = []
-        while chunk := client.recv(1 << 16):
-            chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def connect_idle(path: Path) -> socket.socket | None:
@@ -138,7 +127,7 @@ def test_a_client_that_never_reads_is_dropped_at_its_deadline(tmp_path: Path) ->
             assert idle is not None
             await until(lambda: server.clients == 1, "the idle client accepted")
             with capture_logs() as logs:
-                document = json.loads(await asyncio.to_thread(read_all, server.path))
+                document = json.loads(await asyncio.to_thread(read_answer, server.path))
             assert {"event": "status client dropped", "why": "not done in 2.0 s"} in [
                 {k: e[k] for k in ("event", "why") if k in e} for e in logs
             ]
@@ -203,7 +192,7 @@ def test_the_answer_is_made_in_the_loop_as_work_after_replies(
     async def scenario() -> None:
         async with serving(tmp_path, StatusLimits(chunk_bytes=1024)) as (node, server):
             reads = Reads(node, monkeypatch)
-            answer = asyncio.create_task(asyncio.to_thread(read_all, server.path))
+            answer = asyncio.create_task(asyncio.to_thread(read_answer, server.path))
             pods, containers = node_of(PODS)
             for _ in range(3):
                 await node.call(
@@ -223,7 +212,7 @@ def test_the_answer_is_bounded_in_bytes_and_says_what_it_left_out(tmp_path: Path
     async def scenario() -> None:
         limits = StatusLimits(max_bytes=20_000)
         async with serving(tmp_path, limits) as (_node, server):
-            raw = await asyncio.to_thread(read_all, server.path)
+            raw = await asyncio.to_thread(read_answer, server.path)
             document = json.loads(raw)
             workloads = document["workloads"]
             assert 0 < len(workloads) < ROWS
@@ -242,7 +231,7 @@ def test_the_answer_is_bounded_in_bytes_and_says_what_it_left_out(tmp_path: Path
 def test_no_workloads_are_made_after_their_time(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with serving(tmp_path, StatusLimits(rows_seconds=0.0)) as (_node, server):
-            document = json.loads(await asyncio.to_thread(read_all, server.path))
+            document = json.loads(await asyncio.to_thread(read_answer, server.path))
             assert document["workloads"] == []
             assert document["omitted"] == ROWS
 
@@ -255,8 +244,8 @@ def test_no_workloads_are_made_after_their_time(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def path(tmp_path: Path) -> Iterator[Path]:
-    yield tmp_path / "status.sock"
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "status.sock"
 
 
 def test_a_second_plugin_leaves_a_served_socket_alone(tmp_path: Path, path: Path) -> None:
@@ -271,14 +260,14 @@ def test_a_second_plugin_leaves_a_served_socket_alone(tmp_path: Path, path: Path
             await first.start()
             with pytest.raises(OSError, match="another process serves"):
                 await second.start()
-            assert json.loads(await asyncio.to_thread(read_all, path))["format"] == 1
+            assert json.loads(await asyncio.to_thread(read_answer, path))["format"] == 1
             await second.close()
             assert path.exists()
             # Someone removes it and another plugin takes the path: the first leaves that be.
             os.unlink(path)
             await second.start()
             await first.close()
-            assert json.loads(await asyncio.to_thread(read_all, path))["format"] == 1
+            assert json.loads(await asyncio.to_thread(read_answer, path))["format"] == 1
             await second.close()
             assert not path.exists()
 
@@ -295,7 +284,7 @@ def test_a_stale_socket_is_replaced_and_a_file_that_is_no_socket_is_kept(
             dead.close()  # a dead plugin's: refuses connections
             server = StatusServer(node.app.plugin, path)
             await server.start()
-            assert json.loads(await asyncio.to_thread(read_all, path))["format"] == 1
+            assert json.loads(await asyncio.to_thread(read_answer, path))["format"] == 1
             await server.close()
 
             path.write_text("not a socket")
@@ -347,7 +336,7 @@ def test_an_accept_that_fails_leaves_the_connection_waiting(
             with capture_logs() as logs:
                 await server.start()
                 try:
-                    document = json.loads(await asyncio.to_thread(read_all, server.path))
+                    document = json.loads(await asyncio.to_thread(read_answer, server.path))
                 finally:
                     await server.close()
             assert len(document["workloads"]) == ROWS
