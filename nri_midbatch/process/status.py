@@ -284,7 +284,7 @@ class StatusServer:
     """The Unix socket `nri-midbatch status` reads; one JSON document per connection."""
 
     def __init__(
-        self, plugin: MidBatchPlugin, path: Path, limits: StatusLimits = StatusLimits()
+        self, plugin: MidBatchPlugin, path: Path, *, limits: StatusLimits = StatusLimits()
     ) -> None:
         self._plugin = plugin
         self.path = path

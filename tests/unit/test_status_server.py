@@ -51,7 +51,7 @@ async def serving(
     tmp_path: Path, limits: StatusLimits, pods: int = PODS
 ) -> AsyncIterator[tuple[Node, StatusServer]]:
     async with running_node(tmp_path, synchronized=node_of(pods)) as node:
-        server = StatusServer(node.app.plugin, tmp_path / "status.sock", limits)
+        server = StatusServer(node.app.plugin, tmp_path / "status.sock", limits=limits)
         await server.start()
         try:
             yield node, server
