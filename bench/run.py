@@ -89,6 +89,8 @@ class Options:
     keep: bool = False
     profile: str | None = None
     quick: bool = False
+    #: Serve `nri-midbatch status` at workdir/status.sock (bench/status.py).
+    status_socket: bool = False
 
 
 def parse_args(argv: Sequence[str] | None) -> Options:
@@ -398,11 +400,11 @@ class Bench:
                 "",
                 "--config",
                 str(self.config),
-                # Records are part of what a Synchronize costs; no status socket.
+                # Records are part of what a Synchronize costs; no status socket unless asked.
                 "--state-dir",
                 str(self.log_file.parent / "state"),
                 "--status-socket",
-                "",
+                str(self.workdir / "status.sock") if self.opts.status_socket else "",
             ]
         self.listener.settimeout(10)
         started = time.perf_counter()

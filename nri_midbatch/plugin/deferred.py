@@ -201,6 +201,20 @@ class AfterReply(Observer):
             self._first_slice = True
             self._next_slice = asyncio.get_running_loop().call_soon(self._run_slice)
 
+    def defer_idle(self, work: Callable[..., Any], *args: Any) -> None:
+        """Like `defer`, for work that need not keep up (a status answer): never run while a
+        request is in progress, not even under steady load (`DeferredTimings.starved`); there
+        it waits `DeferredTimings.recheck` and is queued again. While it waits, `settle` and
+        `flush` do not wait for it."""
+        self.defer(self._when_idle, work, args)
+
+    def _when_idle(self, work: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        if self._link.busy():
+            loop = asyncio.get_running_loop()
+            loop.call_later(self._timings.recheck, self.defer_idle, work, *args)
+        else:
+            work(*args)
+
     def defer_later(self, delay: float, work: Callable[..., Any], *args: Any) -> None:
         """Queue work(*args) after `delay` seconds, e.g. to try a write again."""
 

@@ -5,9 +5,25 @@ configuration in force puts there (the target), what the plugin last put in forc
 cgroup files hold now, and whether they drift from the target. Served on a Unix socket that
 only root can open (0600), not beyond the node: a client connects and reads one JSON document.
 
-Bounded: STATUS_CLIENTS clients at a time (others wait in the listen backlog), each answered
-within STATUS_SECONDS; the document grows with the pods the runtime runs (about 400 bytes a
-container).
+What clients can make the plugin hold or do is bounded (`StatusLimits`):
+
+- `clients` connections at a time: the plugin accepts a connection only while fewer are
+  open. The others wait in the kernel's listen backlog (`backlog` of them; beyond it a
+  client's connect waits or fails), and hold none of the plugin's file descriptors.
+- `seconds` from accept to a connection's last byte; then it is dropped, aborted, so that a
+  client that never reads cannot keep it open either.
+- The document is written as it is made, one workload (one cgroup read) at a time, as work
+  after replies (plugin/deferred.py, `defer_idle`): only while the runtime's connection is
+  idle, even under steady load, so it never stretches a reply to the runtime. Workloads are
+  made a chunk (`chunk_bytes`) ahead of what the client has taken, so what a client holds is
+  a chunk and the socket's buffers, and a client that has gone is noticed at the next write,
+  before anything more is made for it.
+- At most `max_bytes` of workloads, made within `rows_seconds` of accept: the workloads left
+  out are counted in the document's `omitted`.
+
+The socket's path is taken only from no one: a path another process serves (it accepts a
+connection) is left alone and status is not served; only a socket that refuses connections
+(a dead plugin's) is removed, and a path that is not a socket never is.
 """
 
 from __future__ import annotations
@@ -16,7 +32,10 @@ import asyncio
 import contextlib
 import json
 import os
-from collections.abc import Callable
+import socket
+import stat
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,13 +56,34 @@ from nri_midbatch.policy import (
 )
 from nri_midbatch.state.baseline import target as target_of
 
-__all__ = ["STATUS_CLIENTS", "STATUS_SECONDS", "StatusServer", "status_document"]
+__all__ = ["StatusLimits", "StatusServer", "status_document"]
 
 log = structlog.get_logger(__name__)
 
-STATUS_CLIENTS = 2
-STATUS_SECONDS = 30.0
 FORMAT = 1
+#: How long the plugin waits before it accepts again after an accept failed (out of file
+#: descriptors, say): the connection stays in the backlog meanwhile.
+ACCEPT_RETRY_SECONDS = 1.0
+_COMPACT = (",", ":")
+
+
+@dataclass(frozen=True, slots=True)
+class StatusLimits:
+    """What status clients may cost the plugin (see the module's text)."""
+
+    #: Connections served at a time.
+    clients: int = 2
+    #: Connections the kernel keeps waiting to be accepted.
+    backlog: int = 8
+    #: From accept to a connection's last byte.
+    seconds: float = 60.0
+    #: From accept to the last workload made: the rest of the time is for the client to read.
+    rows_seconds: float = 45.0
+    #: The workloads of one answer: about 500 bytes a container, 60,000 containers.
+    max_bytes: int = 32 * 1024 * 1024
+    #: Workloads made at a time; also the connection's write buffer and the socket's send
+    #: buffer (which the kernel doubles): about four chunks are made ahead of the client.
+    chunk_bytes: int = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,13 +100,17 @@ class _Row:
     check: PodCheck | None = None
 
 
-def _rows(plugin: MidBatchPlugin) -> list[_Row]:
-    """What the plugin remembers and targets now: taken in the loop, where it changes."""
+def _rows(plugin: MidBatchPlugin, pod_ids: Iterable[str]) -> list[_Row]:
+    """What the plugin remembers and targets now of these pods (those it still knows), their
+    containers after each: taken in the loop, where it changes."""
     known, policy = plugin.known, plugin.policy
     enforce = not plugin.observing
     pod_level = plugin.config.cgroups.pod_level
     rows = []
-    for pod_id, pod in known.pods.items():
+    for pod_id in pod_ids:
+        pod = known.pods.get(pod_id)
+        if pod is None:
+            continue  # gone since the answer began
         decision = decide_pod(pod, policy)
         applied = known.applied.get(pod_id)
         target = target_of(decision, applied, pod.native, enforce=enforce and pod_level)
@@ -84,14 +128,21 @@ def _rows(plugin: MidBatchPlugin) -> list[_Row]:
     return rows
 
 
-def status_document(
-    plugin: MidBatchPlugin, rows: list[_Row], readiness: str | None = None
-) -> dict[str, Any]:
-    """The rows with what each cgroup holds now: blocking reads, for a thread.
+def status_document(plugin: MidBatchPlugin, readiness: str | None = None) -> dict[str, Any]:
+    """The document's fields but its workloads, which follow them (`_workloads`).
 
     readiness: what /readyz says (`ok`, `not registered with a runtime`, ...), None unknown.
     """
-    workloads = []
+    return {
+        "format": FORMAT,
+        "mode": str(plugin.config.mode),
+        "keeping_records": plugin.store.keeping,
+        "readiness": readiness,
+    }
+
+
+def _workloads(plugin: MidBatchPlugin, rows: Iterable[_Row]) -> Iterator[dict[str, Any]]:
+    """The rows with what each cgroup holds now, one read for each row taken."""
     for row in rows:
         now: dict[str, int | None] | None
         drift: bool | None
@@ -109,7 +160,7 @@ def status_document(
             }
             drift = row.target is not None and not holds(reading, row.target)
             unreadable = None
-        workloads.append(
+        yield (
             {
                 "level": "pod" if row.container is None else "container",
                 "namespace": row.pod.namespace,
@@ -127,13 +178,6 @@ def status_document(
                 **({} if row.container is not None else _convergence(row.check)),
             }
         )
-    return {
-        "format": FORMAT,
-        "mode": str(plugin.config.mode),
-        "keeping_records": plugin.store.keeping,
-        "readiness": readiness,
-        "workloads": workloads,
-    }
 
 
 def _convergence(check: PodCheck | None) -> dict[str, Any]:
@@ -181,6 +225,95 @@ def _values(values: CgroupValues | None) -> dict[str, int] | None:
     }
 
 
+class _Answer:
+    """One client's document: its fields, then its workloads a chunk at a time, each made as
+    work after replies (`fill`), then the count of those left out (`tail`)."""
+
+    def __init__(
+        self,
+        plugin: MidBatchPlugin,
+        limits: StatusLimits,
+        rows_until: float,
+        readiness: str | None = None,
+    ) -> None:
+        self._plugin = plugin
+        self._readiness = readiness
+        self._limits = limits
+        self._rows_until = rows_until
+        #: The pods known when the answer began: those gone by their turn are left out.
+        self._pods = deque(plugin.known.pods)
+        #: The rows of the pod under way not yet made.
+        self._pod_rows: deque[_Row] = deque()
+        self._made = _workloads(plugin, self._pending_rows())
+        self._bytes = 0
+        self._chunk: list[bytes] = []
+        self._chunk_bytes = 0
+        self.omitted = 0
+        self.done = False
+
+    def head(self) -> bytes:
+        fields = json.dumps(status_document(self._plugin, self._readiness), separators=_COMPACT)
+        return f'{fields[:-1]},"workloads":['.encode()
+
+    def tail(self) -> bytes:
+        return f'],"omitted":{self.omitted}}}'.encode()
+
+    def fill(self) -> asyncio.Future[bytes]:
+        """The next chunk of workloads; `done` once the last is in it.
+
+        Cancel the future to stop: the work after replies sees it and makes no more.
+        """
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._plugin.after_reply.defer_idle(self._piece, future)
+        return future
+
+    def _pending_rows(self) -> Iterator[_Row]:
+        while self._pods:
+            self._pod_rows.extend(_rows(self._plugin, (self._pods.popleft(),)))
+            while self._pod_rows:
+                yield self._pod_rows.popleft()
+
+    def _piece(self, future: asyncio.Future[bytes]) -> None:
+        """One workload: its decisions, its cgroup read; then the next, or the chunk is out."""
+        if future.done():  # the client has gone, or its time is up
+            return
+        try:
+            if asyncio.get_running_loop().time() >= self._rows_until:
+                self._stop()
+            elif (workload := next(self._made, None)) is None:
+                self.done = True
+            else:
+                data = json.dumps(workload, separators=_COMPACT).encode()
+                if self._bytes + len(data) > self._limits.max_bytes:
+                    self.omitted = 1
+                    self._stop()
+                else:
+                    self._add(data)
+        except Exception as exc:  # a bug here must not leave the client waiting
+            future.set_exception(exc)
+            return
+        if self.done or self._chunk_bytes >= self._limits.chunk_bytes:
+            future.set_result(b"".join(self._chunk))
+            self._chunk, self._chunk_bytes = [], 0
+        else:
+            self._plugin.after_reply.defer_idle(self._piece, future)
+
+    def _add(self, data: bytes) -> None:
+        if self._bytes:
+            data = b"," + data
+        self._chunk.append(data)
+        self._chunk_bytes += len(data)
+        self._bytes += len(data)
+
+    def _stop(self) -> None:
+        """No more workloads: those not made are counted, the pods still known."""
+        known = self._plugin.known
+        self.omitted += len(self._pod_rows) + sum(
+            1 + len(known.containers_of(pod_id)) for pod_id in self._pods if pod_id in known.pods
+        )
+        self.done = True
+
+
 class StatusServer:
     """The Unix socket `nri-midbatch status` reads; one JSON document per connection."""
 
@@ -189,45 +322,151 @@ class StatusServer:
         plugin: MidBatchPlugin,
         path: Path,
         readiness: Callable[[], tuple[bool, str]] | None = None,
+        *,
+        limits: StatusLimits = StatusLimits(),
     ) -> None:
         self._plugin = plugin
         self.path = path
         #: The App's readiness: whether a runtime is there to have told the plugin anything.
         self._readiness = readiness
-        self._server: asyncio.Server | None = None
-        self._slots = asyncio.Semaphore(STATUS_CLIENTS)
+        self._limits = limits
+        self._sock: socket.socket | None = None
+        #: The socket file this server made: only that one is removed at close.
+        self._made: tuple[int, int] | None = None
+        self._accepting: asyncio.Task[None] | None = None
+        self._clients: set[asyncio.Task[None]] = set()
+        self._slots = asyncio.Semaphore(limits.clients)
+        #: Connections accepted so far.
+        self.accepted = 0
+
+    @property
+    def clients(self) -> int:
+        """Connections open now."""
+        return len(self._clients)
 
     async def start(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)  # a socket a dead plugin left
+        """Serve at `path`; raises OSError where it cannot, or another process serves it."""
         os.makedirs(self.path.parent, mode=0o700, exist_ok=True)
-        old = os.umask(0o177)
+        _clear_stale(self.path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self._server = await asyncio.start_unix_server(self._serve, path=self.path)
-        finally:
-            os.umask(old)
+            old = os.umask(0o177)
+            try:
+                sock.bind(str(self.path))
+            finally:
+                os.umask(old)
+            made = os.lstat(self.path)
+            sock.listen(self._limits.backlog)
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        self._sock, self._made = sock, (made.st_dev, made.st_ino)
+        self._accepting = asyncio.create_task(self._accept(sock))
         log.info("status served", socket=str(self.path))
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
+        tasks = [*self._clients, *([self._accepting] if self._accepting else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._accepting = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
+                now = os.lstat(self.path)
+                if (now.st_dev, now.st_ino) == self._made:
+                    os.unlink(self.path)
 
-    async def _serve(self, _reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _accept(self, sock: socket.socket) -> None:
+        """Accept a connection whenever fewer than `clients` are open."""
+        loop = asyncio.get_running_loop()
+        failing = False
+        while True:
+            await self._slots.acquire()
+            try:
+                conn, _ = await loop.sock_accept(sock)
+            except OSError as exc:
+                self._slots.release()
+                if not failing:  # once a streak: the connections wait in the backlog meanwhile
+                    log.warning("status connection not accepted", error=str(exc))
+                failing = True
+                await asyncio.sleep(ACCEPT_RETRY_SECONDS)
+                continue
+            except BaseException:
+                self._slots.release()
+                raise
+            failing = False
+            self.accepted += 1
+            # What a client that does not read holds: this buffer, the transport's and a chunk.
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self._limits.chunk_bytes)
+            task = asyncio.create_task(self._serve(conn))
+            self._clients.add(task)
+            task.add_done_callback(self._served)
+
+    def _served(self, task: asyncio.Task[None]) -> None:
+        self._clients.discard(task)
+        self._slots.release()
+
+    async def _serve(self, conn: socket.socket) -> None:
+        writer: asyncio.StreamWriter | None = None
         try:
-            async with self._slots, asyncio.timeout(STATUS_SECONDS):
-                rows = _rows(self._plugin)
-                ready = None if self._readiness is None else self._readiness()[1]
-                document = await asyncio.to_thread(status_document, self._plugin, rows, ready)
-                writer.write(json.dumps(document, separators=(",", ":")).encode())
-                await writer.drain()
-        except (TimeoutError, OSError) as exc:
-            log.warning("status not served", error=str(exc) or type(exc).__name__)
+            async with asyncio.timeout(self._limits.seconds):
+                _, writer = await asyncio.open_unix_connection(sock=conn)
+                writer.transport.set_write_buffer_limits(high=self._limits.chunk_bytes)
+                await self._answer(writer)
+        except TimeoutError:
+            log.warning("status client dropped", why=f"not done in {self._limits.seconds} s")
+        except OSError as exc:  # a client that leaves is not the plugin's concern
+            log.debug("status client gone", error=str(exc) or type(exc).__name__)
         except Exception:  # a bug here must not end the plugin
             log.exception("status failed")
         finally:
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
+            if writer is None:
+                conn.close()
+            else:
+                # Aborted, not closed: a client that does not read must not hold the connection
+                # open. What was written is in the client's socket already (AF_UNIX).
+                writer.transport.abort()
+                with contextlib.suppress(OSError):
+                    await writer.wait_closed()
+
+    async def _answer(self, writer: asyncio.StreamWriter) -> None:
+        loop = asyncio.get_running_loop()
+        ready = None if self._readiness is None else self._readiness()[1]
+        answer = _Answer(self._plugin, self._limits, loop.time() + self._limits.rows_seconds, ready)
+        # Nothing is made for a client that has gone: the first write tells.
+        writer.write(answer.head())
+        await writer.drain()
+        while not answer.done:
+            # Cancelled with this task (the deadline, a close), the chunk stops being made.
+            writer.write(await answer.fill())
+            await writer.drain()
+        writer.write(answer.tail())
+        # The last byte handed to the kernel within the deadline, then closed.
+        writer.transport.set_write_buffer_limits(high=0)
+        await writer.drain()
+
+
+def _clear_stale(path: Path) -> None:
+    """Remove the socket at `path` if no one serves it; raises OSError if someone may."""
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(found.st_mode):
+        raise OSError(f"{path} is not a socket: left as it is")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.setblocking(False)
+    try:
+        probe.connect(str(path))
+    except ConnectionRefusedError:
+        os.unlink(path)  # a socket a dead plugin left
+        log.info("stale status socket removed", socket=str(path))
+        return
+    except BlockingIOError:
+        pass  # served, and its backlog full
+    finally:
+        probe.close()
+    raise OSError(f"another process serves {path}: left to it")

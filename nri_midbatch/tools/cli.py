@@ -31,6 +31,7 @@ from nri_midbatch.obs.logging import (
     configure_logging,
     open_sink,
 )
+from nri_midbatch.process import early_signals
 from nri_midbatch.recording.redact import kept_annotations
 from nri_midbatch.recording.writer import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, Recorder, RotatingFile
 
@@ -317,7 +318,7 @@ def _non_negative_int(value: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv and "NRI_PLUGIN_SOCKET" in os.environ:
+    if not argv and early_signals.runs_plugin(argv, os.environ):
         # The runtime execs a pre-launched plugin without arguments.
         argv = ["run"]
     args = parser.parse_args(argv)
@@ -429,10 +430,23 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     async def serve() -> int:
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, app.stop)
-        loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(app.reload("SIGHUP")))
-        loop.add_signal_handler(signal.SIGUSR1, app.toggle_debug)
+        handlers: dict[signal.Signals, Callable[[], object]] = {
+            signal.SIGTERM: app.stop,
+            signal.SIGINT: app.stop,
+            signal.SIGHUP: lambda: loop.create_task(app.reload("SIGHUP")),
+            signal.SIGUSR1: app.toggle_debug,
+        }
+        for sig, handler in handlers.items():
+            loop.add_signal_handler(sig, handler)
+        # Those that came while the plugin loaded, now that it can act on them.
+        if early := early_signals.take():
+            log = structlog.get_logger(__name__)
+            log.info("signals from before serving", signals=[sig.name for sig in early])
+            if {signal.SIGTERM, signal.SIGINT} & set(early):
+                app.stop()
+                return 0
+            for sig in early:
+                handlers[sig]()
         # The recorder flushes on the way out, whatever ended the run.
         async with recorder or contextlib.nullcontext():
             if prelaunched_fd is not None:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = ["MAX_DOCUMENT_BYTES", "status_command"]
+__all__ = ["MAX_DOCUMENT_BYTES", "read_answer", "status_command"]
 
 #: About 400 bytes a container: a node of 100,000 containers and more.
 MAX_DOCUMENT_BYTES = 64 * 1024 * 1024
@@ -57,7 +57,8 @@ def status_command(path: Path, *, fmt: str, out: TextIO, err: TextIO) -> int:
     return 1 if any(w.get("drift") for w in workloads) else 0
 
 
-def _fetch(path: Path) -> dict[str, Any]:
+def read_answer(path: Path) -> bytes:
+    """What the plugin at `path` answers, until it closes the connection."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
         client.settimeout(TIMEOUT_SECONDS)
         client.connect(str(path))
@@ -67,7 +68,11 @@ def _fetch(path: Path) -> dict[str, Any]:
             if size > MAX_DOCUMENT_BYTES:
                 raise ValueError(f"answer larger than {MAX_DOCUMENT_BYTES} bytes")
             chunks.append(chunk)
-    document = json.loads(b"".join(chunks))
+    return b"".join(chunks)
+
+
+def _fetch(path: Path) -> dict[str, Any]:
+    document = json.loads(read_answer(path))
     if not isinstance(document, dict) or document.get("format") != 1:
         raise ValueError("not a status document of this version")
     return document
@@ -102,6 +107,11 @@ def _table(document: dict[str, Any], workloads: list[dict[str, Any]], out: TextI
         f"\nmode {document.get('mode')}; {len(workloads)} workloads, {drifting} drifting; "
         "values are shares/quota/memory (v2: shares as kubelet's weight), -1 unlimited.\n"
     )
+    if omitted := document.get("omitted"):
+        out.write(
+            f"{omitted} more workloads left out: the answer reached its bound in bytes or time"
+            " (docs/troubleshooting.md, what pods and files can make the plugin hold).\n"
+        )
     if not document.get("keeping_records"):
         out.write("no --state-dir: kubelet's pod values are not kept across restarts.\n")
 

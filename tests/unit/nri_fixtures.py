@@ -8,7 +8,15 @@ import socket
 import subprocess
 import sys
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,19 +63,27 @@ def run(coro: Coroutine[Any, Any, T], timeout: float = 3 * STEP_TIMEOUT) -> T:
 
 
 def start_prelaunched(
-    *args: str, stderr: int = subprocess.DEVNULL
+    *args: str, stderr: int = subprocess.DEVNULL, env: Mapping[str, str] | None = None
 ) -> tuple[subprocess.Popen[bytes], socket.socket]:
     """`nri-midbatch ARGS` started as a runtime pre-launches a plugin, on one end of a socketpair.
 
-    Returns the process and the runtime's end of the socket; the caller ends the process.
+    env: variables besides NRI's. Returns the process and the runtime's end of the socket;
+    the caller ends the process.
     """
     plugin_end, runtime_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     fd = plugin_end.fileno()
     script = Path(sys.executable).parent / "nri-midbatch"
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "nri_midbatch.tools.cli"]
+    command = (
+        [str(script)] if script.exists() else [sys.executable, "-m", "nri_midbatch.tools.launch"]
+    )
     process = subprocess.Popen(
         [*command, *args],
-        env={"NRI_PLUGIN_NAME": "midbatch", "NRI_PLUGIN_IDX": "10", "NRI_PLUGIN_SOCKET": str(fd)},
+        env={
+            **(env or {}),
+            "NRI_PLUGIN_NAME": "midbatch",
+            "NRI_PLUGIN_IDX": "10",
+            "NRI_PLUGIN_SOCKET": str(fd),
+        },
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=stderr,

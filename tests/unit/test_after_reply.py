@@ -391,6 +391,31 @@ def test_work_still_gets_done_when_the_connection_is_never_idle() -> None:
     assert done == [0, 1, 2, 3, 4]
 
 
+def test_idle_work_waits_out_steady_load_that_the_other_work_runs_through() -> None:
+    """Work deferred with defer_idle (a status answer) never runs while a request is in
+    progress, not even in the runs that keep the other work from starving; and settling (a
+    reload's) does not wait for it."""
+    after_reply = AfterReply(timings=DeferredTimings(recheck=0.0, starved=0.0))
+    busy = [True]
+    done: list[str] = []
+
+    async def scenario() -> None:
+        after_reply.connected(Probe(lambda: busy[0]))
+        after_reply.defer_idle(lambda: done.append("idle"))
+        after_reply.defer(done.append, "kept up")
+        await after_reply.settle()
+        for _ in range(20):  # turns of the loop: the idle work is asked back again and again
+            await asyncio.sleep(0)
+        assert done == ["kept up"]
+        busy[0] = False
+        async with asyncio.timeout(STEP_TIMEOUT):
+            while "idle" not in done:
+                await asyncio.sleep(0)
+
+    run(scenario())
+    assert done == ["kept up", "idle"]
+
+
 def test_under_steady_load_the_work_keeps_up_with_a_piece_per_request() -> None:
     """Each request leaves a piece (its log line): a piece per wait would fall behind."""
     after_reply = AfterReply()

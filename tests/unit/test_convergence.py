@@ -22,7 +22,7 @@ from nri_midbatch.nri.events import Event
 from nri_midbatch.plugin import handlers
 from nri_midbatch.plugin.handlers import MidBatchPlugin
 from nri_midbatch.policy import NativeLimits
-from nri_midbatch.process.status import _rows, status_document
+from nri_midbatch.process.status import _rows, _workloads
 from nri_midbatch.rpc.errors import RpcError
 from tests import factory
 from tests.fake_cgroups import FakeTree
@@ -160,7 +160,9 @@ def test_a_foreign_write_to_a_pod_and_a_container_is_put_back_counted_and_shown(
         await node.converge()
         assert node.app is not None
         plugin = node.app.plugin
-        document = status_document(plugin, _rows(plugin))
+        document: dict[str, object] = {
+            "workloads": list(_workloads(plugin, _rows(plugin, list(plugin.known.pods))))
+        }
         wrong = node.mismatches()
         await node.stop_plugin()
         return drifting, wrong, node, document
