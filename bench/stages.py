@@ -45,6 +45,7 @@ from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.config.settings import Settings
 from nri_midbatch.config.validator import load_settings_text
 from nri_midbatch.nri.events import Event
+from nri_midbatch.nri.lifecycle import Phase
 from nri_midbatch.obs.logging import configure_logging, open_sink
 from nri_midbatch.plugin.codec import container_view, pod_view
 from nri_midbatch.plugin.decision_log import DecisionLines
@@ -103,8 +104,9 @@ class _Plugin:
         self.conn.connection_made(self.transport)  # type: ignore[arg-type]
         for observer in app.session._observers:
             observer.connected(self.conn)
-        # As if registered and synchronized: CreateContainer is then an event like any.
-        app.session._enforce_lifecycle = False
+        # Registered and synchronized: CreateContainer is then an event like any.
+        app.session.state.phase = Phase.READY
+        app.session.state.register_replied = True
         token = workload.TOKEN
         shape = workload.PodShape(token=token, memory_request=f"{token}Mi")
         self.create = Template.build(
