@@ -95,7 +95,8 @@ class _Plugin:
         config: Settings = load_settings_text(
             f"cgroups:\n  root: {workdir / 'cgroup'}\n", "bench.stages"
         )
-        workload.make_cgroup_root(workdir / "cgroup")
+        self.cgroup_root = workdir / "cgroup"
+        workload.make_cgroup_root(self.cgroup_root)
         app = App(config, name="midbatch", idx="90", config_path=None, state_dir=workdir / "state")
         self.plugin = app.plugin
         self.service = service = app.session.service()
@@ -130,7 +131,7 @@ class _Plugin:
         plugin, times = self.plugin, self.times
         counter = workload.counter_token(3 * n)
         data = b"".join(self.create.frames(2 * n + 1, counter))
-        await plugin.pod_event(Event.RUN_POD_SANDBOX, _pod(counter))
+        await self.run_pod(_pod(counter))
         started = time.perf_counter_ns()
         self.decoder.receive_data(data)
         event = self.decoder.next_event()
@@ -158,11 +159,11 @@ class _Plugin:
         plugin._decide.container(view, ctr, lines, refuse=False)
         times["decide"].append(time.perf_counter_ns() - started)
         lines.write_after(plugin.after_reply)
-        await _settle(plugin, pod)
+        await self.settle(pod)
 
         # The handler whole, for another pod (that one is now in the caches).
         other = _pod(workload.counter_token(3 * n + 1))
-        await plugin.pod_event(Event.RUN_POD_SANDBOX, other)
+        await self.run_pod(other)
         container.id = container.id.replace(pod.id[-12:], other.id[-12:])
         started = time.perf_counter_ns()
         response = _run(plugin.create_container(other, container))
@@ -170,21 +171,36 @@ class _Plugin:
         started = time.perf_counter_ns()
         self.decoder.reply(event.stream_id, response)
         times["encode"].append(time.perf_counter_ns() - started)
-        await _settle(plugin, other)
+        await self.settle(other)
+
+    async def run_pod(self, pod: api.PodSandbox) -> None:
+        """As a runtime would: the pod's cgroup exists, with kubelet's values, before the event."""
+        workload.create_pod_cgroup(self.cgroup_root, pod.linux.cgroup_parent)
+        await self.plugin.pod_event(Event.RUN_POD_SANDBOX, pod)
+
+    async def settle(self, pod: api.PodSandbox) -> None:
+        """Forget the pod, and let the work left for after the reply run, untimed."""
+        await self.plugin.pod_event(Event.REMOVE_POD_SANDBOX, pod)
+        workload.remove_pod_cgroup(
+            workload.pod_cgroup_dir(self.cgroup_root, pod.linux.cgroup_parent)
+        )
+        for _ in range(3):
+            await asyncio.sleep(0)
+        self.plugin.after_reply.flush()
 
     async def whole(self, n: int) -> None:
         """Bytes in to bytes out through the connection, for a third pod."""
         counter = workload.counter_token(3 * n + 2)
         data = b"".join(self.create.frames(2 * n + 1, counter))
         pod = _pod(counter)
-        await self.plugin.pod_event(Event.RUN_POD_SANDBOX, pod)
+        await self.run_pod(pod)
         done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.transport.written = lambda: done.set_result(time.perf_counter_ns())
         started = time.perf_counter_ns()
         self.conn.data_received(data)
         self.times["in-process total"].append(await done - started)
         self.transport.written = lambda: None
-        await _settle(self.plugin, pod)
+        await self.settle(pod)
 
 
 _EMPTY = api.CreateContainerResponse()
@@ -205,14 +221,6 @@ async def _measure(rounds: int, workdir: Path) -> dict[str, list[int]]:
 def _pod(counter: bytes) -> api.PodSandbox:
     token = counter.decode()
     return workload.pod(workload.PodShape(token=token, memory_request=f"{token}Mi"))
-
-
-async def _settle(plugin: Any, pod: api.PodSandbox) -> None:
-    """Forget the pod, and let the work left for after the reply run, untimed."""
-    await plugin.pod_event(Event.REMOVE_POD_SANDBOX, pod)
-    for _ in range(3):
-        await asyncio.sleep(0)
-    plugin.after_reply.flush()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,8 +22,11 @@ from nri_midbatch.state.store import PodRecord
 
 log = structlog.get_logger(__name__)
 
-#: Pod records written in one piece of the work after a Synchronize's reply (~50 us each).
-RECORDS_PER_PIECE = 32
+#: Pod records written in one piece of the work after a Synchronize's reply. One: a
+#: record is JSON, a file written and renamed, 0.1-0.2 ms of CPU on a 2-core VM's tmpfs
+#: (more on a disk), and a request arriving meanwhile waits for the piece under way; 32
+#: a piece held such requests for 3-7 ms (docs/performance-history.md, round 9).
+RECORDS_PER_PIECE = 1
 
 
 class Records:
