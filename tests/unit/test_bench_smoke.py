@@ -11,12 +11,13 @@ import math
 import statistics
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bench.run import GO_OVER_FLOOR, Probe, giving_way
+from bench.run import GO_OVER_FLOOR, Probe, giving_way, parse_args
 
 pytestmark = pytest.mark.bench
 
@@ -201,6 +202,15 @@ def test_issue_32s_figures_have_their_targets(report: dict[str, Any]) -> None:
         "peak RSS",
     ):
         assert _figure(report, prefix)["target"], prefix
+
+
+def test_the_benchmark_measures_the_loop_that_ships() -> None:
+    """Issue 32: what we measure must be what we ship. The image installs the project's
+    runtime dependencies (Dockerfile), which hold no uvloop: the plugin runs asyncio's loop."""
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        dependencies = tomllib.load(f)["project"]["dependencies"]
+    assert not [d for d in dependencies if d.lower().startswith("uvloop")]
+    assert parse_args([]).loop == "asyncio"
 
 
 def test_a_slow_probe_reports_each_side_in_milliseconds() -> None:
