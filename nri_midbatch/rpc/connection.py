@@ -147,8 +147,14 @@ class MuxConnection(asyncio.Protocol):
         # one write (and syscall) per turn rather than one per message.
         answers: list[bytes] = []
         handled = 0
+        closed = self._closed.is_set
         try:
-            while handled < MESSAGES_PER_TURN and (event := self._wire.next_event()) is not None:
+            # A handler served here may close the connection: nothing more is served then.
+            while (
+                handled < MESSAGES_PER_TURN
+                and not closed()
+                and (event := self._wire.next_event()) is not None
+            ):
                 if isinstance(event, wire.Refused):
                     self._note_refused(event)
                     answers.append(event.data)

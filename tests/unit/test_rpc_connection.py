@@ -915,6 +915,41 @@ def test_handlers_are_served_in_the_step_that_reads_them_and_keep_their_context(
     run(scenario())
 
 
+def test_nothing_more_is_served_once_a_handler_closes_the_connection() -> None:
+    """Handlers run in the read's dispatch: one that closes the connection ends it there."""
+    served: list[str] = []
+    conns: list[MuxConnection] = []
+
+    async def close(request: KV, _ctx: CallContext) -> KV:
+        served.append(request.key)
+        conns[0].close("closed by a handler")
+        return KV()
+
+    service = Service(SERVICE, {"Close": Method(KV, close)})
+
+    async def scenario() -> None:
+        conn, _transport = connected({SERVICE: service})
+        conns.append(conn)
+        data = b"".join(
+            frame_message(
+                1,
+                encode_message(
+                    stream_id,
+                    MessageType.REQUEST,
+                    ttrpc_pb2.Request(
+                        service=SERVICE, method="Close", payload=KV(key=key).SerializeToString()
+                    ).SerializeToString(),
+                ),
+            )
+            for stream_id, key in ((1, "first"), (3, "second"))
+        )
+        conn.data_received(data)
+        assert served == ["first"]
+        assert conn.close_reason == "closed by a handler"
+
+    run(scenario())
+
+
 def test_a_flood_of_bad_messages_logs_once_and_counts() -> None:
     """Log volume is bounded: the first refusal and the first ignored message, then totals."""
 
