@@ -79,8 +79,8 @@ class SessionWatch(Observer):
             if state.sync_pods + state.sync_containers >= LARGE_SYNC:
                 # Now, before the work left for after the reply allocates.
                 freeze_survivors()
-        if not state.sync_receiving:
-            release_collections()
             metrics.sync_duration.observe(state.last_sync_seconds)
             metrics.sync_objects.labels("pods").set(state.sync_pods)
             metrics.sync_objects.labels("containers").set(state.sync_containers)
+        if not state.sync_receiving:
+            release_collections()
