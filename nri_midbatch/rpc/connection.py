@@ -1,12 +1,12 @@
 """One socket, two logical ttrpc connections over NRI's mux: an asyncio.Protocol.
 
 The protocol's rules live in `nri_midbatch.wire.connection`; this module feeds
-it what the transport receives, runs one task per request, writes what it
-answers, and turns call outcomes into results or exceptions. A plugin serves
-the Plugin service on mux connection 1 and calls the Runtime service on
-connection 2; a runtime does the
-reverse, so the connection ids are parameters (the test and replay runtimes
-reuse this class with the roles swapped). Every reply is written as one
+it what the transport receives, serves each request in the step that reads
+it (a task only for a handler that waits), writes what it answers, and turns
+call outcomes into results or exceptions. A plugin serves the Plugin service
+on mux connection 1 and calls the Runtime service on connection 2; a runtime
+does the reverse, so the connection ids are parameters (the test and replay
+runtimes reuse this class with the roles swapped). Every reply is written as one
 `write()` so frames of concurrent replies never interleave.
 """
 
