@@ -60,6 +60,16 @@ STEADY_RSS_MB = 48
 #: 25cd8d8's plugin took 2.72 and 3.24 times the floor here (docs/performance-history.md,
 #: "Synchronize floor").
 GO_OVER_FLOOR = 2.5
+#: Issue 32's Go plugin (NRI v0.12.2's stub, the same values) on its quiet 2-core machine,
+#: driven by the runtime side of NRI v0.12.2: the best of its runs, the targets of ours.
+#: There is no Go toolchain for that stub here; the figures are the issue's.
+GO_CREATE_P50_MS = 0.182
+GO_CREATE_P99_MS = 0.539
+GO_PEAK_RSS_MB = 96.6
+#: The event loop the plugin runs on where it is deployed: the image and the default
+#: install have no uvloop (an extra: 1.8 MB more resident memory, docs/performance.md).
+#: What the benchmark measures unless told otherwise.
+SHIPPED_LOOP = "asyncio"
 #: The checkout this benchmark is part of.
 REPO = Path(__file__).resolve().parents[1]
 
@@ -82,7 +92,7 @@ class Options:
     live_pods: int = 100
     check_every: int = 64
     nri: str = "v0.12"  # "v0.12": dedicated RPCs; "1.7": StateChange, as containerd 1.7
-    loop: str | None = None
+    loop: str = SHIPPED_LOOP
     plugin_module: str = "nri_midbatch.tools.cli"
     plugin_path: str | None = None
     json_path: str | None = "bench-results.json"
@@ -129,7 +139,9 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     parser.add_argument(
         "--loop",
         choices=("asyncio", "uvloop"),
-        help="event loop of the plugin (NRI_MIDBATCH_EVENT_LOOP); default: the plugin's choice",
+        default=SHIPPED_LOOP,
+        help="event loop of the plugin (NRI_MIDBATCH_EVENT_LOOP); default: asyncio's, the one "
+        "the image and `pip install nri-midbatch` run (uvloop is an extra)",
     )
     parser.add_argument("--profile", metavar="FILE", help="py-spy the plugin's event phases")
     parser.add_argument(
@@ -225,10 +237,18 @@ class Results:
         ms = sorted(x * 1000 for x in latencies)
         p50, p99, top = _percentile(ms, 50), _percentile(ms, 99), ms[-1]
         self.add(
-            f"{label} p50", p50, "ms", "< 0.3 ms" if targets else "", p50 < 0.3 if targets else None
+            f"{label} p50",
+            p50,
+            "ms",
+            f"<= {GO_CREATE_P50_MS} ms (Go)" if targets else "",
+            p50 <= GO_CREATE_P50_MS if targets else None,
         )
         self.add(
-            f"{label} p99", p99, "ms", "< 1 ms" if targets else "", p99 < 1.0 if targets else None
+            f"{label} p99",
+            p99,
+            "ms",
+            f"<= {GO_CREATE_P99_MS} ms (Go)" if targets else "",
+            p99 <= GO_CREATE_P99_MS if targets else None,
         )
         self.add(
             f"{label} max", top, "ms", "< 10 ms" if targets else "", top < 10.0 if targets else None
@@ -370,8 +390,7 @@ class Bench:
         arguments of its own.
         """
         env = dict(os.environ)
-        if self.opts.loop is not None:
-            env["NRI_MIDBATCH_EVENT_LOOP"] = self.opts.loop
+        env["NRI_MIDBATCH_EVENT_LOOP"] = self.opts.loop
         stderr = self.workdir / "plugin.stderr"
         # `python -m` imports from its working directory first.
         code = Path(self.opts.plugin_path or REPO)
@@ -515,7 +534,8 @@ class Bench:
         seconds = replied - started
         faults = plugin.minor_faults() - faults
         applier.start(reply)
-        probes = self.probe(plugin, applier) if probe else []
+        # Every launch times the first request after its reply; one goes on probing.
+        probes = self.probe(plugin, applier, once=not probe)
         applier.wait(60)
         # The plugin writes pod cgroups and log lines once the reply is out;
         # the next phases start when it is done, as after a node's start-up.
@@ -609,8 +629,10 @@ class Bench:
                     raise BenchError(f"no {marker!r} in the plugin's log within {timeout:.0f} s")
                 time.sleep(0.02)
 
-    def probe(self, plugin: Plugin, applier: ReplyApplier) -> list[Probe]:
+    def probe(self, plugin: Plugin, applier: ReplyApplier, *, once: bool = False) -> list[Probe]:
         """CreateContainer round trips, one at a time, 1 ms apart, for `PROBE_SECONDS`.
+
+        once: only the first.
 
         Sent from the Synchronize's reply on, they time requests while the
         plugin works through what it deferred (longer than that work takes);
@@ -649,6 +671,8 @@ class Bench:
                 )
             )
             create.check(data[start:stop])
+            if once:
+                break
             time.sleep(0.001)
         removals = [
             (kind, token)
@@ -685,10 +709,16 @@ class Bench:
         r.add("Synchronize: the plugin's page faults, first chunk to reply (median)", faults, "")
         probes = [p.seconds for run in syncs for p in run.probes]
         slow = [p for run in syncs for p in run.probes if p.seconds > SLOW_PROBE_SECONDS]
+        firsts = [run.probes[0].seconds * 1000 for run in syncs if run.probes]
         if probes:
-            first, worst = probes[0] * 1000, max(probes) * 1000
+            first, worst = max(firsts), max(probes) * 1000
             r.add(
-                "CreateContainer just after the Synchronize reply", first, "ms", "< 2 ms", first < 2
+                "CreateContainer just after the Synchronize reply: "
+                f"max of {len(firsts)}, one a launch",
+                first,
+                "ms",
+                "< 2 ms",
+                first < 2,
             )
             r.add(
                 f"CreateContainer during the deferred work: max of {len(probes)}",
@@ -721,7 +751,13 @@ class Bench:
             r.add("the same, the plugin idle: probes over 2 ms", idle_slow, "")
         last = syncs[-1]
         peak = max(run.peak_rss_mb for run in syncs)
-        r.add("peak RSS: start-up and Synchronize (VmHWM, max)", peak, "MB", "< 128 MB", peak < 128)
+        r.add(
+            "peak RSS: start-up and Synchronize (VmHWM, max)",
+            peak,
+            "MB",
+            f"<= {GO_PEAK_RSS_MB} MB (Go)",
+            peak <= GO_PEAK_RSS_MB,
+        )
         r.add("Synchronize: updates returned", last.updates, "")
         r.add("Synchronize: pod cgroups written", last.pods_written, "")
         r.add("Synchronize: chunks sent", len(node.chunks), "")
@@ -735,6 +771,7 @@ class Bench:
             "runs_s": [run.seconds for run in syncs],
             "after_reply_runs_s": aftermaths,
             "probes_ms": [p * 1000 for p in probes],
+            "first_after_reply_ms": firsts,
             "idle_probes_ms": [p.seconds * 1000 for p in idle],
             "slow_probes": [p.as_json() for p in slow],
             "peak_rss_mb": [run.peak_rss_mb for run in syncs],
@@ -1308,9 +1345,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "machine": platform.machine(),
         "nri": opts.nri,
-        "loop": opts.loop or "plugin default",
+        "loop": opts.loop,
         "quick": opts.quick,
     }
+    print(f"the plugin's event loop: {opts.loop}\n")
     print(results.table())
     if opts.keep:
         print(f"\nkept {workdir}")

@@ -33,8 +33,11 @@ from nri_midbatch.state.store import Kept, PodRecord
 
 log = structlog.get_logger(__name__)
 
-#: Pod records written in one piece of the work after a Synchronize's reply (~50 us each).
-RECORDS_PER_PIECE = 32
+#: Pod records written in one piece of the work after a Synchronize's reply. One: a
+#: record is JSON, a file written and renamed, 0.1-0.2 ms of CPU on a 2-core VM's tmpfs
+#: (more on a disk), and a request arriving meanwhile waits for the piece under way; 32
+#: a piece held such requests for 3-7 ms (docs/performance-history.md, round 9).
+RECORDS_PER_PIECE = 1
 #: Records kept for pods with no sandbox but a cgroup (a pod between two sandboxes, or
 #: deleted and its cgroup not yet removed): the oldest is removed past this (a uid each).
 MAX_PARKED = 256

@@ -2,7 +2,8 @@
 
 Process policy, not protocol: `reuse_large_buffers` runs once, at start-up;
 the App's session observer (session_watch.py) triggers `freeze_survivors` as
-the chunks of a large Synchronize come in and once it has been answered.
+the chunks of a large Synchronize come in and once it has been answered, and
+holds the collector's automatic runs from its first large chunk to its reply.
 """
 
 from __future__ import annotations
@@ -78,3 +79,21 @@ def freeze_survivors() -> None:
     Synchronize at most.
     """
     gc.freeze()
+
+
+def hold_collections() -> None:
+    """No automatic collection until `release_collections`: while a large Synchronize is decided.
+
+    Its reply builds the node's state anew (a view, an entry and ids per container,
+    dicts of 10,000 entries), all of it kept, and none of it in cycles. Each young
+    collection it set off walked what it had built so far: 9 ms of the last chunk's
+    time on the benchmark's node, 38 ms in a run on a loaded machine, for nothing
+    to free (docs/performance-history.md, round 9). Frozen once answered, it never
+    meets the collector at all.
+    """
+    gc.disable()
+
+
+def release_collections() -> None:
+    """The collector runs again, as usual (the Synchronize is answered, failed or gone)."""
+    gc.enable()

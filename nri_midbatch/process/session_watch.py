@@ -17,7 +17,12 @@ from prometheus_client import Counter, Histogram
 from nri_midbatch.nri.session import SessionState
 from nri_midbatch.obs.metrics import Metrics
 from nri_midbatch.plugin.observer import Observer
-from nri_midbatch.process.heap import LARGE_SYNC, freeze_survivors
+from nri_midbatch.process.heap import (
+    LARGE_SYNC,
+    freeze_survivors,
+    hold_collections,
+    release_collections,
+)
 
 
 class _MethodSeries(NamedTuple):
@@ -68,6 +73,7 @@ class SessionWatch(Observer):
         metrics.synchronized.set(1 if state.synchronized else 0)
         if state.sync_receiving >= LARGE_SYNC:
             freeze_survivors()  # a chunk taken in: its views are here to stay
+            hold_collections()  # until it is answered (or fails, or the connection goes)
         if state.syncs > self._syncs_seen:
             self._syncs_seen = state.syncs
             if state.sync_pods + state.sync_containers >= LARGE_SYNC:
@@ -76,3 +82,5 @@ class SessionWatch(Observer):
             metrics.sync_duration.observe(state.last_sync_seconds)
             metrics.sync_objects.labels("pods").set(state.sync_pods)
             metrics.sync_objects.labels("containers").set(state.sync_containers)
+        if not state.sync_receiving:
+            release_collections()

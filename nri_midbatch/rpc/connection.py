@@ -1,23 +1,24 @@
 """One socket, two logical ttrpc connections over NRI's mux: an asyncio.Protocol.
 
 The protocol's rules live in `nri_midbatch.wire.connection`; this module feeds
-it what the transport receives, runs one task per request, writes what it
-answers, and turns call outcomes into results or exceptions. A plugin serves
-the Plugin service on mux connection 1 and calls the Runtime service on
-connection 2; a runtime does the
-reverse, so the connection ids are parameters (the test and replay runtimes
-reuse this class with the roles swapped). Every reply is written as one
+it what the transport receives, serves each request in the step that reads
+it (a task only for a handler that waits), writes what it answers, and turns
+call outcomes into results or exceptions. A plugin serves the Plugin service
+on mux connection 1 and calls the Runtime service on connection 2; a runtime
+does the reverse, so the connection ids are parameters (the test and replay
+runtimes reuse this class with the roles swapped). Every reply is written as one
 `write()` so frames of concurrent replies never interleave.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import select
 import socket
 import time
-from collections.abc import Callable, Mapping
-from typing import TypeVar, cast
+from collections.abc import Callable, Generator, Mapping
+from typing import Any, TypeVar, cast
 
 import structlog
 from google.protobuf.message import Message
@@ -146,12 +147,22 @@ class MuxConnection(asyncio.Protocol):
         # one write (and syscall) per turn rather than one per message.
         answers: list[bytes] = []
         handled = 0
+        closed = self._closed.is_set
         try:
-            while handled < MESSAGES_PER_TURN and (event := self._wire.next_event()) is not None:
+            # A handler served here may close the connection: nothing more is served then.
+            while (
+                handled < MESSAGES_PER_TURN
+                and not closed()
+                and (event := self._wire.next_event()) is not None
+            ):
                 if isinstance(event, wire.Refused):
                     self._note_refused(event)
                     answers.append(event.data)
                 else:
+                    if answers and isinstance(event, wire.Request):
+                        # Its reply is written as it is served: what came before goes first.
+                        self._write(b"".join(answers))
+                        answers.clear()
                     self._on_event(event)
                 handled += 1
         except RemoteProtocolError as exc:
@@ -238,11 +249,7 @@ class MuxConnection(asyncio.Protocol):
         match event:
             case wire.Request():
                 self._serving += 1
-                task = asyncio.create_task(
-                    self._serve(event, self._services[event.envelope.service])
-                )
-                self._handlers.add(task)
-                task.add_done_callback(self._handlers.discard)
+                self._serve(event, self._services[event.envelope.service])
             case wire.CallSucceeded():
                 if not event.token.done():
                     event.token.set_result(event.reply)
@@ -268,7 +275,14 @@ class MuxConnection(asyncio.Protocol):
 
     # -- serving -------------------------------------------------------------
 
-    async def _serve(self, event: wire.Request, service: Service) -> None:
+    def _serve(self, event: wire.Request, service: Service) -> None:
+        """Run the request's handler now, in this turn of the loop, and answer it.
+
+        Most handlers never wait for anything: they run to their reply here, with no
+        task, deadline timer or later turn of the loop for them (one read, one
+        dispatch, one write). One that waits goes on in a task of its own, under
+        the caller's deadline, counted from now.
+        """
         request = event.envelope
         timeout = request.timeout_nano / 1e9 if request.timeout_nano > 0 else None
         metadata: dict[str, tuple[str, ...]] = {}
@@ -277,25 +291,60 @@ class MuxConnection(asyncio.Protocol):
         context = CallContext(
             request.service, request.method, event.stream_id, timeout, event.payload_size, metadata
         )
+        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+        steps = service.call(event.message, context).__await__()
+        # What the handler sets in context variables stays its own, as in a task.
+        own = contextvars.copy_context()
         try:
-            async with asyncio.timeout(timeout):
-                reply = await service.call(event.message, context)
-        except Exception as exc:  # a handler's failure costs one reply, not the connection
-            if not isinstance(exc, RpcError | TimeoutError):
-                self._log.exception("handler failed", method=request.method)
-            code, message = error_status(exc)
-            self._write(self._wire.reply_status(event.stream_id, code, message))
-            return
+            waits_for = own.run(steps.send, None)
+        except StopIteration as returned:
+            self._answer(event, returned.value)
+        except BaseException as exc:
+            self._answer_error(event, exc)
         else:
-            # No await from here to the write: work the handler left for after
-            # its reply (plugin/deferred.py) must find the reply already on its way.
+            task = asyncio.create_task(
+                self._serve_waiting(event, _Resumed(steps, waits_for), deadline), context=own
+            )
+            self._handlers.add(task)
+            task.add_done_callback(self._handlers.discard)
+
+    async def _serve_waiting(
+        self, event: wire.Request, handler: _Resumed, deadline: float | None
+    ) -> None:
+        """The rest of a handler that waits for something, until its reply or its deadline."""
+        try:
+            async with asyncio.timeout_at(deadline):
+                reply = await handler
+        except BaseException as exc:
+            self._answer_error(event, exc)
+        else:
+            self._answer(event, reply)
+
+    def _answer(self, event: wire.Request, reply: Message) -> None:
+        # Written in the step the handler returned in: work the handler left for
+        # after its reply (plugin/deferred.py) must find the reply already on its way.
+        try:
             self._write(self._wire.reply(event.stream_id, reply))
         finally:
-            # Served once its reply is written, in the same step (see busy()),
-            # not when the task's done callbacks run a turn later.
-            self._serving -= 1
-            if not self._serving and not self._backlog and self._on_idle is not None:
-                self._on_idle()
+            self._served()
+
+    def _answer_error(self, event: wire.Request, exc: BaseException) -> None:
+        """A handler's failure costs one reply, not the connection; cancellation none."""
+        try:
+            if not isinstance(exc, Exception):
+                raise exc
+            if not isinstance(exc, RpcError | TimeoutError):
+                self._log.exception("handler failed", method=event.envelope.method, exc_info=exc)
+            code, message = error_status(exc)
+            self._write(self._wire.reply_status(event.stream_id, code, message))
+        finally:
+            self._served()
+
+    def _served(self) -> None:
+        # Served once its reply is written, in the same step (see busy()).
+        self._serving -= 1
+        if not self._serving and not self._backlog and self._on_idle is not None:
+            self._on_idle()
 
     # -- calling -------------------------------------------------------------
 
@@ -347,3 +396,37 @@ class MuxConnection(asyncio.Protocol):
         if data and self._transport is not None and not self._closed.is_set():
             self._transport.write(data)
             self.writes += 1
+
+
+class _Resumed:
+    """A coroutine that has run to its first wait, as an awaitable that goes on from there.
+
+    `steps` is the coroutine's iterator (its `__await__()`), `waits_for` what its
+    first `send` yielded: awaiting this hands that on to the task, then passes every
+    value and exception between the task and the coroutine until it returns.
+    """
+
+    __slots__ = ("_steps", "_waits_for")
+
+    def __init__(self, steps: Generator[Any, None, Message], waits_for: Any) -> None:
+        self._steps = steps
+        self._waits_for = waits_for
+
+    def __await__(self) -> Generator[Any, Any, Message]:
+        steps, waits_for = self._steps, self._waits_for
+        while True:
+            try:
+                sent = yield waits_for
+            except GeneratorExit:
+                steps.close()
+                raise
+            except BaseException as exc:  # from the task (a cancellation): the coroutine's
+                try:
+                    waits_for = steps.throw(exc)
+                except StopIteration as returned:
+                    return cast(Message, returned.value)
+            else:
+                try:
+                    waits_for = steps.send(sent)
+                except StopIteration as returned:
+                    return cast(Message, returned.value)

@@ -7,6 +7,7 @@ import os
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,9 +15,17 @@ import structlog
 
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.api import ttrpc_pb2
+from nri_midbatch.cgroups.paths import CgroupDriver
+from nri_midbatch.config.compile import settings_of
+from nri_midbatch.config.model import Config
+from nri_midbatch.plugin.cgroup_writer import CgroupWriter
+from nri_midbatch.plugin.codec import pod_view
+from nri_midbatch.plugin.context import PluginContext
 from nri_midbatch.plugin.deferred import AfterReply, DeferredTimings
+from nri_midbatch.plugin.records import Records
 from nri_midbatch.rpc.connection import MuxConnection
 from nri_midbatch.rpc.service import CallContext, Method, Service
+from nri_midbatch.state.store import BaselineStore
 from nri_midbatch.wire.mux import frame_message
 from nri_midbatch.wire.ttrpc import MessageType, encode_message
 
@@ -524,3 +533,30 @@ def test_a_refused_policy_change_is_logged_once_and_the_work_still_runs() -> Non
     refused = [e for e in logs if "scheduling policy" in e["event"]]
     assert len(refused) == 1
     assert "not permitted" in refused[0]["error"]
+
+
+def test_pod_records_after_a_synchronize_are_written_one_a_piece(tmp_path: Path) -> None:
+    """A request arriving while the records are written waits for the piece under way: one
+    record (0.1-0.2 ms), not a batch (32 held requests for 3-7 ms)."""
+
+    class Pieces(AfterReply):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pieces: list[tuple[Any, ...]] = []
+
+        def defer(self, work: Any, *args: Any) -> None:
+            self.pieces.append((getattr(work, "__name__", ""), *args))
+
+    settings = settings_of(Config())
+    writer = CgroupWriter(Path(settings.cgroups.root), CgroupDriver(settings.cgroups.driver))
+    after = Pieces()
+    ctx = PluginContext(
+        settings, settings.compile(), writer, BaselineStore(tmp_path), after_reply=after
+    )
+    pod_ids = [f"s-{i}" for i in range(40)]
+    for pod_id in pod_ids:
+        ctx.known.add_pod(pod_id, pod_view(api.PodSandbox(id=pod_id, uid=f"u-{pod_id}")))
+    Records(ctx).keep_after_sync({}, frozenset(f"u-{pod_id}" for pod_id in pod_ids))
+    written = [piece[1] for piece in after.pieces if piece[0] == "_keep_all"]
+    assert [pod_id for piece in written for pod_id in piece] == pod_ids
+    assert max(len(piece) for piece in written) == 1

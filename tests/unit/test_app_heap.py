@@ -8,6 +8,7 @@ containers, in the middle of the chunks and of the work after the reply.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +29,7 @@ def _unfreeze() -> Iterator[None]:
     gc.unfreeze()
     yield
     gc.unfreeze()
+    gc.enable()
 
 
 def _node(pods: int) -> tuple[list[api.PodSandbox], list[api.Container]]:
@@ -97,3 +99,52 @@ def test_a_small_synchronize_is_left_to_the_collector(tmp_path: Path) -> None:
             return gc.get_freeze_count()
 
     assert run(scenario()) == 0
+
+
+def test_no_collection_runs_while_a_large_synchronize_is_decided(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From its first large chunk to its reply, then as usual again (process/heap.py)."""
+    pods, containers = _node(LARGE_SYNC // 2 + 1)
+    half = len(pods) // 2
+    #: Whether the collector runs by itself: while deciding, then once answered.
+    enabled: list[bool] = []
+
+    async def scenario() -> None:
+        async with running_app(make_config(tmp_path)) as running:
+            plugin = running.app.plugin
+            decide = plugin.synchronize
+
+            async def synchronize() -> api.SynchronizeResponse:
+                enabled.append(gc.isenabled())
+                return await decide()
+
+            monkeypatch.setattr(plugin, "synchronize", synchronize)
+            await running.configure()
+            first = _chunk(pods[:half], containers[:half], more=True)
+            await running.runtime.call("Synchronize", first, api.SynchronizeResponse)
+            enabled.append(gc.isenabled())  # below the bound so far
+            await running.sync(pods[half:], containers[half:])
+            enabled.append(gc.isenabled())
+
+    run(scenario())
+    assert enabled == [True, False, True]
+
+
+def test_a_synchronize_cut_off_gives_the_collector_back(tmp_path: Path) -> None:
+    pods, containers = _node(LARGE_SYNC // 2 + 1)
+
+    async def scenario() -> bool:
+        async with running_app(make_config(tmp_path)) as running:
+            await running.configure()
+            chunk = _chunk(pods, containers, more=True)
+            await running.runtime.call("Synchronize", chunk, api.SynchronizeResponse)
+            held = not gc.isenabled()
+            running.app.session.close()  # the connection goes in the middle of it
+            for _ in range(100):
+                if gc.isenabled():
+                    break
+                await asyncio.sleep(0.01)
+            return held and gc.isenabled()
+
+    assert run(scenario())

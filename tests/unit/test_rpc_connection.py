@@ -7,6 +7,7 @@ wire when it calls us, and what we send when we call it.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import struct
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -840,9 +841,8 @@ def test_busy_while_a_request_is_received_and_not_yet_dispatched() -> None:
         conn.data_received(request[:-1])
         assert conn.busy() and not handlers.contexts
         conn.data_received(request[-1:])
-        assert conn.busy()  # served now
-        while replies(transport) < 1:
-            await asyncio.sleep(0)
+        # A handler that waits for nothing is served and answered in the same step.
+        assert replies(transport) == 1 and handlers.contexts
         assert not conn.busy()
 
         refused = b"".join(
@@ -856,6 +856,96 @@ def test_busy_while_a_request_is_received_and_not_yet_dispatched() -> None:
             await asyncio.sleep(0)
         assert len(handlers.contexts) == 2
         assert not conn.busy()
+
+    run(scenario())
+
+
+def test_handlers_are_served_in_the_step_that_reads_them_and_keep_their_context() -> None:
+    """One read, one dispatch, one write: a handler that waits for nothing needs no task;
+    one that waits goes on in a task from where it stopped, as often as it waits, under
+    its deadline. What either sets in a context variable stays its own, as in a task."""
+    seen = contextvars.ContextVar("seen", default="none")
+    steps: list[str] = []
+
+    async def at_once(request: KV, _ctx: CallContext) -> KV:
+        seen.set(request.key)
+        return KV(key=seen.get())
+
+    async def in_steps(request: KV, _ctx: CallContext) -> KV:
+        seen.set(request.key)
+        for step in range(3):
+            await asyncio.sleep(0)
+            steps.append(f"{seen.get()}-{step}")
+        await asyncio.sleep(10)  # past the deadline
+        return KV(key="unreachable")
+
+    service = Service(SERVICE, {"AtOnce": Method(KV, at_once), "InSteps": Method(KV, in_steps)})
+
+    async def scenario() -> None:
+        conn, transport = connected({SERVICE: service})
+        tasks = len(asyncio.all_tasks())
+
+        def request(stream_id: int, method: str, key: str, timeout_nano: int = 0) -> bytes:
+            envelope = ttrpc_pb2.Request(
+                service=SERVICE,
+                method=method,
+                payload=KV(key=key).SerializeToString(),
+                timeout_nano=timeout_nano,
+            ).SerializeToString()
+            return frame_message(1, encode_message(stream_id, MessageType.REQUEST, envelope))
+
+        conn.data_received(request(1, "AtOnce", "a"))
+        assert replies(transport) == 1 and len(asyncio.all_tasks()) == tasks
+        conn.data_received(request(3, "InSteps", "b", timeout_nano=50_000_000))
+        assert replies(transport) == 1 and len(asyncio.all_tasks()) == tasks + 1
+        assert seen.get() == "none"
+        async with asyncio.timeout(STEP_TIMEOUT):
+            while replies(transport) < 2:
+                await asyncio.sleep(0.001)
+        assert steps == ["b-0", "b-1", "b-2"]
+        assert seen.get() == "none"
+        frames = MuxDecoder(frozenset({1})).feed(bytes(transport.data))
+        decoder = MessageDecoder()
+        answers = [m for _, payload in frames for m in decoder.feed(payload)]
+        first, second = (ttrpc_pb2.Response.FromString(m.data) for m in answers)  # type: ignore[union-attr]
+        assert KV.FromString(first.payload).key == "a"
+        assert second.status.code == Code.DEADLINE_EXCEEDED
+        assert not conn.busy()
+
+    run(scenario())
+
+
+def test_nothing_more_is_served_once_a_handler_closes_the_connection() -> None:
+    """Handlers run in the read's dispatch: one that closes the connection ends it there."""
+    served: list[str] = []
+    conns: list[MuxConnection] = []
+
+    async def close(request: KV, _ctx: CallContext) -> KV:
+        served.append(request.key)
+        conns[0].close("closed by a handler")
+        return KV()
+
+    service = Service(SERVICE, {"Close": Method(KV, close)})
+
+    async def scenario() -> None:
+        conn, _transport = connected({SERVICE: service})
+        conns.append(conn)
+        data = b"".join(
+            frame_message(
+                1,
+                encode_message(
+                    stream_id,
+                    MessageType.REQUEST,
+                    ttrpc_pb2.Request(
+                        service=SERVICE, method="Close", payload=KV(key=key).SerializeToString()
+                    ).SerializeToString(),
+                ),
+            )
+            for stream_id, key in ((1, "first"), (3, "second"))
+        )
+        conn.data_received(data)
+        assert served == ["first"]
+        assert conn.close_reason == "closed by a handler"
 
     run(scenario())
 

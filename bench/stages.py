@@ -1,0 +1,260 @@
+"""`python -m bench.stages`: where one CreateContainer's time goes, stage by stage.
+
+In this process, the plugin's own code as the App builds it (its observers, the
+metrics, records in a temporary directory, the log to a file), fed the bench's
+CreateContainer bytes (bench/workload.py: 10 labels, 20 annotations, a realistic
+container) for pods it was told of by RunPodSandbox. Each stage is timed on its
+own, `--rounds` times, each round a new pod, and reported as the minimum and the
+median over rounds: the minimum is the stage's cost with nothing else on the
+machine in its way, which is what a shared machine can still measure.
+
+- decode: mux and ttrpc framing, the envelope and the request parsed (wire/);
+- call: the Plugin service's way in (`Service.call`, `_around`: the observers'
+  `call_begun` and `replied`, the lifecycle step), around a handler that returns at once;
+- handler: `create_container` (plugin/handlers.py), and of it the pod's and the
+  container's views (plugin/codec.py, state/known.py) and the decision with its
+  line (plugin/decisions.py, policy/); the rest is what is remembered, counted,
+  and the response message built;
+- encode: the reply serialized and framed (wire/);
+- in-process total: the bytes handed to the connection (`data_received`) to the
+  reply handed to the transport, through the loop's turns, on a transport that
+  only keeps what it is given: the stages above, the task and timeout of the
+  request and the turns between them.
+
+What is left of a round trip measured by `python -m bench` (its serial p50)
+once this total is taken off is the socket and the loop's polling, on both
+sides, and the benchmark's own runtime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench import workload
+from bench.runtime import Template
+from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.config.settings import Settings
+from nri_midbatch.config.validator import load_settings_text
+from nri_midbatch.nri.events import Event
+from nri_midbatch.nri.lifecycle import Phase
+from nri_midbatch.obs.logging import configure_logging, open_sink
+from nri_midbatch.plugin.codec import container_view, pod_view
+from nri_midbatch.plugin.decision_log import DecisionLines
+from nri_midbatch.process.app import App
+from nri_midbatch.rpc.connection import MuxConnection
+from nri_midbatch.rpc.service import CallContext
+from nri_midbatch.wire import connection as wire
+from nri_midbatch.wire.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN
+
+STAGES = ("decode", "call", "handler", "encode")
+#: Parts of the handler, timed on their own.
+PARTS = ("views", "decide")
+
+
+class _Transport:
+    """Keeps what is written; tells `written` of each write."""
+
+    def __init__(self) -> None:
+        self.written: Callable[[], None] = lambda: None
+
+    def write(self, data: bytes) -> None:
+        self.written()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+    def is_reading(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+def _run(coro: Any) -> Any:
+    """Run a coroutine that never suspends to its end, in this step of the loop."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value
+    raise RuntimeError("the coroutine suspended")
+
+
+class _Plugin:
+    """The App's plugin and session, serving CreateContainer on a transport of our own."""
+
+    def __init__(self, workdir: Path) -> None:
+        config: Settings = load_settings_text(
+            f"cgroups:\n  root: {workdir / 'cgroup'}\n", "bench.stages"
+        )
+        self.cgroup_root = workdir / "cgroup"
+        workload.make_cgroup_root(self.cgroup_root)
+        app = App(config, name="midbatch", idx="90", config_path=None, state_dir=workdir / "state")
+        self.plugin = app.plugin
+        self.service = service = app.session.service()
+        self.conn = MuxConnection({service.name: service}, name="bench")
+        self.transport = _Transport()
+        self.conn.connection_made(self.transport)  # type: ignore[arg-type]
+        for observer in app.session._observers:
+            observer.connected(self.conn)
+        # Registered and synchronized: CreateContainer is then an event like any.
+        app.session.state.phase = Phase.READY
+        app.session.state.register_replied = True
+        token = workload.TOKEN
+        shape = workload.PodShape(token=token, memory_request=f"{token}Mi")
+        self.create = Template.build(
+            "CreateContainer",
+            api.CreateContainerRequest(
+                pod=workload.pod(shape), container=workload.container(shape)
+            ).SerializeToString(),
+            token,
+        )
+        self.decoder: wire.Connection[Any] = wire.Connection(
+            {service.name: {m: x.request_type for m, x in service.methods.items()}},
+            server_conn=PLUGIN_SERVICE_CONN,
+            client_conn=RUNTIME_SERVICE_CONN,
+        )
+        self.times: dict[str, list[int]] = {
+            name: [] for name in (*STAGES, *PARTS, "in-process total")
+        }
+
+    async def stages(self, n: int) -> None:
+        """Each stage on its own; each pod is new to the plugin's caches where it counts."""
+        plugin, times = self.plugin, self.times
+        counter = workload.counter_token(3 * n)
+        data = b"".join(self.create.frames(2 * n + 1, counter))
+        await self.run_pod(_pod(counter))
+        started = time.perf_counter_ns()
+        self.decoder.receive_data(data)
+        event = self.decoder.next_event()
+        times["decode"].append(time.perf_counter_ns() - started)
+        assert isinstance(event, wire.Request)
+        request = event.message
+        assert isinstance(request, api.CreateContainerRequest)
+        pod, container = request.pod, request.container
+        ctx = CallContext(self.service.name, "CreateContainer", event.stream_id, 2.0, len(data))
+        assert self.service.around is not None
+        started = time.perf_counter_ns()
+        _run(self.service.around(_nothing, request, ctx))
+        times["call"].append(time.perf_counter_ns() - started)
+
+        known = plugin.known
+        started = time.perf_counter_ns()
+        view = known.pods.get(pod.id)
+        if view is None:
+            view = known.add_pod(pod.id, pod_view(pod))
+        ctr = container_view(container)
+        known.set_container(ctr.id, pod.id, ctr, container.linux.cgroups_path)
+        times["views"].append(time.perf_counter_ns() - started)
+        lines = DecisionLines("CreateContainer")
+        started = time.perf_counter_ns()
+        plugin._decide.container(view, ctr, lines, refuse=False)
+        times["decide"].append(time.perf_counter_ns() - started)
+        lines.write_after(plugin.after_reply)
+        await self.settle(pod)
+
+        # The handler whole, for another pod (that one is now in the caches).
+        other = _pod(workload.counter_token(3 * n + 1))
+        await self.run_pod(other)
+        container.id = container.id.replace(pod.id[-12:], other.id[-12:])
+        started = time.perf_counter_ns()
+        response = _run(plugin.create_container(other, container))
+        times["handler"].append(time.perf_counter_ns() - started)
+        started = time.perf_counter_ns()
+        self.decoder.reply(event.stream_id, response)
+        times["encode"].append(time.perf_counter_ns() - started)
+        await self.settle(other)
+
+    async def run_pod(self, pod: api.PodSandbox) -> None:
+        """As a runtime would: the pod's cgroup exists, with kubelet's values, before the event."""
+        workload.create_pod_cgroup(self.cgroup_root, pod.linux.cgroup_parent)
+        await self.plugin.pod_event(Event.RUN_POD_SANDBOX, pod)
+
+    async def settle(self, pod: api.PodSandbox) -> None:
+        """Forget the pod, and let the work left for after the reply run, untimed."""
+        await self.plugin.pod_event(Event.REMOVE_POD_SANDBOX, pod)
+        workload.remove_pod_cgroup(
+            workload.pod_cgroup_dir(self.cgroup_root, pod.linux.cgroup_parent)
+        )
+        for _ in range(3):
+            await asyncio.sleep(0)
+        self.plugin.after_reply.flush()
+
+    async def whole(self, n: int) -> None:
+        """Bytes in to bytes out through the connection, for a third pod."""
+        counter = workload.counter_token(3 * n + 2)
+        data = b"".join(self.create.frames(2 * n + 1, counter))
+        pod = _pod(counter)
+        await self.run_pod(pod)
+        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.transport.written = lambda: done.set_result(time.perf_counter_ns())
+        started = time.perf_counter_ns()
+        self.conn.data_received(data)
+        self.times["in-process total"].append(await done - started)
+        self.transport.written = lambda: None
+        await self.settle(pod)
+
+
+_EMPTY = api.CreateContainerResponse()
+
+
+async def _nothing(_request: Any, _ctx: CallContext) -> Any:
+    return _EMPTY
+
+
+async def _measure(rounds: int, workdir: Path) -> dict[str, list[int]]:
+    plugin = _Plugin(workdir)
+    for n in range(rounds):
+        await plugin.stages(n)
+        await plugin.whole(n)
+    return plugin.times
+
+
+def _pod(counter: bytes) -> api.PodSandbox:
+    token = counter.decode()
+    return workload.pod(workload.PodShape(token=token, memory_request=f"{token}Mi"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.stages", description=__doc__)
+    parser.add_argument("--rounds", type=int, default=2000)
+    parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="nri-midbatch-stages-") as tmp:
+        workdir = Path(tmp)
+        configure_logging("info", "json", open_sink(str(workdir / "plugin.log"), False))
+        if args.loop == "uvloop":
+            import uvloop
+
+            times = uvloop.run(_measure(args.rounds, workdir))
+        else:
+            times = asyncio.run(_measure(args.rounds, workdir))
+    gc.collect()
+    total = statistics.median(times["in-process total"]) / 1000
+    print(f"{'stage':<22} {'min us':>7} {'median us':>9} {'share':>6}   ({args.loop})")
+
+    def row(name: str, values: list[int], label: str | None = None) -> None:
+        low, mid = min(values) / 1000, statistics.median(values) / 1000
+        print(f"{label or name:<22} {low:7.1f} {mid:9.1f} {mid / total:6.0%}")
+
+    for name in STAGES:
+        row(name, times[name])
+        if name == "handler":
+            for part in PARTS:
+                row(part, times[part], f"  of which {part}")
+    rest = total - sum(statistics.median(times[name]) for name in STAGES) / 1000
+    print(f"{'task, deadline, turns':<22} {'':7} {rest:9.1f} {rest / total:6.0%}")
+    row("in-process total", times["in-process total"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
