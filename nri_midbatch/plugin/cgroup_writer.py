@@ -20,6 +20,7 @@ from nri_midbatch.cgroups.fs import (
     apply_values,
     locate,
     read_located,
+    read_values,
 )
 from nri_midbatch.cgroups.paths import CgroupDriver, CgroupLocation, CgroupPathError, KubeletRoot
 from nri_midbatch.cgroups.systemd import SystemdUnits, UnitTarget
@@ -75,7 +76,13 @@ class CgroupWriter:
         self, pod: PodView, container: ContainerView | None = None, cgroups_path: str = ""
     ) -> CgroupReading:
         """What the cgroup holds now. Raises CgroupUnreadable."""
-        return self.read_located(self.locate(self.location(pod, container, cgroups_path)))
+        try:
+            return read_values(self.root, self.location(pod, container, cgroups_path))
+        except (OSError, ValueError) as exc:  # ValueError: CgroupPathError among them
+            reason = str(exc)
+        # Raised without the error as its cause: that one's traceback holds this frame,
+        # which holds it, a cycle for the garbage collector on every gone container.
+        raise CgroupUnreadable(reason)
 
     def locate(self, location: CgroupLocation) -> LocatedFiles:
         """The cgroup's value files, resolved and checked. Raises CgroupUnreadable."""
@@ -83,9 +90,7 @@ class CgroupWriter:
             return locate(self.root, location)
         except (OSError, ValueError) as exc:  # ValueError: CgroupPathError among them
             reason = str(exc)
-        # Raised without the error as its cause: that one's traceback holds this frame,
-        # which holds it, a cycle for the garbage collector on every gone container.
-        raise CgroupUnreadable(reason)
+        raise CgroupUnreadable(reason)  # without its cause, as in `read`
 
     @staticmethod
     def read_located(
@@ -97,7 +102,7 @@ class CgroupWriter:
             return read_located(located, directories)
         except (OSError, ValueError) as exc:
             reason = str(exc)
-        raise CgroupUnreadable(reason)  # without its cause, as in `locate`
+        raise CgroupUnreadable(reason)  # without its cause, as in `read`
 
     def location(
         self, pod: PodView, container: ContainerView | None, cgroups_path: str = ""
