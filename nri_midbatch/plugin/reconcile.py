@@ -24,9 +24,13 @@ what a file holds: kubelet's baseline moves only with the events that tell it.
 A reload's writes through the cgroup files (`write_plan`) follow the same order: pods whose
 containers go up first, then the containers, then the other pods.
 
-Each check is one piece of the work left for after replies (plugin/deferred.py): one
-workload's three files read, and written only where they differ, so a request waits for
-at most one piece (CGROUP_READS_PER_PIECE); the pieces of a pass are queued one at a time.
+The checks run in pieces of the work left for after replies (plugin/deferred.py): each
+workload's three files read, and written only where they differ, up to PIECE_WORKLOADS
+workloads or PIECE_SECONDS a piece, so a request waits for at most one piece; the pieces of
+a pass are queued one at a time. What a pass costs is mostly system calls: each workload's
+files are located (resolved and checked below the root) once and kept (LocatedCgroups), a
+piece opens each directory on its way once, and each workload's target is kept while what
+it is derived from stays the same.
 Under the systemd driver a repaired value is also handed back to systemd to hold (the
 cgroup writer does it for every write); unit properties are not read: setting them makes
 systemd write the files, where the pass sees any change.
