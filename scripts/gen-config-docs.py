@@ -513,7 +513,7 @@ and brings the files back to it:
   the workload is known and the configuration stays (a reload locates every cgroup again);
   each read still opens every file afresh, without following a link. At 1,000 pods and
   10,000 containers: 29,700 files and 0.4-0.6 s of CPU a pass on the 2-core development VM,
-  about 2 s for the first pass after a start or a reload (`make bench`,
+  2-3 s for the first pass after a start or a reload (`make bench`,
   [performance.md](performance.md#convergence)): 4-6% of a core at the default period.
 
 ## What a reload does to running workloads
