@@ -96,14 +96,90 @@ def read_values(root: Path, location: CgroupLocation) -> CgroupReading:
     read (FileNotFoundError once the cgroup is gone) and ValueError if its
     content is not a cgroup value.
     """
+    return read_located(locate(root, location))
+
+
+@dataclass(frozen=True, slots=True)
+class LocatedFiles:
+    """A cgroup's value files (`pod_files`), resolved and checked below the root.
+
+    What `read_located` opens, as often as it is asked: each directory from `real_root`
+    down by its names, one at a time and refusing a symlink, and each file refusing one,
+    so whatever was renamed or swapped since, what is read is inside the root.
+    """
+
+    version: CgroupVersion
+    real_root: str
+    #: per file, in `pod_files` order: its directory's names below `real_root`, its name
+    files: tuple[tuple[tuple[str, ...], str], ...]
+    #: No symlink was met below the hierarchies: while these names open without following
+    #: a link, they are what resolving the cgroup's path again would give.
+    plain: bool
+
+
+def locate(root: Path, location: CgroupLocation) -> LocatedFiles:
+    """Resolve and check the cgroup's value files. Raises CgroupPathError for a refused path."""
     relpath, named = location.relpath(), location.named
     version = detect_version(root)
-    files = pod_files(version)
-    with _open_targets(root, version, relpath, named, files) as targets:
-        cpu, quota, memory = (
-            parse_value(file, _read(target)) for file, target in zip(files, targets, strict=True)
-        )
-    v1 = version is CgroupVersion.V1
+    real_root = Path(os.path.realpath(root))
+    paths, plain = _file_paths(real_root, version, relpath, named, pod_files(version))
+    files = tuple((path.parent.relative_to(real_root).parts, path.name) for path in paths)
+    return LocatedFiles(version, str(real_root), files, plain)
+
+
+class OpenDirectories:
+    """Directories below real roots, each opened once for a batch of reads and held until
+    `close`.
+
+    Each is opened relative to its parent's descriptor (from the root's down), refusing a
+    symlink, so what is opened is inside the root whatever is renamed or swapped meanwhile;
+    cgroups side by side share their parents' descriptors. Held for a moment (one read, or
+    one piece of the convergence pass): a descriptor names the directory it opened.
+    """
+
+    def __init__(self) -> None:
+        self._fds: dict[tuple[str, tuple[str, ...]], int] = {}
+
+    def open(self, real_root: str, names: tuple[str, ...]) -> int:
+        """The directory `names` below `real_root` (a real path), open; the caller does not
+        close it."""
+        key = (real_root, names)
+        fd = self._fds.get(key)
+        if fd is None:
+            if names:
+                parent = self.open(real_root, names[:-1])
+                fd = os.open(names[-1], _DIR_FLAGS, dir_fd=parent)
+            else:
+                fd = os.open(real_root, _DIR_FLAGS)
+            self._fds[key] = fd
+        return fd
+
+    def close(self) -> None:
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
+
+
+def read_located(
+    located: LocatedFiles, directories: OpenDirectories | None = None
+) -> CgroupReading:
+    """What the located files hold now, their directories opened in `directories` (held by
+    the caller) or, without, for this read alone.
+
+    Raises OSError (FileNotFoundError once the cgroup is gone, ELOOP where a directory or a
+    file became a symlink) and ValueError, as `read_values`.
+    """
+    opened = OpenDirectories() if directories is None else directories
+    try:
+        texts = [
+            _read_at(opened.open(located.real_root, names), name) for names, name in located.files
+        ]
+    finally:
+        if directories is None:
+            opened.close()
+    files = pod_files(located.version)
+    cpu, quota, memory = (parse_value(file, text) for file, text in zip(files, texts, strict=True))
+    v1 = located.version is CgroupVersion.V1
     return CgroupReading(
         cpu_shares=cpu if v1 else None,
         cpu_weight=None if v1 else cpu,
@@ -139,43 +215,27 @@ def _open_targets(
     Raises CgroupPathError before opening anything if a path is refused.
     """
     real_root = Path(os.path.realpath(root))
-    paths = _file_paths(real_root, version, relpath, cgroup_parent, files)
-    with contextlib.ExitStack() as stack:
+    paths, _ = _file_paths(real_root, version, relpath, cgroup_parent, files)
+    directories = OpenDirectories()
+    try:
         opened: dict[Path, tuple[int | None, OSError | None]] = {}
         targets = []
         for path in paths:
             directory = path.parent
             if directory not in opened:
+                names = directory.relative_to(real_root).parts
                 try:
-                    dir_fd = _open_below(real_root, directory)
+                    dir_fd = directories.open(str(real_root), names)
                 except OSError as exc:
                     # Kept without its traceback, which holds this frame: a
                     # cycle for the garbage collector on every missing cgroup.
                     opened[directory] = (None, exc.with_traceback(None))
                 else:
-                    stack.callback(os.close, dir_fd)
                     opened[directory] = (dir_fd, None)
             targets.append(_Target(path, *opened[directory]))
         yield targets
-
-
-def _open_below(real_root: Path, directory: Path) -> int:
-    """Open `directory` (a real path inside `real_root`) one component at a time.
-
-    Every step is relative to the descriptor of the step before and refuses
-    a symlink, so what is opened is inside the root whatever is renamed or
-    swapped meanwhile.
-    """
-    fd = os.open(real_root, _DIR_FLAGS)
-    try:
-        for name in directory.relative_to(real_root).parts:
-            child = os.open(name, _DIR_FLAGS, dir_fd=fd)
-            os.close(fd)
-            fd = child
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    finally:
+        directories.close()
 
 
 def _file_paths(
@@ -184,16 +244,21 @@ def _file_paths(
     relpath: PurePosixPath,
     cgroup_parent: str,
     files: Sequence[CgroupFile],
-) -> list[Path]:
+) -> tuple[list[Path], bool]:
+    """The files' real paths, and whether no symlink was met below the hierarchies."""
     # Every path is resolved before any file is opened, so a refusal leaves
     # the tree exactly as it was. Files of one controller share a directory,
     # resolved once (on v2, all three do).
     paths = []
+    plain = True
     directories: dict[str, Path] = {}
     for file in files:
         directory = directories.get(file.controller)
         if directory is None:
-            directory = _confined_dir(real_root, version, file.controller, relpath, cgroup_parent)
+            directory, below = _confined_dir(
+                real_root, version, file.controller, relpath, cgroup_parent
+            )
+            plain = plain and below
             directories[file.controller] = directory
         path = directory / file.name
         # The names are fixed, so a differing real path means the file itself
@@ -203,7 +268,7 @@ def _file_paths(
         if _is_link(path) and Path(os.path.realpath(path)) != path:
             raise CgroupPathError(f"cgroup parent {cgroup_parent!r}: {path} is a symlink")
         paths.append(path)
-    return paths
+    return paths, plain
 
 
 def _confined_dir(
@@ -212,7 +277,9 @@ def _confined_dir(
     controller: Controller,
     relpath: PurePosixPath,
     cgroup_parent: str,
-) -> Path:
+) -> tuple[Path, bool]:
+    """The cgroup's real directory in the controller's hierarchy, and whether no symlink was
+    met below the hierarchy."""
     if version is CgroupVersion.V2:
         hierarchy = real_root
     else:
@@ -226,16 +293,17 @@ def _confined_dir(
             )
     # Strictly below the hierarchy, not merely the root: a parent resolving to
     # a hierarchy's top would rewrite the root cgroup's own files.
-    directory = _realpath_below(hierarchy, relpath, cgroup_parent)
+    directory, plain = _realpath_below(hierarchy, relpath, cgroup_parent)
     if not _strictly_inside(directory, hierarchy):
         raise CgroupPathError(
             f"cgroup parent {cgroup_parent!r} resolves to {directory}, not below {hierarchy}"
         )
-    return directory
+    return directory, plain
 
 
-def _realpath_below(base: Path, relpath: PurePosixPath, cgroup_parent: str) -> Path:
-    """realpath(base / relpath), where `base` is a real path already.
+def _realpath_below(base: Path, relpath: PurePosixPath, cgroup_parent: str) -> tuple[Path, bool]:
+    """realpath(base / relpath), where `base` is a real path already, and whether it is
+    `base / relpath` as it stands (no symlink, `.` or `..` in `relpath`).
 
     Only the components below `base` are examined (one lstat each, not one for
     every component from /): a path with no symlink in them is its own real
@@ -246,8 +314,8 @@ def _realpath_below(base: Path, relpath: PurePosixPath, cgroup_parent: str) -> P
     for part in relpath.parts:
         path = f"{path}/{part}"
         if part in ("..", ".") or _is_link(path):
-            return _realpath(base / relpath, cgroup_parent)
-    return Path(path)
+            return _realpath(base / relpath, cgroup_parent), False
+    return Path(path), True
 
 
 def _realpath(path: Path, cgroup_parent: str) -> Path:
@@ -274,7 +342,11 @@ def _strictly_inside(path: Path, base: Path) -> bool:
 
 
 def _read(target: _Target) -> str:
-    fd = _open_file(target, _READ_FLAGS)
+    return _read_at(_dir_of(target), target.name)
+
+
+def _read_at(dir_fd: int, name: str) -> str:
+    fd = _open_at(dir_fd, name, _READ_FLAGS)
     try:
         data = b""
         while len(data) <= MAX_FILE_BYTES:
@@ -290,7 +362,7 @@ def _read(target: _Target) -> str:
 
 
 def _write(target: _Target, text: str) -> None:
-    fd = _open_file(target, _WRITE_FLAGS)
+    fd = _open_at(_dir_of(target), target.name, _WRITE_FLAGS)
     try:
         # One write(2): the kernel parses each write as a whole value.
         os.write(fd, text.encode("ascii"))
@@ -298,13 +370,18 @@ def _write(target: _Target, text: str) -> None:
         os.close(fd)
 
 
-def _open_file(target: _Target, flags: int) -> int:
+def _dir_of(target: _Target) -> int:
     if target.dir_error is not None:
         # A copy: raised, the kept error would take on this traceback, whose
         # frames hold the target that holds it.
         error = target.dir_error
         raise OSError(error.errno, error.strerror, error.filename)
-    fd = os.open(target.name, flags, dir_fd=target.dir_fd)
+    assert target.dir_fd is not None  # one or the other
+    return target.dir_fd
+
+
+def _open_at(dir_fd: int, name: str, flags: int) -> int:
+    fd = os.open(name, flags, dir_fd=dir_fd)
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):

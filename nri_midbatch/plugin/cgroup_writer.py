@@ -10,10 +10,18 @@ values rather than older ones. Every read goes through `read`, and fails one way
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from nri_midbatch.cgroups.fs import apply_values, read_values
+from nri_midbatch.cgroups.fs import (
+    LocatedFiles,
+    OpenDirectories,
+    apply_values,
+    locate,
+    read_located,
+    read_values,
+)
 from nri_midbatch.cgroups.paths import CgroupDriver, CgroupLocation, CgroupPathError, KubeletRoot
 from nri_midbatch.cgroups.systemd import SystemdUnits, UnitTarget
 from nri_midbatch.cgroups.values import CgroupReading
@@ -70,11 +78,31 @@ class CgroupWriter:
         """What the cgroup holds now. Raises CgroupUnreadable."""
         try:
             return read_values(self.root, self.location(pod, container, cgroups_path))
-        except (CgroupPathError, OSError, ValueError) as exc:
+        except (OSError, ValueError) as exc:  # ValueError: CgroupPathError among them
             reason = str(exc)
         # Raised without the error as its cause: that one's traceback holds this frame,
         # which holds it, a cycle for the garbage collector on every gone container.
         raise CgroupUnreadable(reason)
+
+    def locate(self, location: CgroupLocation) -> LocatedFiles:
+        """The cgroup's value files, resolved and checked. Raises CgroupUnreadable."""
+        try:
+            return locate(self.root, location)
+        except (OSError, ValueError) as exc:  # ValueError: CgroupPathError among them
+            reason = str(exc)
+        raise CgroupUnreadable(reason)  # without its cause, as in `read`
+
+    @staticmethod
+    def read_located(
+        located: LocatedFiles, directories: OpenDirectories | None = None
+    ) -> CgroupReading:
+        """What the located files hold now (their directories held open in `directories`, if
+        given). Raises CgroupUnreadable."""
+        try:
+            return read_located(located, directories)
+        except (OSError, ValueError) as exc:
+            reason = str(exc)
+        raise CgroupUnreadable(reason)  # without its cause, as in `read`
 
     def location(
         self, pod: PodView, container: ContainerView | None, cgroups_path: str = ""
@@ -100,6 +128,68 @@ class CgroupWriter:
     ) -> UnitTarget:
         """The systemd unit that holds these values: the pod's slice or the container's scope."""
         return _unit(self.location(pod, container, cgroups_path), pod, container, values)
+
+
+class LocatedCgroups:
+    """Each known workload's cgroup files, located once and read as often as asked.
+
+    The convergence pass reads the same cgroups every pass, and resolving and checking
+    their paths (cgroups/fs.py `locate`) cost most of each read. Owned by the event loop's
+    thread. An entry is used only with the writer that located it (a reload builds another:
+    root, driver, kubelet's root) and for the same location (a new sandbox or path locates
+    again). What it read is what a fresh read gives: its directories are opened by their
+    real names without following a link, and only entries without a symlink below the
+    hierarchies are kept (the root and a v1 controller's hierarchy, mount points, are taken
+    as they were resolved); a read that fails drops the entry and locates the cgroup again,
+    so a failure is reported as a first read reports it. The owner bounds it (`keep`).
+    """
+
+    def __init__(self) -> None:
+        self._writer: CgroupWriter | None = None
+        #: (pod sandbox id, container id or None) -> where, and its files
+        self._entries: dict[tuple[str, str | None], tuple[CgroupLocation, LocatedFiles]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def read(
+        self,
+        writer: CgroupWriter,
+        key: tuple[str, str | None],
+        pod: PodView,
+        container: ContainerView | None,
+        cgroups_path: str,
+        directories: OpenDirectories,
+    ) -> CgroupReading:
+        """What the workload's cgroup holds now, its directories opened in `directories` (the
+        caller holds them for a moment). Raises CgroupUnreadable."""
+        if writer is not self._writer:
+            self._entries.clear()
+            self._writer = writer
+        location = writer.location(pod, container, cgroups_path)
+        entry = self._entries.pop(key, None)
+        if entry is not None and entry[0] == location:
+            try:
+                reading = writer.read_located(entry[1], directories)
+            except CgroupUnreadable:
+                # Gone, or changed: located again and read afresh (not through directories
+                # opened before), so that a failure is reported as it is without the entry.
+                located = writer.locate(location)
+                reading = writer.read_located(located)
+            else:
+                self._entries[key] = entry
+                return reading
+        else:
+            located = writer.locate(location)
+            reading = writer.read_located(located, directories)
+        if located.plain:
+            self._entries[key] = (location, located)
+        return reading
+
+    def keep(self, known: Callable[[tuple[str, str | None]], bool]) -> None:
+        """Drop the entries of workloads no longer `known`."""
+        for key in [key for key in self._entries if not known(key)]:
+            del self._entries[key]
 
 
 def _unit(

@@ -24,9 +24,13 @@ what a file holds: kubelet's baseline moves only with the events that tell it.
 A reload's writes through the cgroup files (`write_plan`) follow the same order: pods whose
 containers go up first, then the containers, then the other pods.
 
-Each check is one piece of the work left for after replies (plugin/deferred.py): one
-workload's three files read, and written only where they differ, so a request waits for
-at most one piece (CGROUP_READS_PER_PIECE); the pieces of a pass are queued one at a time.
+The checks run in pieces of the work left for after replies (plugin/deferred.py): each
+workload's three files read, and written only where they differ, up to PIECE_WORKLOADS
+workloads or PIECE_SECONDS a piece, so a request waits for at most one piece; the pieces of
+a pass are queued one at a time. What a pass costs is mostly system calls: each workload's
+files are located (resolved and checked below the root) once and kept (LocatedCgroups), a
+piece opens each directory on its way once, and each workload's target is kept while what
+it is derived from stays the same.
 Under the systemd driver a repaired value is also handed back to systemd to hold (the
 cgroup writer does it for every write); unit properties are not read: setting them makes
 systemd write the files, where the pass sees any change.
@@ -44,11 +48,19 @@ from typing import Literal
 
 import structlog
 
+from nri_midbatch.cgroups.fs import OpenDirectories
 from nri_midbatch.cgroups.values import CgroupReading, CgroupValues, cpu_shares_to_weight, drifted
-from nri_midbatch.plugin.cgroup_writer import CgroupUnreadable
+from nri_midbatch.plugin.cgroup_writer import CgroupUnreadable, LocatedCgroups
 from nri_midbatch.plugin.context import PluginContext
 from nri_midbatch.plugin.decisions import values_log
-from nri_midbatch.policy import ContainerView, NativeLimits, PodView, decide_container, decide_pod
+from nri_midbatch.policy import (
+    ContainerView,
+    NativeLimits,
+    PodView,
+    Policy,
+    decide_container,
+    decide_pod,
+)
 from nri_midbatch.state.baseline import kubelet_value, target
 from nri_midbatch.state.plan import Plan, split_pods
 
@@ -59,6 +71,13 @@ Writer = Literal["kubelet", "unknown"]
 
 #: With the periodic pass off (interval 0), how often the setting is looked at again.
 IDLE_SECONDS = 1.0
+#: A piece of a pass checks workloads until it has checked this many, or spent this long:
+#: a request waits for at most one piece (about 0.05 ms a workload with its files located
+#: already, a repair's writes more).
+PIECE_WORKLOADS = 16
+PIECE_SECONDS = 0.0005
+#: Entries of gone pods (`checks`, located files) kept before they are pruned outside a pass.
+_SLACK = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +113,18 @@ class _Outcome(Enum):
     HELD = "held"
     REPAIRED = "repaired"
     FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """A workload's target, and what it was derived from."""
+
+    policy: Policy
+    pod: PodView
+    container: ContainerView | None
+    enforce: bool
+    applied: CgroupValues
+    values: CgroupValues | None  # None: the pass leaves the workload
 
 
 @dataclass(slots=True)
@@ -132,6 +163,10 @@ class Reconciler:
         self._closed = False
         #: whole passes over every known pod
         self.passes = 0
+        #: each checked workload's cgroup files, located once, and its target; pruned to the
+        #: known workloads
+        self._located = LocatedCgroups()
+        self._targets: dict[tuple[str, str | None], _Target] = {}
 
     # -- triggers ----------------------------------------------------------------
 
@@ -176,6 +211,7 @@ class Reconciler:
         known = self._ctx.known
         for gone in [pod_id for pod_id in self.checks if pod_id not in known.pods]:
             del self.checks[gone]
+        self._prune()
         done = asyncio.get_running_loop().create_future()
         walk = _Walk(deque(known.pods), done)
         started, cpu = time.perf_counter(), time.process_time()
@@ -270,29 +306,34 @@ class Reconciler:
     # -- the pieces ----------------------------------------------------------------
 
     def _step(self, walk: _Walk) -> None:
-        """One piece: one workload checked; then the next piece is queued."""
+        """One piece: workloads checked until PIECE_WORKLOADS or PIECE_SECONDS; then the next
+        piece is queued."""
         if self._closed:
             return
-        known = self._ctx.known
-        while not walk.items:
-            if not walk.pods:
-                if walk.done is not None and not walk.done.done():
-                    walk.done.set_result(None)
-                return
-            pod_id = walk.pods.popleft()
-            if pod_id in known.pods:
-                walk.retried = False
-                walk.items.append((pod_id, None))
-                walk.items.extend((pod_id, c) for c in known.containers_of(pod_id))
-        pod_id, container_id = walk.items.popleft()
-        outcome = self._check(pod_id, container_id)
-        if outcome is not _Outcome.SKIPPED:
-            walk.read += 1
-            walk.repaired += outcome is _Outcome.REPAIRED
-        if container_id is None and outcome is _Outcome.FAILED and not walk.retried:
-            # Once more after its containers: they may hold it back (cgroup v1).
-            walk.retried = True
-            walk.items.append((pod_id, None))
+        deadline = time.perf_counter() + PIECE_SECONDS
+        # A pod's and its containers' cgroups sit side by side: the piece opens each
+        # directory on their way once.
+        directories = OpenDirectories()
+        try:
+            for _ in range(PIECE_WORKLOADS):
+                item = self._next(walk)
+                if item is None:
+                    if walk.done is not None and not walk.done.done():
+                        walk.done.set_result(None)
+                    return
+                pod_id, container_id = item
+                outcome = self._check(pod_id, container_id, directories)
+                if outcome is not _Outcome.SKIPPED:
+                    walk.read += 1
+                    walk.repaired += outcome is _Outcome.REPAIRED
+                if container_id is None and outcome is _Outcome.FAILED and not walk.retried:
+                    # Once more after its containers: they may hold it back (cgroup v1).
+                    walk.retried = True
+                    walk.items.append((pod_id, None))
+                if time.perf_counter() >= deadline:
+                    break
+        finally:
+            directories.close()
         if walk.done is None:
             self._ctx.after_reply.defer(self._step, walk)
         else:
@@ -300,7 +341,22 @@ class Reconciler:
             # after replies to settle (a reload) does not wait for the whole pass.
             asyncio.get_running_loop().call_soon(self._ctx.after_reply.defer, self._step, walk)
 
-    def _check(self, pod_id: str, container_id: str | None) -> _Outcome:
+    def _next(self, walk: _Walk) -> tuple[str, str | None] | None:
+        """The walk's next workload (a pod before its containers); None once through."""
+        known = self._ctx.known
+        while not walk.items:
+            if not walk.pods:
+                return None
+            pod_id = walk.pods.popleft()
+            if pod_id in known.pods:
+                walk.retried = False
+                walk.items.append((pod_id, None))
+                walk.items.extend((pod_id, c) for c in known.containers_of(pod_id))
+        return walk.items.popleft()
+
+    def _check(
+        self, pod_id: str, container_id: str | None, directories: OpenDirectories
+    ) -> _Outcome:
         ctx = self._ctx
         known = ctx.known
         pod = known.pods.get(pod_id)
@@ -318,29 +374,21 @@ class Reconciler:
                 return _Outcome.SKIPPED
             container = entry[1]
             kubelet = container.native
-        key = pod_id if container_id is None else container_id
-        applied = known.applied.get(key)
+        applied = known.applied.get(pod_id if container_id is None else container_id)
         if applied is None:
             return _Outcome.SKIPPED  # nothing of the plugin's here
-        try:
-            if container is None:
-                decision = decide_pod(pod, ctx.policy)
-                enforce = not ctx.observing and ctx.pod_level
-            else:
-                decision = decide_container(pod, container, ctx.policy)
-                enforce = not ctx.observing
-        except Exception:  # the events that decide it report it
+        key = (pod_id, container_id)
+        values = self._target(key, pod, container, applied)
+        if values is None:
             return _Outcome.SKIPPED
-        if decision.error is not None:
-            return _Outcome.SKIPPED  # bad input: left as it is, as the events leave it
-        values = target(decision, applied, kubelet, enforce=enforce)
-        if values is None or values != applied:
-            return _Outcome.SKIPPED  # a planned change: the reload's or Synchronize's to write
         path = "" if container_id is None else known.cgroups_path(container_id)
         try:
-            reading = ctx.cgroups.read(pod, container, path)
+            reading = self._located.read(ctx.cgroups, key, pod, container, path, directories)
         except CgroupUnreadable:
             return _Outcome.SKIPPED  # gone, or not there yet: its own events say so
+        finally:
+            if len(self._located) > len(known.pods) + len(known.containers) + _SLACK:
+                self._prune()
         weight = container is None
         off = drifted(reading, values, weight=weight)
         if not off:
@@ -348,6 +396,49 @@ class Reconciler:
         writer = _writer(reading, off, kubelet, weight=weight)
         changes = _changes(reading, values, off)
         return self._repair(pod_id, pod, container, path, values, changes, writer)
+
+    def _target(
+        self,
+        key: tuple[str, str | None],
+        pod: PodView,
+        container: ContainerView | None,
+        applied: CgroupValues,
+    ) -> CgroupValues | None:
+        """What the workload must hold; None: the pass leaves it (bad input, as the events
+        leave it; a planned change, the reload's or Synchronize's to write).
+
+        Kept per workload while the policy, the views (kubelet's values among them) and what
+        was applied stay the same: a reload compiles another policy, an event replaces a view.
+        """
+        ctx = self._ctx
+        policy = ctx.policy
+        enforce = not ctx.observing and (container is not None or ctx.pod_level)
+        kept = self._targets.get(key)
+        if (
+            kept is not None
+            and kept.policy is policy
+            and kept.pod is pod
+            and kept.container is container
+            and kept.enforce == enforce
+            and kept.applied == applied
+        ):
+            return kept.values
+        try:
+            if container is None:
+                decision = decide_pod(pod, policy)
+            else:
+                decision = decide_container(pod, container, policy)
+        except Exception:  # the events that decide it report it
+            values = None
+        else:
+            kubelet = pod.native if container is None else container.native
+            values = None
+            if decision.error is None:
+                values = target(decision, applied, kubelet, enforce=enforce)
+                if values != applied:
+                    values = None
+        self._targets[key] = _Target(policy, pod, container, enforce, applied, values)
+        return values
 
     def _repair(
         self,
@@ -393,11 +484,26 @@ class Reconciler:
         )
         return _Outcome.REPAIRED
 
+    def _prune(self) -> None:
+        """Keep what is kept per workload to the known workloads."""
+        self._located.keep(self._is_known)
+        for gone in [key for key in self._targets if not self._is_known(key)]:
+            del self._targets[gone]
+
+    def _is_known(self, key: tuple[str, str | None]) -> bool:
+        """Whether the workload (a pod's sandbox id, and a container's id or None) is known."""
+        known = self._ctx.known
+        pod_id, container_id = key
+        if container_id is None:
+            return pod_id in known.pods
+        entry = known.containers.get(container_id)
+        return entry is not None and entry[0] == pod_id
+
     def _note(self, pod_id: str) -> PodCheck:
         check = self.checks.get(pod_id)
         if check is None:
             known = self._ctx.known
-            if len(self.checks) > len(known.pods) + 64:  # passes off: prune here too
+            if len(self.checks) > len(known.pods) + _SLACK:  # passes off: prune here too
                 for gone in [p for p in self.checks if p not in known.pods]:
                     del self.checks[gone]
             check = self.checks[pod_id] = PodCheck()
