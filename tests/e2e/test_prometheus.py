@@ -297,7 +297,7 @@ def test_prometheus_scrapes_the_plugin_on_real_containerd_and_the_webhook(
 
     # The bad annotation: once for its pod, once for its container.
     invalid = prom.by("reason", "nri_midbatch_invalid_inputs_total")
-    assert invalid == {"spec": 2.0, "overflow": 0.0, "internal": 0.0}
+    assert invalid == {"spec": 2.0, "overflow": 0.0, "internal": 0.0, "runtime_values": 0.0}
 
     # The webhook's reviews, by result; its other series there at 0.
     reviews = 'sum by (result) (nri_midbatch_webhook_requests_total{endpoint="mutate"})'
