@@ -26,6 +26,7 @@ __all__ = [
     "cpu_shares_to_weight",
     "cpu_weight_to_shares",
     "differs",
+    "drifted",
     "exceeds",
     "holds",
     "lowers",
@@ -141,6 +142,32 @@ def holds(reading: CgroupReading, values: CgroupValues) -> bool:
             or shares == clamp_cpu_shares(values.cpu_shares)
         )
     )
+
+
+def drifted(reading: CgroupReading, values: CgroupValues, *, weight: bool) -> tuple[str, ...]:
+    """The fields of `values` (those it sets) that the cgroup does not hold.
+
+    `weight`: on cgroup v2 compare the cpu weight, which the plugin converts itself (a pod's);
+    a container's weight is the runtime's conversion, which may differ, and is not compared.
+    The memory limit reads back rounded down to the page.
+    """
+    off = []
+    shares = values.cpu_shares
+    if shares is not None:
+        if reading.cpu_shares is not None:
+            if reading.cpu_shares != clamp_cpu_shares(shares):
+                off.append("cpu_shares")
+        elif weight and reading.cpu_weight != cpu_shares_to_weight(shares):
+            off.append("cpu_shares")
+    if reading.cpu_quota != values.cpu_quota:
+        off.append("cpu_quota")
+    memory = values.memory_limit
+    if memory is not None and not (
+        reading.memory_limit == memory
+        or (memory != UNLIMITED and 0 <= memory - reading.memory_limit < _PAGE_SIZE)
+    ):
+        off.append("memory_limit")
+    return tuple(off)
 
 
 def exceeds(reading: CgroupReading, values: CgroupValues) -> bool:

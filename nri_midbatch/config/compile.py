@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from nri_midbatch.cgroups.paths import CgroupDriver
 from nri_midbatch.config.model import Config, effective_config_yaml
-from nri_midbatch.config.settings import CgroupSettings, Settings
+from nri_midbatch.config.settings import CgroupSettings, ConvergenceSettings, Settings
 from nri_midbatch.policy import (
     ClassificationSettings,
     Policy,
@@ -71,4 +71,5 @@ def settings_of(config: Config) -> Settings:
             pod_level=config.cgroups.pod_level,
         ),
         effective=effective_config_yaml(config),
+        convergence=ConvergenceSettings(config.convergence.interval_seconds),
     )

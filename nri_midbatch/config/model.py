@@ -228,6 +228,10 @@ class RulesConfig(_Model):
     )
 
 
+#: The longest period between two convergence passes: a day.
+MAX_CONVERGENCE_INTERVAL = 86_400.0
+
+
 class CgroupsConfig(_Model):
     root: Annotated[str, StringConstraints(pattern=_ABSOLUTE)] = Field(
         default="/sys/fs/cgroup",
@@ -247,6 +251,21 @@ class CgroupsConfig(_Model):
         description="`false`: adjust containers only; pod cgroup files the plugin set go "
         "back to kubelet's values, and no other is written (at RunPodSandbox, Synchronize or "
         "a reload).",
+    )
+
+
+class ConvergenceConfig(_Model):
+    interval_seconds: float = Field(
+        default=10.0,
+        ge=0,
+        le=MAX_CONVERGENCE_INTERVAL,
+        allow_inf_nan=False,
+        description="How often the plugin compares every pod's and container's cgroup files "
+        "with the values it keeps in force, and repairs what another writer changed (kubelet "
+        "after a resize, an operator, another agent): the promise holds within this many "
+        "seconds, plus the pass's own duration, of the last write by anyone (see [what the "
+        "values follow](#what-the-values-follow)). About koordlet's own period. `0`: no "
+        "periodic pass; a pod is still checked again shortly after each resize.",
     )
 
 
@@ -288,6 +307,12 @@ class Config(_Model):
         default=CgroupsConfig(),
         description="The pod-level cgroup files, which are written directly (NRI cannot "
         "adjust a pod sandbox).",
+    )
+
+    convergence: ConvergenceConfig = Field(
+        default=ConvergenceConfig(),
+        description="The periodic pass that brings cgroup files others changed back to the "
+        "values in force.",
     )
 
     @field_validator("tiers")

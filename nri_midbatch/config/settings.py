@@ -40,6 +40,12 @@ class CgroupSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ConvergenceSettings:
+    #: Seconds between two convergence passes; 0: none.
+    interval_seconds: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     """What the plugin reads of a configuration: config/compile.py makes it from the model.
 
@@ -55,6 +61,7 @@ class Settings:
     rules: Rules = field(compare=False)
     cgroups: CgroupSettings = field(compare=False)
     effective: str = field(repr=False)
+    convergence: ConvergenceSettings = field(default=ConvergenceSettings(), compare=False)
 
     def compile(self) -> Policy:
         return Policy(self.tiers, self.classification, self.rules)

@@ -8,6 +8,12 @@ from nri_midbatch.cgroups.values import VALUE_FIELDS
 from nri_midbatch.policy import Decision
 
 
+def _by_level_and_writer() -> dict[tuple[str, str], int]:
+    return {
+        (level, writer): 0 for level in ("pod", "container") for writer in ("kubelet", "unknown")
+    }
+
+
 @dataclass
 class Counters:
     """What happened, for metrics and for tests to assert on."""
@@ -24,6 +30,10 @@ class Counters:
     containers_repaired: int = 0
     container_repairs_failed: int = 0
     config_rejected: int = 0
+    #: (level, writer) -> cgroups found holding other values than the plugin keeps in force
+    #: (reconcile.py), and those put back; writer: "kubelet" (its known value), "unknown"
+    drift_found: dict[tuple[str, str], int] = field(default_factory=_by_level_and_writer)
+    drift_repaired: dict[tuple[str, str], int] = field(default_factory=_by_level_and_writer)
     #: (level, result) -> values decided but not set in observe mode; result: whether
     #: they differ from what the container or pod has ("differs", "same", "unknown")
     observed: dict[tuple[str, str], int] = field(default_factory=dict)

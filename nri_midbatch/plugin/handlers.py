@@ -43,15 +43,23 @@ from nri_midbatch.plugin.decisions import Decider
 from nri_midbatch.plugin.deferred import AfterReply
 from nri_midbatch.plugin.lowering import LoweringTimings
 from nri_midbatch.plugin.observer import Observer
+from nri_midbatch.plugin.reconcile import ConvergenceTimings, Reconciler
 from nri_midbatch.plugin.records import Records
 from nri_midbatch.plugin.synchronize import BESTEFFORT_POD, SynchronizePass
 from nri_midbatch.plugin.writes import Writes
 from nri_midbatch.policy import NativeLimits, PodView, Policy, QoSClass, decide_pod
 from nri_midbatch.policy.classify import qos_from_cgroup_parent
-from nri_midbatch.state.baseline import in_force, newly_limited, resized_pod_baseline
+from nri_midbatch.rpc.errors import RpcError
+from nri_midbatch.state.baseline import (
+    in_force,
+    newly_limited,
+    resized_pod_baseline,
+    told_pod_baseline,
+)
 from nri_midbatch.state.known import Known
 from nri_midbatch.state.plan import Plan, plan, quota_in_force, raises_quota
 from nri_midbatch.state.store import BaselineStore
+from nri_midbatch.wire.status import Code
 
 log = structlog.get_logger(__name__)
 
@@ -66,6 +74,7 @@ class MidBatchPlugin:
         after_reply: AfterReply | None = None,
         store: BaselineStore | None = None,
         lowering_timings: LoweringTimings = LoweringTimings(),
+        convergence_timings: ConvergenceTimings = ConvergenceTimings(),
     ) -> None:
         """dry_run: decide pod-level values but write no cgroup file (replay, audits).
 
@@ -75,7 +84,8 @@ class MidBatchPlugin:
         (plugin/deferred.py); the App's is also among the session's observers, so that it
         yields to the runtime's requests. By default one of the plugin's own, which never
         waits (replay, tests). `lowering_timings`: a Synchronize's wait for the runtime to
-        lower containers (plugin/lowering.py).
+        lower containers (plugin/lowering.py). `convergence_timings`: when a resized pod is
+        checked again (plugin/reconcile.py).
         """
         self.runtime: RuntimeInfo | None = None
         #: Under the systemd driver, the units that hold our values (its task
@@ -100,6 +110,8 @@ class MidBatchPlugin:
         self._sync = SynchronizePass(
             ctx, self._decide, self._writes, self._records, lowering_timings
         )
+        #: The convergence pass and the re-checks after resizes (the App runs its period).
+        self.reconcile = Reconciler(ctx, convergence_timings)
 
     # What the App, the status endpoint and tests read of the plugin.
 
@@ -295,6 +307,9 @@ class MidBatchPlugin:
         if view is None:
             view = pod_view(pod)
         resized = entry is not None and entry[1].native != ctr_view.native
+        if resized:
+            # Kubelet writes the pod cgroup after the containers when a resize lowers them.
+            self.reconcile.recheck_soon(pod.id)
         pod_moved = False
         if entry is not None:
             known.set_container(container_id, pod.id, ctr_view, container.linux.cgroups_path)
@@ -373,14 +388,40 @@ class MidBatchPlugin:
     async def update_pod_sandbox(
         self, pod: api.PodSandbox, overhead: api.LinuxResources, resources: api.LinuxResources
     ) -> None:
-        """An in-place pod resize (NRI v0.10+): kubelet's new pod values, overhead included."""
+        """An in-place pod resize (NRI v0.10+): kubelet's new pod values, overhead included.
+
+        Never refused unless `failurePolicy: Fail`: from kubernetes#137555 an error here
+        blocks kubelet's resize of the pod.
+        """
+        try:
+            self._update_pod_sandbox(pod, overhead, resources)
+        except RpcError:
+            raise  # the failure policy's own refusal
+        except Exception as exc:
+            self._ctx.counters.count_invalid("internal")
+            log.error(
+                "UpdatePodSandbox failed" if self._ctx.fail else "UpdatePodSandbox failed, ignored",
+                namespace=pod.namespace,
+                pod=pod.name,
+                error=f"{type(exc).__name__}: {exc}",
+                exc_info=exc,
+            )
+            if self._ctx.fail:
+                raise RpcError(Code.INTERNAL, f"nri-midbatch: UpdatePodSandbox: {exc}") from None
+
+    def _update_pod_sandbox(
+        self, pod: api.PodSandbox, overhead: api.LinuxResources, resources: api.LinuxResources
+    ) -> None:
         known = self._ctx.known
         view = known.pods.get(pod.id)
         if view is None:
             return
+        # Kubelet writes the pod cgroup right after this call (kubernetes#137555), or wrote
+        # it before: either way its write may come after the plugin's.
+        self.reconcile.recheck_soon(pod.id)
         told = native_limits(resources)
         extra = native_limits(overhead)
-        native = NativeLimits(
+        summed = NativeLimits(
             cpu_quota=None if told.cpu_quota is None else told.cpu_quota + (extra.cpu_quota or 0),
             cpu_period=told.cpu_period,
             memory_limit=(
@@ -390,6 +431,7 @@ class MidBatchPlugin:
                 None if told.cpu_shares is None else told.cpu_shares + (extra.cpu_shares or 0)
             ),
         )
+        native = told_pod_baseline(view.native, summed, told, known.applied.get(pod.id))
         if native == view.native:
             return
         view = known.pods[pod.id] = replace(view, native=native)

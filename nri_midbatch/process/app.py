@@ -36,6 +36,7 @@ from nri_midbatch.plugin.deferred import AfterReply, DeferredTimings
 from nri_midbatch.plugin.handlers import MidBatchPlugin
 from nri_midbatch.plugin.lowering import LoweringTimings
 from nri_midbatch.plugin.observer import Observer
+from nri_midbatch.plugin.reconcile import ConvergenceTimings
 from nri_midbatch.policy import ErrorKind
 from nri_midbatch.process.reload import FileWatch
 from nri_midbatch.process.session_watch import SessionWatch
@@ -84,11 +85,12 @@ class App:
         metrics_retry_seconds: float = METRICS_RETRY_SECONDS,
         deferred_timings: DeferredTimings = DeferredTimings(),
         lowering_timings: LoweringTimings = LoweringTimings(),
+        convergence_timings: ConvergenceTimings = ConvergenceTimings(),
     ) -> None:
         """metrics_retry_seconds: the wait before a taken metrics address is tried again.
 
         deferred_timings: those of the work left for after replies (plugin/deferred.py);
-        lowering_timings: the plugin's (MidBatchPlugin).
+        lowering_timings, convergence_timings: the plugin's (MidBatchPlugin).
         """
         self.metrics = Metrics()
         self.recorder = recorder
@@ -105,6 +107,7 @@ class App:
             after_reply=after_reply,
             store=BaselineStore(state_dir),
             lowering_timings=lowering_timings,
+            convergence_timings=convergence_timings,
         )
         self.session = Session(
             self.plugin,
@@ -188,6 +191,7 @@ class App:
             tasks.append(asyncio.create_task(self._watch_config()))
         if self.plugin.systemd is not None:
             tasks.append(asyncio.create_task(self.plugin.systemd.run()))
+        tasks.append(asyncio.create_task(self.plugin.reconcile.run()))
         if self._status is not None:
             try:
                 await self._status.start()
@@ -202,6 +206,7 @@ class App:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            self.plugin.reconcile.close()  # not a whole pass at shutdown
             # Log lines and pod cgroups still queued behind replies are not lost.
             # Pods still waiting for their containers to be lowered are not:
             # the next Synchronize decides them anew.
@@ -333,6 +338,26 @@ class App:
             "Pods a Synchronize lowered without seeing the runtime lower their containers first",
             (),
             {(): counters.pods_lowered_unconfirmed},
+        )
+        yield (
+            "nri_midbatch_drift_found",
+            "Pod and container cgroups found holding other values than the plugin keeps in"
+            " force, by level and writer (kubelet: its known value, as after a resize; unknown:"
+            " anyone else)",
+            ("level", "writer"),
+            {tuple(key): n for key, n in dict(counters.drift_found).items()},
+        )
+        yield (
+            "nri_midbatch_drift_repaired",
+            "Pod and container cgroups put back to the values in force, by level and writer",
+            ("level", "writer"),
+            {tuple(key): n for key, n in dict(counters.drift_repaired).items()},
+        )
+        yield (
+            "nri_midbatch_convergence_passes",
+            "Convergence passes over every known pod and container",
+            (),
+            {(): self.plugin.reconcile.passes},
         )
         reloads: dict[tuple[str, ...], int] = {(r,): 0 for r in RELOAD_RESULTS}
         reloads.update({(r,): n for r, n in dict(self.reloads).items()})

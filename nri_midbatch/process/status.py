@@ -33,7 +33,7 @@ from nri_midbatch.policy import (
     decide_container,
     decide_pod,
 )
-from nri_midbatch.state.baseline import in_force
+from nri_midbatch.state.baseline import target as target_of
 
 __all__ = ["STATUS_CLIENTS", "STATUS_SECONDS", "StatusServer", "status_document"]
 
@@ -64,16 +64,14 @@ def _rows(plugin: MidBatchPlugin) -> list[_Row]:
     rows = []
     for pod_id, pod in known.pods.items():
         decision = decide_pod(pod, policy)
-        claimed = decision.values if enforce and pod_level and decision.error is None else None
         applied = known.applied.get(pod_id)
-        target = in_force(claimed, applied, pod.native)
+        target = target_of(decision, applied, pod.native, enforce=enforce and pod_level)
         rows.append(_Row(pod_id, pod, None, "", decision.tier, pod.native, target, applied))
         for container_id in known.containers_of(pod_id):
             container = known.containers[container_id][1]
             decided = decide_container(pod, container, policy)
-            claimed = decided.values if enforce and decided.error is None else None
             applied = known.applied.get(container_id)
-            target = in_force(claimed, applied, container.native)
+            target = target_of(decided, applied, container.native, enforce=enforce)
             path = known.cgroups_path(container_id)
             rows.append(
                 _Row(pod_id, pod, container, path, decided.tier, container.native, target, applied)

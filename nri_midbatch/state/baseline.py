@@ -12,10 +12,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from nri_midbatch.policy import CgroupValues, NativeLimits
+from nri_midbatch.policy import CgroupValues, Decision, NativeLimits
 from nri_midbatch.policy.calculate import UNLIMITED, shared_values
 
-__all__ = ["in_force", "kubelet_value", "moved_by", "newly_limited", "resized_pod_baseline"]
+__all__ = [
+    "in_force",
+    "kubelet_value",
+    "moved_by",
+    "newly_limited",
+    "resized_pod_baseline",
+    "target",
+    "told_pod_baseline",
+]
 
 
 def kubelet_value(kubelet: NativeLimits, field: str) -> int | None:
@@ -51,6 +59,19 @@ def in_force(
     if shares is claimed.cpu_shares and memory is claimed.memory_limit:
         return claimed
     return shared_values(shares, claimed.cpu_quota, memory)
+
+
+def target(
+    decision: Decision, applied: CgroupValues | None, kubelet: NativeLimits, *, enforce: bool
+) -> CgroupValues | None:
+    """What a pod or container must hold under the configuration in force; None: nothing.
+
+    `decision`: the policy's for it now; `enforce`: whether the plugin claims anything there
+    (not in observe mode; for a pod, not with pod level off). A decision on bad input claims
+    nothing, so what the plugin set goes back to kubelet's values.
+    """
+    claimed = decision.values if enforce and decision.error is None else None
+    return in_force(claimed, applied, kubelet)
 
 
 def moved_by(current: CgroupValues, kubelet: NativeLimits) -> CgroupValues | None:
@@ -124,3 +145,43 @@ def newly_limited(before: NativeLimits, after: NativeLimits) -> bool:
     return (before.cpu_quota is None and after.cpu_quota is not None) or (
         before.memory_limit is None and after.memory_limit is not None
     )
+
+
+def told_pod_baseline(
+    known: NativeLimits,
+    told: NativeLimits,
+    resources: NativeLimits,
+    applied: CgroupValues | None,
+) -> NativeLimits:
+    """Kubelet's pod values after an UpdatePodSandbox told `told` (its resources plus overhead).
+
+    Kubelet sends the resource it resizes at its new value and fills the others from the pod
+    cgroup as it finds it (doPodResizeAction: GetPodCgroupConfig, then the merge), which may
+    hold the plugin's own value. A field told at the value the plugin applied there (with or
+    without the overhead: `resources` is the told value less it) that differs from the known
+    baseline keeps the known one: the plugin's value is never taken back as kubelet's.
+    """
+    if applied is None:
+        return told
+
+    def field(mine: int | None, name: str, value: int | None, before: int | None) -> int | None:
+        if mine is None or _as_file(name, value) == _as_file(name, before):
+            return value
+        told_here = (_as_file(name, value), _as_file(name, getattr(resources, name)))
+        return before if mine in told_here else value
+
+    return NativeLimits(
+        cpu_quota=field(applied.cpu_quota, "cpu_quota", told.cpu_quota, known.cpu_quota),
+        cpu_period=told.cpu_period,
+        memory_limit=field(
+            applied.memory_limit, "memory_limit", told.memory_limit, known.memory_limit
+        ),
+        cpu_shares=field(applied.cpu_shares, "cpu_shares", told.cpu_shares, known.cpu_shares),
+    )
+
+
+def _as_file(name: str, value: int | None) -> int | None:
+    """A told value as a file holds it: a quota or memory limit of none or <= 0 is unlimited."""
+    if name == "cpu_shares":
+        return value
+    return value if value is not None and value > 0 else UNLIMITED

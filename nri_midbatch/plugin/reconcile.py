@@ -1,0 +1,341 @@
+"""Convergence: the values in force are a state the plugin keeps, not a reply it once sent.
+
+Events are the fast path: each sets what it decides at once. This pass is what makes the
+promise hold whoever wrote last. For every pod and container the plugin has values in force
+on, it reads the cgroup files, compares them with the target (state/baseline.py's `target`:
+the tier's values under the configuration in force, kubelet's for what is given back), and
+writes back what differs. It runs
+
+- every `convergence.intervalSeconds` over every known pod and container (`run`), pods
+  before their containers and a pod whose write failed once more after them (on cgroup v1 a
+  pod's quota may not go below a child's, nor a child's above its pod's);
+- shortly after a resize or an UpdatePodSandbox (`recheck_soon`), for that pod alone:
+  kubelet writes the pod cgroup after the containers when a resize lowers them, and (from
+  kubernetes#137555) right after UpdatePodSandbox whatever the direction, so its write
+  comes after the plugin's.
+
+A workload with a change still planned (a reload or a Synchronize not yet through: the
+target differs from what the plugin last applied) is the planned change's to write, and is
+skipped; so is a pod whose kubelet values are not known for sure. A value found that is
+kubelet's known one is counted as kubelet's (a resize's write after the plugin's); any
+other as unknown (an operator, an agent, another plugin, systemd). Nothing is learnt from
+what a file holds: kubelet's baseline moves only with the events that tell it.
+
+Each check is one piece of the work left for after replies (plugin/deferred.py): one
+workload's three files read, and written only where they differ, so a request waits for
+at most one piece (CGROUP_READS_PER_PIECE); the pieces of a pass are queued one at a time.
+Under the systemd driver a repaired value is also handed back to systemd to hold (the
+cgroup writer does it for every write); unit properties are not read: setting them makes
+systemd write the files, where the pass sees any change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Literal
+
+import structlog
+
+from nri_midbatch.cgroups.values import CgroupReading, CgroupValues, cpu_shares_to_weight, drifted
+from nri_midbatch.plugin.cgroup_writer import CgroupUnreadable
+from nri_midbatch.plugin.context import PluginContext
+from nri_midbatch.plugin.decisions import values_log
+from nri_midbatch.policy import ContainerView, NativeLimits, PodView, decide_container, decide_pod
+from nri_midbatch.state.baseline import kubelet_value, target
+
+log = structlog.get_logger(__name__)
+
+Level = Literal["pod", "container"]
+Writer = Literal["kubelet", "unknown"]
+LEVELS: tuple[Level, ...] = ("pod", "container")
+WRITERS: tuple[Writer, ...] = ("kubelet", "unknown")
+
+#: With the periodic pass off (interval 0), how often the setting is looked at again.
+IDLE_SECONDS = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class ConvergenceTimings:
+    #: Seconds after a resize or an UpdatePodSandbox at which the pod is checked again:
+    #: kubelet writes the pod cgroup within milliseconds of the runtime's answer; the
+    #: second check is for a kubelet that is slow (a loaded node).
+    rechecks: tuple[float, ...] = (0.3, 2.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Drift:
+    """Values found in a cgroup that were neither the target nor left alone."""
+
+    at: float  # wall clock, seconds
+    container: str | None  # its name; None: the pod's own cgroup
+    writer: Writer
+    #: field -> [found, target]
+    fields: dict[str, list[int | None]]
+    repaired: bool
+
+
+@dataclass(slots=True)
+class PodCheck:
+    """What `status` shows of a pod's convergence."""
+
+    checked_at: float = 0.0  # wall clock, seconds; 0: not yet
+    drift: Drift | None = None  # the last drift found in the pod or its containers
+
+
+class _Outcome(Enum):
+    SKIPPED = "skipped"  # nothing of the plugin's, gone, or not comparable now
+    HELD = "held"
+    REPAIRED = "repaired"
+    FAILED = "failed"
+
+
+@dataclass(slots=True)
+class _Walk:
+    """Where a pass (or a re-check) is: the pods left, and the current pod's workloads."""
+
+    pods: deque[str]
+    done: asyncio.Future[None] | None = None
+    items: deque[tuple[str, str | None]] = field(default_factory=deque)
+    retried: bool = False
+
+
+class Reconciler:
+    def __init__(
+        self,
+        ctx: PluginContext,
+        timings: ConvergenceTimings = ConvergenceTimings(),
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """`clock`: the wall clock of the times `status` shows."""
+        self._ctx = ctx
+        self._timings = timings
+        self._clock = clock
+        #: pod sandbox id -> when it was last checked and the last drift found; pruned to the
+        #: known pods
+        self.checks: dict[str, PodCheck] = {}
+        #: (pod id, delay) -> its pending re-check: a newer event moves it, so a pod has at
+        #: most one per delay
+        self._rechecks: dict[tuple[str, float], asyncio.TimerHandle] = {}
+        self._closed = False
+        #: whole passes over every known pod
+        self.passes = 0
+
+    # -- triggers ----------------------------------------------------------------
+
+    def recheck_soon(self, pod_id: str) -> None:
+        """Check the pod and its containers again after each of `ConvergenceTimings.rechecks`."""
+        if self._ctx.dry_run or self._closed:
+            return
+        loop = asyncio.get_running_loop()
+        for delay in self._timings.rechecks:
+            key = (pod_id, delay)
+            pending = self._rechecks.pop(key, None)
+            if pending is not None:
+                pending.cancel()
+            self._rechecks[key] = loop.call_later(delay, self._recheck_due, key)
+
+    def pending_rechecks(self) -> list[str]:
+        """The pods with a re-check to come (for tests that fire them: `recheck_now`)."""
+        return sorted({pod_id for pod_id, _ in self._rechecks})
+
+    def recheck_now(self) -> None:
+        """Run every pending re-check now (tests, instead of waiting for their time)."""
+        for key in list(self._rechecks):
+            self._rechecks.pop(key).cancel()
+            self.check_pod(key[0])
+
+    def _recheck_due(self, key: tuple[str, float]) -> None:
+        self._rechecks.pop(key, None)
+        self.check_pod(key[0])
+
+    def check_pod(self, pod_id: str) -> None:
+        """Check the pod and its containers after the current reply, a piece at a time."""
+        if not self._closed:
+            self._ctx.after_reply.defer(self._step, _Walk(deque((pod_id,))))
+
+    async def converge(self) -> None:
+        """One pass over every known pod and container; returns once it is through."""
+        if self._ctx.dry_run or self._closed:
+            return
+        known = self._ctx.known
+        for gone in [pod_id for pod_id in self.checks if pod_id not in known.pods]:
+            del self.checks[gone]
+        done = asyncio.get_running_loop().create_future()
+        self._ctx.after_reply.defer(self._step, _Walk(deque(known.pods), done))
+        await done
+        self.passes += 1
+
+    async def run(self) -> None:
+        """The periodic pass, for as long as the plugin runs; the interval is read each time."""
+        while True:
+            interval = self._ctx.config.convergence.interval_seconds
+            await asyncio.sleep(interval if interval > 0 else IDLE_SECONDS)
+            if interval > 0 and self._ctx.config.convergence.interval_seconds > 0:
+                await self.converge()
+
+    def close(self) -> None:
+        """Stop: no re-check or piece of a pass runs any more (shutting down)."""
+        self._closed = True
+        for timer in self._rechecks.values():
+            timer.cancel()
+        self._rechecks.clear()
+
+    # -- the pieces ----------------------------------------------------------------
+
+    def _step(self, walk: _Walk) -> None:
+        """One piece: one workload checked; then the next piece is queued."""
+        if self._closed:
+            return
+        known = self._ctx.known
+        while not walk.items:
+            if not walk.pods:
+                if walk.done is not None and not walk.done.done():
+                    walk.done.set_result(None)
+                return
+            pod_id = walk.pods.popleft()
+            if pod_id in known.pods:
+                walk.retried = False
+                walk.items.append((pod_id, None))
+                walk.items.extend((pod_id, c) for c in known.containers_of(pod_id))
+        pod_id, container_id = walk.items.popleft()
+        outcome = self._check(pod_id, container_id)
+        if container_id is None and outcome is _Outcome.FAILED and not walk.retried:
+            # Once more after its containers: they may hold it back (cgroup v1).
+            walk.retried = True
+            walk.items.append((pod_id, None))
+        self._ctx.after_reply.defer(self._step, walk)
+
+    def _check(self, pod_id: str, container_id: str | None) -> _Outcome:
+        ctx = self._ctx
+        known = ctx.known
+        pod = known.pods.get(pod_id)
+        if pod is None:
+            return _Outcome.SKIPPED
+        container: ContainerView | None = None
+        if container_id is None:
+            self._note(pod_id).checked_at = self._clock()
+            if pod_id not in known.pod_baseline_known:
+                return _Outcome.SKIPPED  # kubelet's values are not known: never guessed
+            kubelet = pod.native
+        else:
+            entry = known.containers.get(container_id)
+            if entry is None or entry[0] != pod_id:
+                return _Outcome.SKIPPED
+            container = entry[1]
+            kubelet = container.native
+        key = pod_id if container_id is None else container_id
+        applied = known.applied.get(key)
+        if applied is None:
+            return _Outcome.SKIPPED  # nothing of the plugin's here
+        try:
+            if container is None:
+                decision = decide_pod(pod, ctx.policy)
+                enforce = not ctx.observing and ctx.pod_level
+            else:
+                decision = decide_container(pod, container, ctx.policy)
+                enforce = not ctx.observing
+        except Exception:  # the events that decide it report it
+            return _Outcome.SKIPPED
+        if decision.error is not None:
+            return _Outcome.SKIPPED  # bad input: left as it is, as the events leave it
+        values = target(decision, applied, kubelet, enforce=enforce)
+        if values is None or values != applied:
+            return _Outcome.SKIPPED  # a planned change: the reload's or Synchronize's to write
+        path = "" if container_id is None else known.cgroups_path(container_id)
+        try:
+            reading = ctx.cgroups.read(pod, container, path)
+        except CgroupUnreadable:
+            return _Outcome.SKIPPED  # gone, or not there yet: its own events say so
+        weight = container is None
+        off = drifted(reading, values, weight=weight)
+        if not off:
+            return _Outcome.HELD
+        writer = _writer(reading, off, kubelet, weight=weight)
+        changes = _changes(reading, values, off)
+        return self._repair(pod_id, pod, container, path, values, changes, writer)
+
+    def _repair(
+        self,
+        pod_id: str,
+        pod: PodView,
+        container: ContainerView | None,
+        path: str,
+        values: CgroupValues,
+        changes: dict[str, list[int | None]],
+        writer: Writer,
+    ) -> _Outcome:
+        ctx = self._ctx
+        level: Level = "pod" if container is None else "container"
+        counters = ctx.counters
+        counters.drift_found[level, writer] += 1
+        failure = ctx.cgroups.write(pod, container, values, path).failure
+        where = {"namespace": pod.namespace, "pod": pod.name}
+        if container is not None:
+            where["container"] = container.name
+        self._note(pod_id).drift = Drift(
+            self._clock(),
+            None if container is None else container.name,
+            writer,
+            changes,
+            failure is None,
+        )
+        if failure is not None:
+            log.warning(
+                "cgroup values changed by another writer, not put back",
+                writer=writer,
+                changes=changes,
+                reason=failure,
+                **where,
+            )
+            return _Outcome.FAILED
+        counters.drift_repaired[level, writer] += 1
+        log.warning(
+            "cgroup values changed by another writer, put back",
+            writer=writer,
+            changes=changes,
+            **where,
+            **values_log(values),
+        )
+        return _Outcome.REPAIRED
+
+    def _note(self, pod_id: str) -> PodCheck:
+        check = self.checks.get(pod_id)
+        if check is None:
+            known = self._ctx.known
+            if len(self.checks) > len(known.pods) + 64:  # passes off: prune here too
+                for gone in [p for p in self.checks if p not in known.pods]:
+                    del self.checks[gone]
+            check = self.checks[pod_id] = PodCheck()
+        return check
+
+
+def _writer(
+    reading: CgroupReading, off: tuple[str, ...], kubelet: NativeLimits, *, weight: bool
+) -> Writer:
+    """Kubelet's, if every field off holds kubelet's known value there; else unknown."""
+    if "cpu_shares" in off and kubelet.cpu_shares is None:
+        return "unknown"
+    quota = kubelet_value(kubelet, "cpu_quota")
+    assert quota is not None  # only the shares can be unknown
+    theirs = CgroupValues(kubelet.cpu_shares, quota, kubelet_value(kubelet, "memory_limit"))
+    still_off = drifted(reading, theirs, weight=weight)
+    return "unknown" if any(name in still_off for name in off) else "kubelet"
+
+
+def _changes(
+    reading: CgroupReading, values: CgroupValues, off: tuple[str, ...]
+) -> dict[str, list[int | None]]:
+    """field -> [found, target], for the fields off; a v2 weight as the weight."""
+    changes: dict[str, list[int | None]] = {}
+    for name in off:
+        if name == "cpu_shares" and reading.cpu_shares is None:
+            assert values.cpu_shares is not None  # only a field set is off
+            changes["cpu_weight"] = [reading.cpu_weight, cpu_shares_to_weight(values.cpu_shares)]
+        else:
+            changes[name] = [getattr(reading, name), getattr(values, name)]
+    return changes
