@@ -23,7 +23,12 @@ from tests.e2e.kubelet import (
     write_cgroup_files,
 )
 from tests.e2e.node import NODE, Values
-from tests.e2e.plugin_process import PluginProcess, check_status_shows_no_drift, wait_until
+from tests.e2e.plugin_process import (
+    PluginProcess,
+    check_status_shows_no_drift,
+    scrape,
+    wait_until,
+)
 from tests.e2e.pods import Pod, normalizing, run_batch, spec
 from tests.factory import GI, MI, SPEC, labels
 from tests.oracle.targets import PERIOD, quota_of, scaled, shares_of, tighter
@@ -69,6 +74,13 @@ def converges(expected: Mapping[str, tuple[Pod, tuple[int, int, int]]], when: st
     print(f"{when}: exact after {seconds:.2f} s")
 
 
+def repaired(plugin: PluginProcess, level: str, writer: str) -> Callable[[], bool]:
+    """Whether the plugin has counted a repair of drift at `level` written by `writer`."""
+    port = plugin.metrics_port()
+    name = "nri_midbatch_drift_repaired_total"
+    return lambda: scrape(port, name, level=level, writer=writer) >= 1
+
+
 def test_resizes_down_and_up_played_as_kubelet_plays_them_end_exact(
     containerd: Containerd, tmp_path: Path
 ) -> None:
@@ -108,6 +120,8 @@ def test_resizes_down_and_up_played_as_kubelet_plays_them_end_exact(
             resize(containerd, prod, prod_native(old), prod_native(new))
             resize(containerd, mid, mid_native(old), mid_native(new))
             converges(targets(new), f"CPU limit {old}m -> {new}m")
+        # Kubelet's writes after the plugin's, counted as kubelet's.
+        assert wait_until(repaired(plugin, "pod", "kubelet"))
         check_status_shows_no_drift(plugin)
     finally:
         assert plugin.stop() == 0
@@ -129,6 +143,8 @@ def test_foreign_writes_to_a_containers_and_a_pods_files_are_repaired(
         write_cgroup_files(pod.parent, pod.container_id, quota=30000, memory=256 * MI)
         write_cgroup_files(pod.parent, None, quota=300000, memory=2 * GI)
         converges(target, "written by someone else")
+        assert wait_until(repaired(plugin, "pod", "unknown"))
+        assert wait_until(repaired(plugin, "container", "unknown"))
         check_status_shows_no_drift(plugin)
     finally:
         assert plugin.stop() == 0
