@@ -45,7 +45,7 @@ from nri_midbatch.plugin.lowering import LoweringTimings
 from nri_midbatch.plugin.observer import Observer
 from nri_midbatch.plugin.reconcile import ConvergenceTimings, Reconciler
 from nri_midbatch.plugin.records import Records
-from nri_midbatch.plugin.synchronize import BESTEFFORT_POD, SynchronizePass
+from nri_midbatch.plugin.synchronize import SynchronizePass, told_baseline
 from nri_midbatch.plugin.writes import Writes
 from nri_midbatch.policy import NativeLimits, PodView, Policy, QoSClass, decide_pod
 from nri_midbatch.policy.classify import qos_from_cgroup_parent
@@ -270,7 +270,7 @@ class MidBatchPlugin:
         known = ctx.known
         view = known.pods.get(pod_id)
         if view is None:
-            view = known.add_pod(pod_id, pod_view(pod))
+            view = self._meet(pod)
         ctr_view = container_view(container)
         known.set_container(ctr_view.id, pod_id, ctr_view, container.linux.cgroups_path)
         lines = DecisionLines("CreateContainer")
@@ -443,24 +443,39 @@ class MidBatchPlugin:
     @handles(Event.RUN_POD_SANDBOX, Event.REMOVE_POD_SANDBOX)
     async def pod_event(self, event: Event, pod: api.PodSandbox) -> None:
         if event == Event.REMOVE_POD_SANDBOX:
-            self._ctx.known.remove_pod(pod.id)
-            self._ctx.store.remove(pod.uid)
-            if self.systemd is not None:
-                self.systemd.forget_pod(pod.uid)
+            self._remove_pod_sandbox(pod)
         elif event == Event.RUN_POD_SANDBOX:
             self._run_pod_sandbox(pod)
 
-    def _run_pod_sandbox(self, pod: api.PodSandbox) -> None:
-        """A new pod: kubelet's values are what its cgroup holds now, before any write of ours."""
+    def _remove_pod_sandbox(self, pod: api.PodSandbox) -> None:
+        """Forget the sandbox; the pod's record and units stay while the pod lives on.
+
+        It does when the plugin knows another sandbox of its uid (kubelet ran a new one in
+        the pod's cgroup, and removes the old one later), or may yet (records.py).
+        """
         ctx = self._ctx
-        known, pod_id = ctx.known, pod.id
-        besteffort = qos_from_cgroup_parent(pod.linux.cgroup_parent) is QoSClass.BE
-        view = known.add_pod(pod_id, pod_view(pod, BESTEFFORT_POD if besteffort else None))
-        if besteffort:
-            known.pod_baseline_known.add(pod_id)
-        if not ctx.pod_level:
+        ctx.known.remove_pod(pod.id)
+        if ctx.known.sandbox_of(pod.uid) is not None:
             return
-        target = self._decide.pod(pod_id, view, "RunPodSandbox", refuse=ctx.fail)
+        ctx.after_reply.defer(self._records.sandbox_removed, pod_view(pod, NativeLimits()))
+        if self.systemd is not None:
+            self.systemd.forget_pod(pod.uid)
+
+    def _meet(self, pod: api.PodSandbox) -> PodView:
+        """Remember a sandbox not known: with its pod's baseline, by uid (records.py)."""
+        told = told_baseline(pod)
+        return self._records.meet(pod.id, pod_view(pod, told), told is not None)
+
+    def _run_pod_sandbox(self, pod: api.PodSandbox) -> None:
+        """A new sandbox: kubelet's values are its pod's, if the plugin knew the pod under an
+        older sandbox or keeps its record; else the runtime's, or what its cgroup holds now,
+        before any write of ours."""
+        ctx = self._ctx
+        view = self._meet(pod)
+        if not ctx.pod_level and pod.id not in ctx.known.applied:
+            return
+        # With pod level off, what the plugin set under an older sandbox is given back.
+        target = self._decide.pod(pod.id, view, "RunPodSandbox", refuse=ctx.fail)
         if target is not None:
             self._writes.pod(target, "RunPodSandbox", refuse=ctx.fail)
 

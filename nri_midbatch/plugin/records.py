@@ -5,11 +5,22 @@ A pod's baseline is read from its cgroup before the plugin's first write to it
 restart (that baseline, the fields the plugin owns, containers resized or set
 through their files) goes into the pod's record (state/store.py), written
 when it changes, after the reply where the reply does not need it.
+
+A record is the pod's, by uid, not its sandbox's: it lives while the pod's cgroup may
+be used again. A sandbox the plugin does not know (a new one of a pod whose sandbox
+died, or a pod forgotten to stay within Known's bounds) takes the pod's baseline and
+what the plugin set there from the sandbox of its uid the plugin knows, else from the
+record (`meet`), never from a cgroup the plugin may have written. The record goes when
+the pod's last sandbox is removed and its cgroup is gone; while the cgroup stays (kubelet
+may run a new sandbox in it) the record is parked, at most MAX_PARKED of them
+(`sandbox_removed`). A Synchronize removes the records of pods it did not list, but
+those parked (`keep_after_sync`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import replace
 
 import structlog
@@ -18,17 +29,75 @@ from nri_midbatch.cgroups.values import baseline_of
 from nri_midbatch.plugin.cgroup_writer import CgroupUnreadable
 from nri_midbatch.plugin.context import PluginContext
 from nri_midbatch.policy import PodView
-from nri_midbatch.state.store import PodRecord
+from nri_midbatch.state.store import Kept, PodRecord
 
 log = structlog.get_logger(__name__)
 
 #: Pod records written in one piece of the work after a Synchronize's reply (~50 us each).
 RECORDS_PER_PIECE = 32
+#: Records kept for pods with no sandbox but a cgroup (a pod between two sandboxes, or
+#: deleted and its cgroup not yet removed): the oldest is removed past this (a uid each).
+MAX_PARKED = 256
 
 
 class Records:
     def __init__(self, ctx: PluginContext) -> None:
         self._ctx = ctx
+        #: uids of parked records, oldest first
+        self._parked: dict[str, None] = {}
+
+    def meet(self, pod_id: str, view: PodView, told: bool) -> PodView:
+        """Remember a sandbox the plugin does not know; returns the view kept.
+
+        `view.native`: kubelet's values as the runtime or the pod's QoS class tell them
+        (`told`), which win; else those of the pod's sandbox the plugin knows (an older one,
+        dead: forgotten now), else its record's. What the plugin set on the pod carries
+        over from either, so that it can be given back.
+        """
+        ctx = self._ctx
+        known, uid = ctx.known, view.uid
+        kept: Kept | None = None
+        sure = told
+        twin = known.sandbox_of(uid)
+        if twin is not None:
+            older = known.pods[twin]
+            kept = Kept(older.native, known.applied.get(twin))
+            sure = sure or twin in known.pod_baseline_known
+            if twin != pod_id:
+                known.remove_pod(twin)
+        elif ctx.store.keeping and (record := ctx.store.load(uid)) is not None:
+            kept = record.pod
+            sure = sure or kept is not None
+        self._parked.pop(uid, None)
+        if kept is not None and not told:
+            view = replace(view, native=kept.kubelet)
+        view = known.add_pod(pod_id, view)
+        if sure:
+            known.pod_baseline_known.add(pod_id)
+        known.set_applied(pod_id, None if kept is None else kept.applied)
+        return view
+
+    def sandbox_removed(self, pod: PodView) -> None:
+        """A sandbox of the pod was removed: its record goes, unless the pod lives on.
+
+        It does in a sandbox the plugin knows; or, while its cgroup stays, in one kubelet
+        may still run: the record is parked then. Run after the reply.
+        """
+        ctx = self._ctx
+        if not ctx.store.keeping or ctx.known.sandbox_of(pod.uid) is not None:
+            return
+        try:
+            ctx.cgroups.read(pod)
+        except CgroupUnreadable:
+            ctx.store.remove(pod.uid)
+            return
+        self._parked.pop(pod.uid, None)  # to the back
+        self._parked[pod.uid] = None
+        while len(self._parked) > MAX_PARKED:
+            oldest = next(iter(self._parked))
+            del self._parked[oldest]
+            if ctx.known.sandbox_of(oldest) is None:
+                ctx.store.remove(oldest)
 
     def establish_pod_baseline(self, pod_id: str, view: PodView) -> PodView:
         """The pod with kubelet's values read from its cgroup, which the plugin has not written.
@@ -70,8 +139,12 @@ class Records:
         """The pod's record, once the runtime has the reply."""
         self._ctx.after_reply.defer(self.keep, pod_id)
 
-    def keep_after_sync(self, loaded: Mapping[str, PodRecord]) -> None:
-        """After a Synchronize, a slice at a time: every pod's record, then none of the gone."""
+    def keep_after_sync(self, loaded: Mapping[str, PodRecord], listed: AbstractSet[str]) -> None:
+        """After a Synchronize, a slice at a time: every pod's record, then none of the gone.
+
+        `listed`: the uids of the pods the runtime listed. Their records stay, those of pods
+        forgotten to stay within Known's bounds too: met again, they are restored from them.
+        """
         ctx = self._ctx
         if not ctx.store.keeping:
             return
@@ -80,12 +153,13 @@ class Records:
             ctx.after_reply.defer(
                 self._keep_all, pod_ids[start : start + RECORDS_PER_PIECE], loaded
             )
-        ctx.after_reply.defer(self._prune)
+        ctx.after_reply.defer(self._prune, listed)
 
     def _keep_all(self, pod_ids: Sequence[str], loaded: Mapping[str, PodRecord]) -> None:
         for pod_id in pod_ids:
             self.keep(pod_id, loaded.get(pod_id))
 
-    def _prune(self) -> None:
+    def _prune(self, listed: AbstractSet[str]) -> None:
         ctx = self._ctx
-        ctx.store.prune(frozenset(pod.uid for pod in ctx.known.pods.values()))
+        live = {pod.uid for pod in ctx.known.pods.values()}
+        ctx.store.prune(frozenset(live.union(listed, self._parked)))

@@ -48,6 +48,15 @@ from nri_midbatch.state.store import PodRecord
 #: Kubelet's cgroup for a BestEffort pod: the least shares, no quota, no memory limit.
 BESTEFFORT_POD = NativeLimits(cpu_shares=2)
 
+
+def told_baseline(pod: api.PodSandbox) -> NativeLimits | None:
+    """Kubelet's pod values as the runtime (containerd 2.x) or the pod's QoS class tell them."""
+    native = runtime_pod_baseline(pod)
+    if native is None and qos_from_cgroup_parent(pod.linux.cgroup_parent) is QoSClass.BE:
+        return BESTEFFORT_POD
+    return native
+
+
 _RUNNING_STATES = frozenset({api.CONTAINER_CREATED, api.CONTAINER_RUNNING, api.CONTAINER_PAUSED})
 
 
@@ -64,13 +73,19 @@ class SyncPart:
     """
 
     FIELDS = 5
-    __slots__ = ("containers", "known", "listed", "records", "stored")
+    __slots__ = ("containers", "known", "listed", "records", "stored", "twins", "uids")
 
-    def __init__(self, stored: frozenset[str]) -> None:
-        self.known = Known()
+    def __init__(self, stored: frozenset[str], bounds: Known) -> None:
+        self.known = Known(max_pods=bounds.max_pods, max_containers=bounds.max_containers)
+        self.known.evicted = bounds.evicted
         self.containers: list[Any] = []
         #: Pods and containers the runtime listed, running or not.
         self.listed = [0, 0]
+        #: The uids of the pods listed, forgotten past the bounds or not: their records stay.
+        self.uids: set[str] = set()
+        #: uid -> its sandboxes, for the uids listed with more than one (a dead one kubelet
+        #: has not removed yet, and the one it runs now)
+        self.twins: dict[str, list[str]] = {}
         #: The uids of the pods with a record, and the records read (by pod sandbox id).
         self.stored = stored
         self.records: dict[str, PodRecord] = {}
@@ -105,8 +120,7 @@ class SynchronizePass:
         """
         ctx = self._ctx
         if first or self.part is None:
-            self.part = SyncPart(ctx.store.uids())
-            self.part.known.evicted = ctx.known.evicted
+            self.part = SyncPart(ctx.store.uids(), ctx.known)
         part = self.part
         part.listed[0] += len(pods)
         part.listed[1] += len(containers)
@@ -136,24 +150,43 @@ class SynchronizePass:
             )
 
     def _take_pod(self, part: SyncPart, pod: api.PodSandbox) -> None:
-        """Remember a listed pod with kubelet's values: as this process knew them, as its
-        record keeps them, as the runtime tells them, or as its QoS class fixes them."""
-        previous, known, pod_id = self._ctx.known, part.known, pod.id
-        old = previous.pods.get(pod_id)
+        """Remember a listed pod with kubelet's values: as this process knew them (under
+        this sandbox or another of its uid), as its record keeps them, as the runtime tells
+        them, or as its QoS class fixes them."""
+        previous, known, pod_id, uid = self._ctx.known, part.known, pod.id, pod.uid
+        before = pod_id if pod_id in previous.pods else previous.sandbox_of(uid)
         applied = None
         native: NativeLimits | None
-        if old is not None and pod_id in previous.pod_baseline_known:
-            native, applied = old.native, previous.applied.get(pod_id)
+        if before is not None and before in previous.pod_baseline_known:
+            native, applied = previous.pods[before].native, previous.applied.get(before)
         elif (record := self._record(part, pod)) is not None and record.pod is not None:
             native, applied = record.pod.kubelet, record.pod.applied
         else:
-            native = runtime_pod_baseline(pod)
-            if native is None and qos_from_cgroup_parent(pod.linux.cgroup_parent) is QoSClass.BE:
-                native = BESTEFFORT_POD
+            native = told_baseline(pod)
+        twin = known.sandbox_of(uid)
+        if twin is not None:
+            part.twins.setdefault(uid, [twin]).append(pod_id)
+        part.uids.add(uid)
         known.add_pod(pod_id, pod_view(pod, native))
         if native is not None:
             known.pod_baseline_known.add(pod_id)
         known.set_applied(pod_id, applied)
+
+    def _one_sandbox_each(self, part: SyncPart, previous: Known) -> None:
+        """Of a uid's sandboxes, keep the one with running containers, else the one known
+        before, else the last listed; the others are dead (kubelet runs one at a time)."""
+        known = part.known
+        waiting = part.containers
+        running = {waiting[i] for i in range(0, len(waiting), SyncPart.FIELDS)}
+        for uid, sandboxes in part.twins.items():
+            live = [s for s in sandboxes if s in known.pods]
+            if not live:
+                continue  # forgotten past the bounds
+            keep = next(
+                (s for s in reversed(live) if s in running),
+                next((s for s in reversed(live) if s in previous.pods), live[-1]),
+            )
+            known.keep_sandbox(uid, keep, live)
 
     def _record(self, part: SyncPart, pod: api.PodSandbox) -> PodRecord | None:
         """The pod's record, if it has one; kept with the part for its containers."""
@@ -172,6 +205,8 @@ class SynchronizePass:
         # What this process knew (a runtime restart): more recent than any record.
         previous, ctx.known = ctx.known, part.known
         known = part.known
+        if part.twins:
+            self._one_sandbox_each(part, previous)
         pod_views = known.pods
         # Each pod's id once: every container of a pod refers to the same string.
         pod_ids = {pod_id: pod_id for pod_id in pod_views}
@@ -255,7 +290,7 @@ class SynchronizePass:
                 self._writes.repair_containers, settled[start : start + CGROUP_READS_PER_PIECE]
             )
         self._pods(pod_views, raising, lowered)
-        self._records.keep_after_sync(part.records)
+        self._records.keep_after_sync(part.records, part.uids)
         # After the per-container lines: the node at a glance.
         lines.summarize_after(
             after_reply,

@@ -7,10 +7,16 @@ can be found again. Each view's `native` is kubelet's baseline for it
 tier claims any more can be given back. Bounded by what the runtime runs: a pod
 or container is forgotten when the runtime removes it, and a Synchronize starts
 afresh.
+
+A pod is its uid, not its sandbox: kubelet runs a new sandbox for a pod whose sandbox died,
+with the same uid and in the same pod cgroup, and runs one at a time. Known keeps one
+sandbox per uid (`sandbox_of`); a new one takes over the pod's baseline and what the plugin
+set there from the older, which is forgotten (plugin/records.py `meet`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from sys import intern
 
@@ -73,8 +79,12 @@ class Known:
 
     max_pods: int = MAX_PODS
     max_containers: int = MAX_CONTAINERS
-    #: Pods (or containers of unknown pods) forgotten to stay within the bounds.
+    #: Pods (or containers of unknown pods) forgotten to stay within the bounds. A forgotten
+    #: pod's record stays (plugin/records.py): met again, the pod is restored from it.
     evicted: int = 0
+    #: pod uid -> the sandbox of it last remembered (one a uid but while a Synchronize is
+    #: taken in: `keep_sandbox`)
+    _by_uid: dict[str, str] = field(default_factory=dict, repr=False)
 
     def _make_room(self) -> None:
         while len(self.pods) > self.max_pods or len(self.containers) > self.max_containers:
@@ -123,6 +133,17 @@ class Known:
     def containers_of(self, pod_id: str) -> tuple[str, ...]:
         return tuple(self._by_pod.get(pod_id, ()))
 
+    def sandbox_of(self, uid: str) -> str | None:
+        """The sandbox id under which the pod `uid` is remembered; None: not remembered."""
+        return self._by_uid.get(uid)
+
+    def keep_sandbox(self, uid: str, pod_id: str, others: Iterable[str]) -> None:
+        """`pod_id` is the pod's sandbox; `others` of the same uid (older, dead) are forgotten."""
+        for other in others:
+            if other != pod_id:
+                self.remove_pod(other)
+        self._by_uid[uid] = pod_id
+
     def add_pod(self, pod_id: str, pod: PodView) -> PodView:
         """Remember the pod; returns the view kept, which owns its maps.
 
@@ -145,6 +166,7 @@ class Known:
             cgroup_parent=pod.cgroup_parent,
             native=pod.native,
         )
+        self._by_uid[kept.uid] = pod_id
         if len(self.pods) > self.max_pods:
             self._make_room()
         return kept
@@ -193,7 +215,9 @@ class Known:
             del self._by_pod[entry[0]]
 
     def remove_pod(self, pod_id: str) -> None:
-        self.pods.pop(pod_id, None)
+        pod = self.pods.pop(pod_id, None)
+        if pod is not None and self._by_uid.get(pod.uid) == pod_id:
+            del self._by_uid[pod.uid]
         self.applied.pop(pod_id, None)
         self.pod_baseline_known.discard(pod_id)
         for container_id in self._by_pod.pop(pod_id, ()):

@@ -81,10 +81,12 @@ class PodModel:
     kind: Kind
     containers: tuple[ContainerModel, ...]
     overhead: Native = Native()
+    #: The pod's uid where it is not the sandbox's own: a sandbox kubelet recreated.
+    pod_uid: str = ""
 
     @property
     def uid(self) -> str:
-        return f"uid-{self.id}"
+        return self.pod_uid or f"uid-{self.id}"
 
     @property
     def cgroup_parent(self) -> str:

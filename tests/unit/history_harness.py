@@ -16,8 +16,8 @@ import asyncio
 import json
 import os
 import socket
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -144,6 +144,8 @@ class FakeContainerd:
         self.containers: dict[str, api.Container] = {}
         self.runtime: _Runtime | None = None
         self._session_task: asyncio.Task[str] | None = None
+        #: Synchronizes sent, to tell when every pod has been listed again.
+        self.synchronized = 0
 
     # -- the connection ------------------------------------------------------
 
@@ -169,6 +171,7 @@ class FakeContainerd:
         self.runtime, self._session_task = None, None
 
     async def synchronize(self) -> None:
+        self.synchronized += 1
         reply = await self._call(
             "Synchronize",
             api.SynchronizeRequest(
@@ -220,6 +223,10 @@ class FakeContainerd:
 
     async def run_pod(self, pod: PodModel) -> None:
         self.tree.write(pod.cgroup_parent, kubelet_pod(pod))  # kubelet, before the sandbox
+        await self.run_sandbox(pod)
+
+    async def run_sandbox(self, pod: PodModel) -> None:
+        """RunPodSandbox, in the pod cgroup as it is."""
         sandbox = self.pods[pod.id] = self.sandbox(pod)
         await self._call(
             "StateChange",
@@ -317,6 +324,10 @@ class HistoryNode:
     #: resources, the plugin knows their shares only to within one weight (configuration.md).
     resized: set[str] = field(default_factory=set)
     app: App | None = None
+    #: Sandboxes kubelet replaced and has not removed yet (dead, with stopped containers).
+    stale: list[str] = field(default_factory=list)
+    #: The bound on the pods the plugin remembers, where a test makes it small.
+    max_pods: int | None = None
 
     @property
     def config_path(self) -> Path:
@@ -335,6 +346,8 @@ class HistoryNode:
 
     async def start_plugin(self) -> None:
         self.app = new_app(self.config_path, self.state_dir)
+        if self.max_pods is not None:
+            self.app.plugin.known.max_pods = self.max_pods
         await self.containerd.connect(self.app)
         await self.settle()
 
@@ -424,11 +437,16 @@ class HistoryNode:
         await self.containerd.synchronize()
         await self.settle()
 
-    def mismatches(self) -> list[str]:
-        """Every pod and container file that differs from the oracle, or is looser than kubelet."""
+    def mismatches(self, skip: Collection[str] = ()) -> list[str]:
+        """Every pod and container file that differs from the oracle, or is looser than kubelet.
+
+        `skip`: pods (sandbox ids) whose files and containers are not looked at.
+        """
         wrong = []
         pod_resources = self.containerd.flavour.pod_resources
         for pod in self.pods.values():
+            if pod.id in skip:
+                continue
             want = pod_target(pod, self.config, pod_resources=pod_resources)
             # The fewest shares the weight read gives, moved by the resize: as many or fewer.
             weight_slack = int(
@@ -438,6 +456,8 @@ class HistoryNode:
                 f"pod {pod.id}", pod.cgroup_parent, want, kubelet_pod(pod), weight_slack
             )
         for container_id, pod_id in self.created.items():
+            if pod_id in skip:
+                continue
             pod = self.pods[pod_id]
             container = pod.container(container_id.removeprefix(f"{pod_id}-"))
             want = container_target(pod, container, self.config)
@@ -484,3 +504,56 @@ async def start_node(
     node.write_config(config)
     await node.start_plugin()
     return node
+
+
+# ---------------------------------------------------------------------------
+# A pod is its uid (issue 34): sandboxes recreated, and the bound on the pods remembered
+# ---------------------------------------------------------------------------
+
+
+async def recreate_sandbox(
+    node: HistoryNode, pod_id: str, new_id: str, *, old_removed_first: bool
+) -> None:
+    """Kubelet runs a new sandbox for the pod: the same uid and pod cgroup, a new sandbox id.
+
+    Kubelet stops the old sandbox and its containers first; it does not write the pod
+    cgroup again (it exists: `EnsureExists`). Its garbage collection removes the old sandbox
+    with its containers, before the new one runs (`old_removed_first`) or later
+    (`remove_stale_sandbox`).
+    """
+    old = node.pods.pop(pod_id)
+    new = node.pods[new_id] = replace(old, id=new_id, pod_uid=old.uid)
+    node.created = {c: p for c, p in node.created.items() if p != pod_id}
+    if pod_id in node.resized:
+        node.resized.discard(pod_id)
+        node.resized.add(new_id)
+    containerd = node.containerd
+    for container in containerd.containers.values():
+        if container.pod_sandbox_id == pod_id:
+            container.state = api.CONTAINER_STOPPED
+    if old_removed_first:
+        await containerd.remove_pod(pod_id)
+    else:
+        node.stale.append(pod_id)
+    await containerd.run_sandbox(new)
+    await node.settle()
+
+
+async def remove_stale_sandbox(node: HistoryNode, pod_id: str) -> None:
+    """Kubelet's garbage collection removes a replaced sandbox and its stopped containers."""
+    node.stale.remove(pod_id)
+    await node.containerd.remove_pod(pod_id)
+    await node.settle()
+
+
+def bound_the_table(node: HistoryNode, max_pods: int) -> None:
+    """Make the bound on the pods the plugin remembers small, from now on and after restarts."""
+    assert node.app is not None
+    node.max_pods = max_pods
+    node.app.plugin.known.max_pods = max_pods
+
+
+def remembered(node: HistoryNode) -> set[str]:
+    """The sandbox ids the plugin remembers now."""
+    assert node.app is not None
+    return set(node.app.plugin.known.pods)

@@ -1,0 +1,215 @@
+"""Issue 34, defects 3 and 4: a pod is its uid, not its sandbox, and forgetting keeps its baseline.
+
+Each test drives the real App through the containerd-like fake runtime (history_harness.py)
+and compares the pod's files with the oracle (tests/oracle).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from nri_midbatch.plugin import records as records_module
+from tests.oracle.model import MI, Config, ContainerModel, Extended, Kind, Native, PodModel
+from tests.oracle.targets import Values, kubelet_pod
+
+from .history_harness import (
+    CONTAINERD_1_7,
+    CONTAINERD_2,
+    HistoryNode,
+    RuntimeFlavour,
+    recreate_sandbox,
+    remembered,
+    remove_stale_sandbox,
+    start_node,
+    validate_in_process,
+)
+from .nri_fixtures import run
+
+
+@pytest.fixture(autouse=True)
+def _validated_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    validate_in_process(monkeypatch)
+
+
+#: Kubelet gives the pod 1.5 CPUs and 2Gi; the mid tier 1 CPU of shares, a limit of 2 CPUs
+#: (halved by ratio 2) and 1Gi.
+MID = Extended(cpu_request=1000, cpu_limit=2000, memory_limit=1024 * MI)
+NATIVE = Native(cpu_request=1500, cpu_limit=1500, memory_limit=2048 * MI)
+RATIO_2 = Config(ratio="2")
+
+
+def mid_ls(pod_id: str, *names: str) -> PodModel:
+    containers = tuple(ContainerModel(name, MID, NATIVE) for name in names or ("app",))
+    return PodModel(pod_id, Kind.MID_LS, containers)
+
+
+def pod_values(node: HistoryNode, pod: PodModel) -> tuple[int, int]:
+    held = node.tree.read(pod.cgroup_parent)
+    return held.quota, held.memory
+
+
+FLAVOURS = pytest.mark.parametrize(
+    "flavour", [CONTAINERD_2, CONTAINERD_1_7], ids=["containerd-2", "containerd-1.7"]
+)
+
+
+@FLAVOURS
+@pytest.mark.parametrize("old_removed_first", [False, True], ids=["removed-after", "removed-first"])
+def test_a_sandbox_recreated_under_the_same_uid_keeps_kubelets_pod_values(
+    tmp_path: Path, flavour: RuntimeFlavour, old_removed_first: bool
+) -> None:
+    """Defect 3: the pod cgroup holds the plugin's 100000 / 1Gi (kubelet's: 150000 / 2Gi).
+
+    Today the second RunPodSandbox reads them as kubelet's (on containerd 2.x too, which
+    tells 150000), and removing the old sandbox deletes the record: after a reload to no
+    ratio the pod stays at 100000.
+    """
+    pod = mid_ls("p0")
+    assert kubelet_pod(pod) == Values(1536, 150_000, 2048 * MI)
+
+    async def scenario() -> HistoryNode:
+        node = await start_node(tmp_path, cgroup_version=1, flavour=flavour, config=RATIO_2)
+        await node.run_pod(pod)
+        assert await node.create(pod.id, "app") == []
+        assert pod_values(node, pod) == (100_000, 1024 * MI)
+        await recreate_sandbox(node, pod.id, "p0-again", old_removed_first=old_removed_first)
+        assert await node.create("p0-again", "app") == []
+        if not old_removed_first:
+            await remove_stale_sandbox(node, pod.id)
+        await node.reload(Config())
+        await node.stop_plugin()
+        return node
+
+    node = run(scenario())
+    assert pod_values(node, pod) == (150_000, 1024 * MI)
+    assert node.mismatches() == []
+
+
+@FLAVOURS
+def test_a_recreated_sandbox_gives_back_what_the_plugin_set_under_the_old_one(
+    tmp_path: Path, flavour: RuntimeFlavour
+) -> None:
+    """Defect 3: the mid tier set the pod's shares to 1024; without the tier kubelet's 1536
+    come back, not the tier's 1024 taken for kubelet's at the second RunPodSandbox."""
+    pod = mid_ls("p0")
+
+    async def scenario() -> HistoryNode:
+        node = await start_node(tmp_path, cgroup_version=1, flavour=flavour, config=Config())
+        await node.run_pod(pod)
+        assert node.tree.read(pod.cgroup_parent).shares == 1024
+        await recreate_sandbox(node, pod.id, "p0-again", old_removed_first=False)
+        await node.reload(Config(mid_tier=False))
+        await remove_stale_sandbox(node, pod.id)
+        await node.restart_plugin()
+        await node.stop_plugin()
+        return node
+
+    node = run(scenario())
+    assert node.tree.read(pod.cgroup_parent) == Values(1536, 150_000, 2048 * MI)
+    assert node.mismatches() == []
+
+
+def test_a_pod_forgotten_past_the_bound_keeps_its_record(tmp_path: Path) -> None:
+    """Defect 4: with room for 2 pods, a Synchronize of 3 forgets the first and deleted its
+    record; restarted without the ratio on containerd 1.7, the plugin read its own 100000
+    from the pod's cgroup as kubelet's, where 150000 is right."""
+    pods = [mid_ls(f"p{i}") for i in range(3)]
+
+    async def scenario() -> HistoryNode:
+        node = await start_node(tmp_path, cgroup_version=1, flavour=CONTAINERD_1_7, config=RATIO_2)
+        node.max_pods = 2
+        await node.restart_plugin()
+        for pod in pods:
+            await node.run_pod(pod)
+            assert await node.create(pod.id, "app") == []
+        await node.synchronize()
+        assert remembered(node) == {"p1", "p2"}
+        node.max_pods = None
+        node.write_config(Config())
+        node.config = Config()
+        await node.restart_plugin()
+        await node.stop_plugin()
+        return node
+
+    node = run(scenario())
+    assert [pod_values(node, pod) for pod in pods] == [(150_000, 1024 * MI)] * 3
+    assert node.mismatches() == []
+
+
+def test_a_pod_met_again_after_it_was_forgotten_is_restored_from_its_record(
+    tmp_path: Path,
+) -> None:
+    """Defect 4: a forgotten pod's next container brings it back; a reload to no ratio must
+    give it kubelet's 300000 (two containers of 1.5 CPUs), not the 200000 of ratio 2 that its
+    cgroup holds, taken for kubelet's."""
+    first = mid_ls("p0", "app", "side")
+    others = [mid_ls(f"p{i}") for i in (1, 2)]
+
+    async def scenario() -> HistoryNode:
+        node = await start_node(tmp_path, cgroup_version=1, flavour=CONTAINERD_1_7, config=RATIO_2)
+        node.max_pods = 2
+        await node.restart_plugin()
+        await node.run_pod(first)
+        assert await node.create(first.id, "app") == []
+        for pod in others:
+            await node.run_pod(pod)
+        assert "p0" not in remembered(node)
+        assert await node.create(first.id, "side") == []
+        assert remembered(node) == {"p0", "p2"}
+        await node.reload(Config())
+        await node.stop_plugin()
+        return node
+
+    node = run(scenario())
+    assert pod_values(node, first) == (300_000, 2048 * MI)
+    # p1 is forgotten now; p0's first container was forgotten with p0, and stays as it was
+    # until a Synchronize.
+    assert node.mismatches(skip={"p0", "p1"}) == []
+
+
+def test_a_pods_record_goes_with_its_last_sandbox_and_its_cgroup(tmp_path: Path) -> None:
+    """Kubelet removed the pod cgroup: the record goes with the sandbox. A pod whose cgroup
+    stays keeps it, as a new sandbox may run in it."""
+    gone, staying = mid_ls("gone"), mid_ls("staying")
+
+    async def scenario() -> HistoryNode:
+        node = await start_node(tmp_path, cgroup_version=1, flavour=CONTAINERD_1_7, config=RATIO_2)
+        for pod in (gone, staying):
+            await node.run_pod(pod)
+        assert records(node) == {gone.uid, staying.uid}
+        for controller in ("cpu", "memory"):
+            shutil.rmtree(node.tree.directory(controller, gone.cgroup_parent))
+        for pod in (gone, staying):
+            await node.remove_pod(pod.id)
+        await node.stop_plugin()
+        return node
+
+    node = run(scenario())
+    assert records(node) == {staying.uid}
+
+
+def test_records_of_pods_without_a_sandbox_are_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past MAX_PARKED pods removed with their cgroup left, the oldest record goes."""
+    monkeypatch.setattr(records_module, "MAX_PARKED", 2)
+    pods = [mid_ls(f"p{i}") for i in range(3)]
+
+    async def scenario() -> HistoryNode:
+        node = await start_node(tmp_path, cgroup_version=1, flavour=CONTAINERD_1_7, config=RATIO_2)
+        for pod in pods:
+            await node.run_pod(pod)
+        for pod in pods:
+            await node.remove_pod(pod.id)
+        await node.stop_plugin()
+        return node
+
+    node = run(scenario())
+    assert records(node) == {"uid-p1", "uid-p2"}
+
+
+def records(node: HistoryNode) -> set[str]:
+    return {path.stem for path in node.state_dir.glob("*.json")}
