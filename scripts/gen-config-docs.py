@@ -391,12 +391,27 @@ field the plugin never set is never touched: it may be another plugin's.
   of its containers' plus the overhead); a pod that gains a limit it did not have is read
   back from its cgroup after the reply, once kubelet has written it; on NRI v0.10+ the new
   pod resources of `UpdatePodSandbox`. Kept by the pod's record.
+- **A pod in a new sandbox**: a pod is its uid, not its sandbox. Kubelet runs a new sandbox
+  for a pod whose sandbox died (a dead pause container, a node restart) with the same uid
+  and in the same pod cgroup, which still holds the plugin's values, and removes the old
+  sandbox before or after. The new sandbox takes the pod's baseline, and what the plugin
+  set there, from the older sandbox the plugin knows, else from the pod's record; the pod
+  resources the runtime sends (containerd 2.x) win for the baseline. Its cgroup is never
+  read as kubelet's then. Removing the old sandbox keeps the record, and a value the
+  plugin set under the old sandbox is given back as under it.
+- **A pod the plugin forgot** to stay within its bound on the pods it remembers (10,000;
+  [troubleshooting.md](troubleshooting.md#what-pods-and-files-can-make-the-plugin-hold)):
+  its record stays, and the pod is restored from it when the runtime shows it again (its
+  next container, the next `Synchronize`). Until then a reload does not reach it.
 
 A pod's record is a small file, `<pod uid>.json`, in `nri-midbatch run --state-dir` (default
-`/var/lib/nri-midbatch/pods`, a host path in the DaemonSet), at most 1 MiB each, one per pod
-the runtime runs: written when what it keeps changes, removed with its pod, and those of pods
-that are gone removed at each `Synchronize`. Failure cases, each counted in
-`nri_midbatch_baseline_record_failures_total` where a file is at fault:
+`/var/lib/nri-midbatch/pods`, a host path in the DaemonSet), at most 1 MiB each, kept by the
+pod's uid: written when what it keeps changes, and kept while the plugin knows a sandbox of
+the pod. When the pod's last sandbox is removed, its record goes with it if the pod's cgroup
+is gone; while the cgroup stays (kubelet may run a new sandbox in it, or has not removed it
+yet) the record is kept, for at most 256 such pods, the oldest removed first. Each
+`Synchronize` removes the records of pods the runtime did not list, but those 256. Failure
+cases, each counted in `nri_midbatch_baseline_record_failures_total` where a file is at fault:
 
 - **Records lost** (the directory wiped, or the plugin run without it): after a restart the
   plugin takes a non-BestEffort pod's cgroup files, which hold its own earlier values, for
@@ -418,6 +433,11 @@ that are gone removed at each `Synchronize`. Failure cases, each counted in
   a resize moves them by the container's change. The weight it gives back can then be one
   below kubelet's (never above: never looser). Containerd 2.x tells the pod's resources and
   its resizes (`UpdatePodSandbox`): exact.
+- **A pod between two sandboxes across a restart**: the old sandbox removed, the plugin
+  restarted, and only then a new sandbox run: the restarted plugin does not know the pod
+  had no sandbox for a while, its first `Synchronize` removes the record, and on
+  containerd 1.7 the new sandbox's cgroup is read as kubelet's (kubelet removes an old
+  sandbox only once a new one runs; removed first, it is someone's `crictl rmp`).
 
 **On each transition**: a reload plans every workload against what the plugin last put in
 force there, not against the previous configuration, so a pass that failed halfway is
@@ -432,7 +452,8 @@ recomputes the container and its pod.
 New pods and containers follow a new configuration from the moment it applies. For those
 already running, the plugin keeps the pods and containers the runtime told it about (at
 `Synchronize`, `RunPodSandbox` and `CreateContainer`; forgotten at `RemoveContainer` and
-`RemovePodSandbox`), with their baselines ([What the values follow](#what-the-values-follow)).
+`RemovePodSandbox`, and a pod's older sandbox when a new one of its uid runs), with their
+baselines ([What the values follow](#what-the-values-follow)).
 For each one it computes the values in force under the new configuration, and changes only
 those that differ from what it last put in force.
 
