@@ -213,3 +213,29 @@ def test_records_of_pods_without_a_sandbox_are_bounded(
 
 def records(node: HistoryNode) -> set[str]:
     return {path.stem for path in node.state_dir.glob("*.json")}
+
+
+def test_a_synchronize_listing_two_sandboxes_of_a_pod_keeps_the_live_one(tmp_path: Path) -> None:
+    """The runtime lists the dead sandbox kubelet has not removed yet, here after the live
+    one: the plugin remembers the one with running containers, so a reload reaches them."""
+    pod = mid_ls("p0")
+
+    async def scenario() -> tuple[HistoryNode, set[str]]:
+        node = await start_node(tmp_path, cgroup_version=1, flavour=CONTAINERD_1_7, config=RATIO_2)
+        await node.run_pod(pod)
+        assert await node.create(pod.id, "app") == []
+        await recreate_sandbox(node, pod.id, "p0-again", old_removed_first=False)
+        assert await node.create("p0-again", "app") == []
+        sandboxes = node.containerd.pods
+        sandboxes[pod.id] = sandboxes.pop(pod.id)  # the dead one listed last
+        await node.restart_plugin()
+        kept = remembered(node)
+        await node.reload(Config())
+        await node.stop_plugin()
+        return node, kept
+
+    node, kept = run(scenario())
+    assert kept == {"p0-again"}
+    assert node.tree.read(f"{pod.cgroup_parent}/p0-again-app").quota == 150_000
+    assert pod_values(node, pod) == (150_000, 1024 * MI)
+    assert node.mismatches() == []
