@@ -37,9 +37,18 @@ class FakeTree:
         directory = base / relpath.strip("/")
         return directory if container_id is None else directory / container_id
 
-    def write(self, relpath: str, values: Values, container_id: str | None = None) -> None:
-        """As kubelet or runc write a cgroup's three values."""
+    def write(
+        self,
+        relpath: str,
+        values: Values,
+        container_id: str | None = None,
+        *,
+        only: tuple[str, ...] = ("shares", "quota", "memory"),
+    ) -> None:
+        """As kubelet or runc write a cgroup's values: `only` those named."""
         for (controller, name), text in self._texts(values).items():
+            if _FIELD_OF[name] not in only:
+                continue
             directory = self.directory(controller, relpath, container_id)
             directory.mkdir(parents=True, exist_ok=True)
             (directory / name).write_text(text + "\n")
@@ -91,6 +100,16 @@ class FakeTree:
             for path in sorted(self.root.rglob("*"))
             if path.is_file()
         }
+
+
+_FIELD_OF = {
+    "cpu.weight": "shares",
+    "cpu.shares": "shares",
+    "cpu.max": "quota",
+    "cpu.cfs_quota_us": "quota",
+    "memory.max": "memory",
+    "memory.limit_in_bytes": "memory",
+}
 
 
 def _text(path: Path) -> str:

@@ -111,7 +111,10 @@ class MidBatchPlugin:
             ctx, self._decide, self._writes, self._records, lowering_timings
         )
         #: The convergence pass and the re-checks after resizes (the App runs its period).
-        self.reconcile = Reconciler(ctx, convergence_timings)
+        self.reconcile = Reconciler(ctx, convergence_timings, on_recheck=self._on_recheck)
+        #: Pods newly limited by a resize whose new limit kubelet had not yet written when
+        #: read (containerd 1.7): read again at the re-checks.
+        self._awaiting_kubelet: set[str] = set()
 
     # What the App, the status endpoint and tests read of the plugin.
 
@@ -376,14 +379,35 @@ class MidBatchPlugin:
                     ctx.after_reply.defer(self._writes.pod_if_current, target, "UpdateContainer")
         self._records.keep_later(pod_id)
 
-    def _follow_resize_later(self, pod_id: str) -> None:
-        view = self._ctx.known.pods.get(pod_id)
+    def _follow_resize_later(self, pod_id: str, *, final: bool = False) -> None:
+        """A newly limited pod's baseline read back from its cgroup, then its values written.
+
+        Kubelet writes a pod's new limit after the containers when a resize lowers them: a
+        read that still finds the pod unlimited where kubelet's formula limits it came before
+        kubelet's write, and is tried again at the pod's re-checks (`final`: the last one).
+        """
+        known = self._ctx.known
+        view = known.pods.get(pod_id)
         if view is None:
+            self._awaiting_kubelet.discard(pod_id)
             return
+        if pod_id not in known.pod_baseline_known:
+            kept = self._records.establish_pod_baseline(pod_id, view)
+            if not final and newly_limited(kept.native, view.native):
+                known.pods[pod_id] = view
+                known.pod_baseline_known.discard(pod_id)
+                self._awaiting_kubelet.add(pod_id)
+                return
+        self._awaiting_kubelet.discard(pod_id)
+        view = known.pods[pod_id]
         target = self._decide.pod(pod_id, view, "UpdateContainer", refuse=False)
         if target is not None:
             self._writes.pod(target, "UpdateContainer", refuse=False)
         self._records.keep(pod_id)
+
+    def _on_recheck(self, pod_id: str, final: bool) -> None:
+        if pod_id in self._awaiting_kubelet:
+            self._follow_resize_later(pod_id, final=final)
 
     async def update_pod_sandbox(
         self, pod: api.PodSandbox, overhead: api.LinuxResources, resources: api.LinuxResources
@@ -419,6 +443,8 @@ class MidBatchPlugin:
         # Kubelet writes the pod cgroup right after this call (kubernetes#137555), or wrote
         # it before: either way its write may come after the plugin's.
         self.reconcile.recheck_soon(pod.id)
+        if qos_from_cgroup_parent(view.cgroup_parent) is QoSClass.BE:
+            return  # kubelet keeps a BestEffort pod's cgroup as it is, whatever it is told
         told = native_limits(resources)
         extra = native_limits(overhead)
         summed = NativeLimits(

@@ -110,9 +110,12 @@ class Reconciler:
         ctx: PluginContext,
         timings: ConvergenceTimings = ConvergenceTimings(),
         clock: Callable[[], float] = time.time,
+        on_recheck: Callable[[str, bool], None] | None = None,
     ) -> None:
-        """`clock`: the wall clock of the times `status` shows."""
+        """`clock`: the wall clock of the times `status` shows. `on_recheck(pod_id, final)`:
+        run first at each re-check of a pod (`final`: its last), after the reply."""
         self._ctx = ctx
+        self._on_recheck = on_recheck
         self._timings = timings
         self._clock = clock
         #: pod sandbox id -> when it was last checked and the last drift found; pruned to the
@@ -145,13 +148,20 @@ class Reconciler:
 
     def recheck_now(self) -> None:
         """Run every pending re-check now (tests, instead of waiting for their time)."""
-        for key in list(self._rechecks):
+        for key in sorted(self._rechecks, key=lambda key: key[1]):
             self._rechecks.pop(key).cancel()
-            self.check_pod(key[0])
+            self._recheck(key)
 
     def _recheck_due(self, key: tuple[str, float]) -> None:
         self._rechecks.pop(key, None)
-        self.check_pod(key[0])
+        self._recheck(key)
+
+    def _recheck(self, key: tuple[str, float]) -> None:
+        pod_id, delay = key
+        if self._on_recheck is not None and not self._closed:
+            final = delay == max(self._timings.rechecks)
+            self._ctx.after_reply.defer(self._on_recheck, pod_id, final)
+        self.check_pod(pod_id)
 
     def check_pod(self, pod_id: str) -> None:
         """Check the pod and its containers after the current reply, a piece at a time."""

@@ -25,6 +25,7 @@ import structlog
 from nri_midbatch.cgroups.values import holds
 from nri_midbatch.plugin.cgroup_writer import CgroupUnreadable
 from nri_midbatch.plugin.handlers import MidBatchPlugin
+from nri_midbatch.plugin.reconcile import PodCheck
 from nri_midbatch.policy import (
     CgroupValues,
     ContainerView,
@@ -54,6 +55,8 @@ class _Row:
     kubelet: NativeLimits
     target: CgroupValues | None
     applied: CgroupValues | None
+    #: The pod's: when the convergence pass last checked it, and the last drift it found.
+    check: PodCheck | None = None
 
 
 def _rows(plugin: MidBatchPlugin) -> list[_Row]:
@@ -66,7 +69,8 @@ def _rows(plugin: MidBatchPlugin) -> list[_Row]:
         decision = decide_pod(pod, policy)
         applied = known.applied.get(pod_id)
         target = target_of(decision, applied, pod.native, enforce=enforce and pod_level)
-        rows.append(_Row(pod_id, pod, None, "", decision.tier, pod.native, target, applied))
+        check = plugin.reconcile.checks.get(pod_id)
+        rows.append(_Row(pod_id, pod, None, "", decision.tier, pod.native, target, applied, check))
         for container_id in known.containers_of(pod_id):
             container = known.containers[container_id][1]
             decided = decide_container(pod, container, policy)
@@ -114,6 +118,7 @@ def status_document(plugin: MidBatchPlugin, rows: list[_Row]) -> dict[str, Any]:
                 "now": now,
                 "drift": drift,
                 "unreadable": unreadable,
+                **({} if row.container is not None else _convergence(row.check)),
             }
         )
     return {
@@ -121,6 +126,26 @@ def status_document(plugin: MidBatchPlugin, rows: list[_Row]) -> dict[str, Any]:
         "mode": str(plugin.config.mode),
         "keeping_records": plugin.store.keeping,
         "workloads": workloads,
+    }
+
+
+def _convergence(check: PodCheck | None) -> dict[str, Any]:
+    """A pod's: when it was last checked (seconds since the epoch; None: not yet), and the
+    last drift found in it or its containers, whoever wrote it."""
+    if check is None or not check.checked_at:
+        return {"checked_at": None, "last_drift": None}
+    drift = check.drift
+    return {
+        "checked_at": round(check.checked_at, 3),
+        "last_drift": None
+        if drift is None
+        else {
+            "at": round(drift.at, 3),
+            "container": drift.container,
+            "writer": drift.writer,
+            "changes": drift.fields,
+            "repaired": drift.repaired,
+        },
     }
 
 

@@ -11,6 +11,7 @@ may belong to another plugin.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 from nri_midbatch.policy import CgroupValues, Decision, NativeLimits
 from nri_midbatch.policy.calculate import UNLIMITED, shared_values
@@ -160,7 +161,10 @@ def told_pod_baseline(
     hold the plugin's own value. A field told at the value the plugin applied there (with or
     without the overhead: `resources` is the told value less it) that differs from the known
     baseline keeps the known one: the plugin's value is never taken back as kubelet's.
+    Shares not told (None) are kept as known.
     """
+    if told.cpu_shares is None:
+        told = replace(told, cpu_shares=known.cpu_shares)
     if applied is None:
         return told
 

@@ -2,7 +2,8 @@
 
 Reads the running plugin's status socket (process/status.py) and shows, for each workload,
 its tier, kubelet's values, the target the configuration in force gives it, what its cgroup
-files hold now, and whether they drift from the target. Exit status: 0 no drift, 1 drift,
+files hold now, whether they drift from the target, and for pods when the convergence pass
+last checked them and the last drift it found and put back. Exit status: 0 no drift, 1 drift,
 2 the plugin could not be asked.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -51,11 +53,12 @@ def _fetch(path: Path) -> dict[str, Any]:
     return document
 
 
-_COLUMNS = ("WORKLOAD", "TIER", "KUBELET", "TARGET", "NOW", "DRIFT")
+_COLUMNS = ("WORKLOAD", "TIER", "KUBELET", "TARGET", "NOW", "DRIFT", "CHECKED")
 
 
 def _table(document: dict[str, Any], workloads: list[dict[str, Any]], out: TextIO) -> None:
     rows = [_COLUMNS]
+    now = time.time()
     for w in workloads:
         where = f"{w['namespace']}/{w['pod']}" + (f"/{w['container']}" if w["container"] else "")
         drift = "?" if w["drift"] is None else "DRIFT" if w["drift"] else "-"
@@ -67,6 +70,7 @@ def _table(document: dict[str, Any], workloads: list[dict[str, Any]], out: TextI
                 _triple(w["target"]) if w["target"] else "untouched",
                 _now(w),
                 drift,
+                _checked(w, now),
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
@@ -80,6 +84,22 @@ def _table(document: dict[str, Any], workloads: list[dict[str, Any]], out: TextI
     )
     if not document.get("keeping_records"):
         out.write("no --state-dir: kubelet's pod values are not kept across restarts.\n")
+
+
+def _checked(w: dict[str, Any], now: float) -> str:
+    """A pod's last convergence check, and the last drift found there, as ages."""
+    if w["level"] != "pod":
+        return ""
+    checked = w.get("checked_at")
+    if checked is None:
+        return "not yet"
+    text = f"{now - checked:.0f}s ago"
+    drift = w.get("last_drift")
+    if drift is not None:
+        where = f" in {drift['container']}" if drift["container"] else ""
+        put_back = "put back" if drift["repaired"] else "NOT put back"
+        text += f"; drift{where} {now - drift['at']:.0f}s ago by {drift['writer']}, {put_back}"
+    return text
 
 
 def _triple(values: dict[str, int]) -> str:

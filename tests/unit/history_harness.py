@@ -19,7 +19,7 @@ import socket
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import pytest
 from google.protobuf.message import Message
@@ -47,6 +47,7 @@ from tests.oracle.targets import (
 from .nri_fixtures import STEP_TIMEOUT
 
 ResponseT = TypeVar("ResponseT", bound=Message)
+KubeletOrder = Literal["pod-first", "pod-after", "sandbox"]
 
 
 def in_process_settings(path: str | Path) -> Settings:
@@ -259,12 +260,43 @@ class FakeContainerd:
         self.tree.write(ctr.linux.cgroups_path, values_of(ctr.linux.resources))  # runc
         return adjust
 
-    async def resize(self, before: PodModel, after: PodModel, name: str) -> Values:
-        """kubelet's in-place resize of one container: pod cgroup first, then the runtime.
+    def kubelet_pod_write(self, before: PodModel, after: PodModel, *, whole: bool = False) -> None:
+        """Kubelet's own pod cgroup write for a resize: the values it changes, and only those
+        (doPodResizeAction sets the cpu quota, the cpu shares and the memory limit apart);
+        `whole`: all three, as a kubelet that writes its whole pod config would."""
+        old, new = kubelet_pod(before), kubelet_pod(after)
+        changed = tuple(
+            name
+            for name in ("shares", "quota", "memory")
+            if whole or getattr(old, name) != getattr(new, name)
+        )
+        if changed:
+            import sys
+
+            self.tree.write(after.cgroup_parent, new, only=changed)
+
+    async def update_pod_sandbox(self, pod: PodModel) -> None:
+        """UpdatePodSandbox (NRI v0.10+) with kubelet's pod values for `pod`, overhead apart."""
+        sandbox = self.pods[pod.id] = self.sandbox(pod)
+        await self._call(
+            "UpdatePodSandbox",
+            api.UpdatePodSandboxRequest(
+                pod=sandbox,
+                overhead_linux_resources=sandbox.linux.pod_overhead,
+                linux_resources=sandbox.linux.pod_resources,
+            ),
+            api.UpdatePodSandboxResponse,
+        )
+
+    async def resize(
+        self, before: PodModel, after: PodModel, name: str, *, pod_first: bool = True
+    ) -> Values:
+        """kubelet's in-place resize of one container: pod cgroup first (`pod_first`, as for
+        an increase), then the runtime; else the pod cgroup is the caller's to write.
 
         Returns the values the container ends with.
         """
-        if kubelet_pod(after) != kubelet_pod(before):
+        if pod_first and kubelet_pod(after) != kubelet_pod(before):
             self.tree.write(after.cgroup_parent, kubelet_pod(after))
         sandbox = self.pods[after.id] = self.sandbox(after)
         container_id = f"{after.id}-{name}"
@@ -407,19 +439,53 @@ class HistoryNode:
             else [f"CreateContainer {pod_id}/{name}: adjusted to {got}, oracle {want}"]
         )
 
-    async def resize(self, pod_id: str, name: str, native: Native) -> list[str]:
-        """Resize a container; returns how the UpdateContainer reply differs from the oracle."""
+    async def resize(
+        self, pod_id: str, name: str, native: Native, order: KubeletOrder = "pod-first"
+    ) -> list[str]:
+        """Resize a container as kubelet does in `order`; returns how the UpdateContainer reply
+        differs from the oracle, and, once the plugin's re-checks have run, the pod's files.
+
+        `pod-first`: the pod cgroup, then the container (kubelet, for an increase).
+        `pod-after`: the container, the plugin's work after its reply, then kubelet's pod
+        write (for a decrease; the plugin's pod write comes first).
+        `sandbox`: the container, then UpdatePodSandbox where the runtime relays it, then
+        kubelet's pod write (kubernetes#137555, either direction).
+        """
         before = self.pods[pod_id]
         after = self.pods[pod_id] = before.resized(name, native)
         self.resized.add(pod_id)
-        got = await self.containerd.resize(before, after, name)
+        got = await self.containerd.resize(before, after, name, pod_first=order == "pod-first")
         await self.settle()
+        if order == "sandbox" and self.containerd.flavour.pod_resources:
+            await self.containerd.update_pod_sandbox(after)
+            await self.settle()
+        if order != "pod-first":
+            self.containerd.kubelet_pod_write(before, after)
         want = container_target(after, after.container(name), self.config)
-        return (
+        wrong = (
             []
             if got == want
             else [f"UpdateContainer {pod_id}/{name}: updated to {got}, oracle {want}"]
         )
+        await self.recheck()
+        return wrong + [w for w in self.mismatches() if w.startswith(f"pod {pod_id}:")]
+
+    async def recheck(self) -> None:
+        """Run the plugin's pending re-checks now, as their time would."""
+        assert self.app is not None
+        self.app.plugin.reconcile.recheck_now()
+        await self.settle()
+
+    async def converge(self) -> None:
+        """One convergence pass, as its interval would."""
+        assert self.app is not None
+        async with asyncio.timeout(STEP_TIMEOUT):
+            await self.app.plugin.reconcile.converge()
+        await self.settle()
+
+    def foreign_write(self, relpath: str, values: Values, fields: tuple[str, ...]) -> None:
+        """Anyone else (an operator, an agent) writes some of a pod's or container's files."""
+        self.tree.write(relpath, values, only=fields)
 
     async def remove_container(self, container_id: str) -> None:
         del self.created[container_id]

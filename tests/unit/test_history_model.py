@@ -5,10 +5,13 @@ A hypothesis state machine drives the real App through the containerd-like fake 
 every kind run and go, containers are created, resized and removed, the runtime
 synchronizes or restarts, the plugin restarts, and the configuration is reloaded, alone
 or in bursts; kubelet recreates sandboxes under the same uid, and the bound on the pods
-the plugin remembers is made small (history_uids.py). After every step every pod and
-container file, and every reply, must equal the oracle's target (tests/oracle), and nothing
-may be looser than kubelet's values; pods the plugin forgot to stay within its bound, only
-from the next Synchronize that lists them.
+the plugin remembers is made small (history_uids.py); kubelet writes a resized pod's cgroup
+before its containers, after them or after UpdatePodSandbox, and someone else writes any
+file. After every step every pod and container file, and every reply, must equal the
+oracle's target (tests/oracle), and nothing may be looser than kubelet's values: at once
+after each event, after the plugin's short re-check when kubelet wrote last, and after one
+convergence pass when someone else did; pods the plugin forgot to stay within its bound,
+only from the next Synchronize that lists them.
 
 `make test` runs a fixed budget; `HYPOTHESIS_PROFILE=long` runs the long one
 (docs/testing.md).
@@ -37,11 +40,20 @@ from hypothesis.stateful import (
 )
 
 from tests.oracle.model import MI, Config, ContainerModel, Extended, Kind, Native, PodModel
+from tests.oracle.targets import (
+    UNLIMITED,
+    Values,
+    container_target,
+    kubelet_container,
+    kubelet_pod,
+    pod_target,
+)
 
 from .history_harness import (
     CONTAINERD_1_7,
     CONTAINERD_2,
     HistoryNode,
+    KubeletOrder,
     RuntimeFlavour,
     start_node,
     validate_in_process,
@@ -77,6 +89,14 @@ OVERHEADS = (Native(), Native(cpu_request=250, cpu_limit=250, memory_limit=64 * 
 BATCH = Extended(cpu_request=500, cpu_limit=1000, memory_limit=512 * MI)
 MID = Extended(cpu_request=1000, cpu_limit=2000, memory_limit=1024 * MI)
 NO_LIMITS = Extended(cpu_request=500)
+#: Kubelet's pod write in a resize: before the containers, after them, after UpdatePodSandbox.
+ORDERS: tuple[KubeletOrder, ...] = ("pod-first", "pod-after", "sandbox")
+#: What a foreign writer puts into a pod's or a container's files, and which of them.
+FOREIGN = (
+    Values(2048, 300_000, 4096 * MI),
+    Values(2, 1_000, 64 * MI),
+    Values(1024, UNLIMITED, UNLIMITED),
+)
 
 
 @st.composite
@@ -174,16 +194,62 @@ class History(SandboxSteps, RuleBasedStateMachine):
         self.bad_replies += self._run(self.n.create(pod_id, name))
 
     @precondition(lambda self: self.n.created)
-    @rule(data=st.data())
-    def update(self, data: st.DataObject) -> None:
-        """UpdateContainer from kubelet: the same resources, or (burstable pods) a resize."""
+    @rule(data=st.data(), order=st.sampled_from(ORDERS))
+    def update(self, data: st.DataObject, order: KubeletOrder) -> None:
+        """UpdateContainer from kubelet: the same resources, or (burstable pods) a resize, with
+        kubelet's pod write before the containers, after them, or after UpdatePodSandbox.
+
+        Once the plugin's re-checks have run, the pod's files must equal the oracle's.
+        """
         container_id = data.draw(st.sampled_from(sorted(self.n.created)), label="container")
         pod = self.n.pods[self.n.created[container_id]]
         container = pod.container(container_id.removeprefix(f"{pod.id}-"))
         native = container.native
         if not pod.kind.besteffort:
             native = data.draw(st.sampled_from(NATIVES), label="native")
-        self.bad_replies += self._run(self.n.resize(pod.id, container.name, native))
+        self.bad_replies += self._run(self.n.resize(pod.id, container.name, native, order))
+
+    def _resizable(self) -> list[str]:
+        return sorted(c for c, p in self.n.created.items() if not self.n.pods[p].kind.besteffort)
+
+    @precondition(lambda self: self._resizable())
+    @rule(data=st.data(), order=st.sampled_from(ORDERS[1:]))
+    def resize_kubelet_last(self, data: st.DataObject, order: KubeletOrder) -> None:
+        """A resize to other values, kubelet's pod write coming after the plugin's."""
+        container_id = data.draw(st.sampled_from(self._resizable()), label="container")
+        pod = self.n.pods[self.n.created[container_id]]
+        container = pod.container(container_id.removeprefix(f"{pod.id}-"))
+        others = [n for n in NATIVES if n != container.native]
+        native = data.draw(st.sampled_from(others), label="native")
+        self.bad_replies += self._run(self.n.resize(pod.id, container.name, native, order))
+
+    def _held_by_the_plugin(self) -> list[tuple[str, str]]:
+        """(cgroup, field) where the oracle's value is not kubelet's: the plugin's to keep.
+
+        A file the plugin leaves at kubelet's value may be another plugin's: not repaired.
+        """
+        node = self.n
+        pod_resources = node.containerd.flavour.pod_resources
+        held = []
+        for pod in node.pods.values():
+            want = pod_target(pod, node.config, pod_resources=pod_resources)
+            held += _differing(pod.cgroup_parent, want, kubelet_pod(pod))
+        for container_id, pod_id in node.created.items():
+            pod = node.pods[pod_id]
+            container = pod.container(container_id.removeprefix(f"{pod_id}-"))
+            want = container_target(pod, container, node.config)
+            path = f"{pod.cgroup_parent}/{container_id}"
+            held += _differing(path, want, kubelet_container(container.native))
+        return sorted(held)
+
+    @precondition(lambda self: self._held_by_the_plugin())
+    @rule(data=st.data(), values=st.sampled_from(FOREIGN))
+    def foreign_write(self, data: st.DataObject, values: Values) -> None:
+        """Someone else writes a value the plugin keeps in a pod's or a container's files; the
+        plugin's pass runs next, as it would within its interval."""
+        path, name = data.draw(st.sampled_from(self._held_by_the_plugin()), label="file")
+        self.n.foreign_write(path, values, (name,))
+        self._run(self.n.converge())
 
     @precondition(lambda self: self.n.created)
     @rule(data=st.data())
@@ -249,6 +315,14 @@ class History(SandboxSteps, RuleBasedStateMachine):
             return
         wrong = [*self.bad_replies, *self.node.mismatches(skip=self.forgotten())]
         assert not wrong, "\n".join(wrong)
+
+
+def _differing(path: str, want: Values, kubelet: Values) -> list[tuple[str, str]]:
+    return [
+        (path, name)
+        for name in ("shares", "quota", "memory")
+        if getattr(want, name) != getattr(kubelet, name)
+    ]
 
 
 class HistoryOnCgroupV2(History):

@@ -1,0 +1,191 @@
+"""Issue 34: exact values whoever wrote last (plugin/reconcile.py).
+
+Kubelet writes a pod's cgroup after the plugin when a resize lowers it (and, from
+kubernetes#137555, right after every UpdatePodSandbox); anyone else may write any file at any
+time. Each test drives the real App through the containerd-like fake runtime
+(history_harness.py) and compares the files with the oracle (tests/oracle). The plugin's
+re-checks and passes are run explicitly (`recheck`, `converge`), as their time would.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nri_midbatch.process.status import _rows, status_document
+from tests.oracle.model import MI, Config, ContainerModel, Extended, Kind, Native, PodModel
+from tests.oracle.targets import Values, kubelet_pod
+
+from .history_harness import (
+    CONTAINERD_1_7,
+    CONTAINERD_2,
+    HistoryNode,
+    RuntimeFlavour,
+    start_node,
+    validate_in_process,
+)
+from .nri_fixtures import run
+
+FLAVOURS = pytest.mark.parametrize(
+    "flavour", [CONTAINERD_2, CONTAINERD_1_7], ids=["containerd-2", "containerd-1.7"]
+)
+
+
+@pytest.fixture(autouse=True)
+def _validated_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    validate_in_process(monkeypatch)
+
+
+async def node_with(
+    tmp_path: Path, flavour: RuntimeFlavour, config: Config, pod: PodModel, version: int = 1
+) -> HistoryNode:
+    node = await start_node(tmp_path, cgroup_version=version, flavour=flavour, config=config)
+    await node.run_pod(pod)
+    for container in pod.containers:
+        assert await node.create(pod.id, container.name) == []
+    assert node.mismatches() == []
+    return node
+
+
+def normalized_pod() -> PodModel:
+    """A koord-prod LS pod, one container with a 1-CPU limit."""
+    native = Native(cpu_request=500, cpu_limit=1000, memory_limit=512 * MI)
+    return PodModel("norm", Kind.NORMALIZED_LS, (ContainerModel("app", None, native),))
+
+
+def mid_ls_pod() -> PodModel:
+    """A Mid LS pod: kubelet's request 500m, the mid tier's 1500."""
+    native = Native(cpu_request=500, cpu_limit=1000, memory_limit=512 * MI)
+    mid = Extended(cpu_request=1500, cpu_limit=2000, memory_limit=1024 * MI)
+    return PodModel("mid", Kind.MID_LS, (ContainerModel("app", mid, native),))
+
+
+HALF_A_CPU = Native(cpu_request=500, cpu_limit=500, memory_limit=512 * MI)
+
+
+@FLAVOURS
+def test_a_resize_that_lowers_a_normalized_pod_ends_on_the_normalized_pod_quota(
+    tmp_path: Path, flavour: RuntimeFlavour
+) -> None:
+    """Defect 1: CPU limit 1 -> 0.5 under ratio 1.2; kubelet writes the pod's 50000 after the
+    plugin's 41667 (its order for a decrease). Before this, the pod kept 50000."""
+    pod = normalized_pod()
+
+    async def scenario() -> tuple[int, int, list[str]]:
+        node = await node_with(tmp_path, flavour, Config(ratio="1.2", normalization_tier=True), pod)
+        before, after = node.pods[pod.id], pod.resized("app", HALF_A_CPU)
+        node.pods[pod.id] = after
+        await node.containerd.resize(before, after, "app", pod_first=False)
+        await node.settle()  # the plugin's own pod write, after its reply
+        node.containerd.kubelet_pod_write(before, after)  # then kubelet's
+        kubelets = node.tree.read(pod.cgroup_parent).quota
+        await node.recheck()
+        wrong = node.mismatches()
+        await node.stop_plugin()
+        return kubelets, node.tree.read(pod.cgroup_parent).quota, wrong
+
+    kubelets, final, wrong = run(scenario())
+    assert kubelets == 50_000
+    assert final == 41_667  # ceil(50000 / 1.2)
+    assert wrong == []
+
+
+@FLAVOURS
+def test_a_resize_that_lowers_a_mid_pod_ends_on_the_mid_pod_shares(
+    tmp_path: Path, flavour: RuntimeFlavour
+) -> None:
+    """Defect 1: the container's CPU limit 1000 -> 500; kubelet writes its whole pod config
+    after the plugin, shares 512 among it. Before this, the pod kept 512, not the tier's 1536."""
+    pod = mid_ls_pod()
+
+    async def scenario() -> tuple[int, int, list[str]]:
+        node = await node_with(tmp_path, flavour, Config(), pod)
+        before, after = node.pods[pod.id], pod.resized("app", HALF_A_CPU)
+        node.pods[pod.id] = after
+        await node.containerd.resize(before, after, "app", pod_first=False)
+        await node.settle()
+        node.containerd.kubelet_pod_write(before, after, whole=True)
+        kubelets = node.tree.read(pod.cgroup_parent).shares
+        await node.recheck()
+        wrong = node.mismatches()
+        await node.stop_plugin()
+        return kubelets, node.tree.read(pod.cgroup_parent).shares, wrong
+
+    kubelets, final, wrong = run(scenario())
+    assert kubelets == 512
+    assert final == 1536
+    assert wrong == []
+
+
+def test_kubelets_pod_write_right_after_update_pod_sandbox_is_put_back(tmp_path: Path) -> None:
+    """Defect 2 (kubernetes#137555): UpdatePodSandbox comes before kubelet's pod write, for an
+    increase too; the plugin's values written at UpdatePodSandbox are overwritten at once."""
+    pod = normalized_pod()
+    bigger = Native(cpu_request=1000, cpu_limit=2000, memory_limit=512 * MI)
+
+    async def scenario() -> tuple[int, list[str]]:
+        node = await node_with(
+            tmp_path, CONTAINERD_2, Config(ratio="1.2", normalization_tier=True), pod
+        )
+        wrong = await node.resize(pod.id, "app", bigger, order="sandbox")
+        await node.stop_plugin()
+        return node.tree.read(pod.cgroup_parent).quota, wrong
+
+    final, wrong = run(scenario())
+    assert final == 166_667  # ceil(200000 / 1.2), not kubelet's 200000
+    assert wrong == []
+
+
+@pytest.mark.parametrize("version", [1, 2], ids=["cgroup-v1", "cgroup-v2"])
+def test_a_foreign_write_to_a_pod_and_a_container_is_put_back_counted_and_shown(
+    tmp_path: Path, version: int
+) -> None:
+    """Defect 5: anyone else's write lasted until the next Synchronize."""
+    pod = mid_ls_pod()
+
+    async def scenario() -> tuple[list[str], list[str], HistoryNode, dict[str, object]]:
+        node = await node_with(tmp_path, CONTAINERD_2, Config(), pod, version)
+        container_path = f"{pod.cgroup_parent}/{pod.id}-app"
+        node.foreign_write(pod.cgroup_parent, Values(2048, 300_000, 4096 * MI), ("quota",))
+        node.foreign_write(container_path, Values(2048, 300_000, 4096 * MI), ("quota", "memory"))
+        drifting = node.mismatches()
+        await node.converge()
+        assert node.app is not None
+        plugin = node.app.plugin
+        document = status_document(plugin, _rows(plugin))
+        wrong = node.mismatches()
+        await node.stop_plugin()
+        return drifting, wrong, node, document
+
+    drifting, wrong, node, document = run(scenario())
+    assert any(w.startswith("pod mid:") for w in drifting)
+    assert any(w.startswith("container mid-app:") for w in drifting)
+    assert wrong == []
+    assert node.app is None
+    workloads = document["workloads"]
+    assert isinstance(workloads, list)
+    pod_row = next(w for w in workloads if w["level"] == "pod")
+    assert pod_row["checked_at"] > 0
+    assert pod_row["last_drift"]["writer"] == "unknown"
+    assert pod_row["last_drift"]["repaired"] is True
+    assert all(w["drift"] is False for w in workloads)
+
+
+def test_kubelets_resize_write_counts_as_kubelets(tmp_path: Path) -> None:
+    """A pod value found at kubelet's known value is kubelet's write, not anyone's."""
+    pod = mid_ls_pod()
+
+    async def scenario() -> dict[tuple[str, str], int]:
+        node = await node_with(tmp_path, CONTAINERD_2, Config(), pod)
+        node.foreign_write(pod.cgroup_parent, kubelet_pod(pod), ("shares",))
+        await node.converge()
+        assert node.app is not None
+        found = dict(node.app.plugin.counters.drift_found)
+        assert node.mismatches() == []
+        await node.stop_plugin()
+        return found
+
+    found = run(scenario())
+    assert found[("pod", "kubelet")] == 1
+    assert found[("pod", "unknown")] == found[("container", "unknown")] == 0
