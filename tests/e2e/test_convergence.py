@@ -27,6 +27,7 @@ from tests.e2e.plugin_process import (
     PluginProcess,
     check_status_shows_no_drift,
     scrape,
+    status_document,
     wait_until,
 )
 from tests.e2e.pods import Pod, normalizing, run_batch, spec
@@ -146,6 +147,10 @@ def test_foreign_writes_to_a_containers_and_a_pods_files_are_repaired(
         assert wait_until(repaired(plugin, "pod", "unknown"))
         assert wait_until(repaired(plugin, "container", "unknown"))
         check_status_shows_no_drift(plugin)
+        # Status says when the pod was last checked, and the drift found there.
+        (row,) = [w for w in status_document(plugin)["workloads"] if w["level"] == "pod"]
+        assert row["checked_at"] and row["last_drift"]["writer"] == "unknown", row
+        assert row["last_drift"]["repaired"], row
     finally:
         assert plugin.stop() == 0
 
