@@ -49,6 +49,8 @@ PROBE_FIRST_POD = 90_000_000
 SLOW_PROBE_SECONDS = 0.002
 #: The plugin's last line for a Synchronize, once its deferred work is done.
 SYNC_SUMMARY = b'"event": "synchronized"'
+#: Seconds between convergence passes while they are measured: they run back to back.
+CONVERGENCE_INTERVAL = 0.05
 MB = 1 << 20
 #: Resident memory after the Synchronize and after the events: issue 26's goal with
 #: prometheus_client and the standard library it loads (issue 14's was 45 MB without it).
@@ -330,7 +332,8 @@ class Bench:
         self.cgroup_root = workdir / "cgroup"
         workload.make_cgroup_root(self.cgroup_root)
         self.config = workdir / "config.yaml"
-        self.config.write_text(f"cgroups:\n  root: {self.cgroup_root}\n")
+        # The convergence pass is measured on its own (`convergence`), off until then.
+        self.config.write_text(self.config_text(0))
         self.log_file = workdir / "plugin.log"
         self.socket_path = str(workdir / "nri.sock")
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -350,6 +353,12 @@ class Bench:
                 request_timeout=2000,
                 NRI_version=self.nri_version,
             ).SerializeToString(),
+        )
+
+    def config_text(self, convergence_interval: float) -> str:
+        return (
+            f"cgroups:\n  root: {self.cgroup_root}\n"
+            f"convergence:\n  intervalSeconds: {convergence_interval}\n"
         )
 
     def launch(self, *, floor: tuple[str, ...] | None = None) -> Plugin:
@@ -471,6 +480,7 @@ class Bench:
             self.report_launches(startups, syncs, node, self.probe(plugin, applier))
             self.report_floor(floors, heap_floors, syncs)
             self.events(plugin, rss_sync)
+            self.convergence(plugin, node, applier)
             if profiler is not None:
                 profiler.send_signal(signal.SIGINT)
                 profiler.wait(60)
@@ -728,6 +738,48 @@ class Bench:
             "peak_rss_mb": [run.peak_rss_mb for run in syncs],
             "page_faults": [run.page_faults for run in syncs],
         }
+
+    def convergence(self, plugin: Plugin, node: SyncNode, applier: ReplyApplier) -> None:
+        """Convergence passes over the node back to back: one pass's cost, as the plugin logs
+        it (SIGUSR1: debug), and CreateContainer round trips while passes run."""
+        r = self.results
+        offset = self.log_file.stat().st_size
+        plugin.process.send_signal(signal.SIGUSR1)
+        self.config.write_text(self.config_text(CONVERGENCE_INTERVAL))  # the watch reloads it
+        try:
+            first = self.pass_lines(offset, 1)
+            probes = self.probe(plugin, applier)
+            passes = self.pass_lines(offset, len(first) + 1)
+        finally:
+            self.config.write_text(self.config_text(0))
+            plugin.process.send_signal(signal.SIGUSR1)
+        label = (
+            f"convergence pass over {len(node.pods):,} pods / {len(node.containers):,} containers"
+        )
+        cpu = statistics.median(p["cpu_seconds"] for p in passes)
+        wall = statistics.median(p["seconds"] for p in passes)
+        r.add(f"{label}: CPU time (median)", cpu, "s", "")
+        r.add(f"{label}: duration, yielding to requests (median)", wall, "s", "")
+        r.add(f"{label}: cgroup files read", passes[-1]["files_read"], "")
+        r.latency(
+            "CreateContainer while convergence passes run",
+            [p.seconds for p in probes],
+            targets=False,
+        )
+        r.details["convergence_passes"] = passes
+
+    def pass_lines(self, offset: int, count: int, timeout: float = 120.0) -> list[dict[str, Any]]:
+        """The plugin's `convergence pass` log lines from `offset` on, once there are `count`."""
+        deadline = time.perf_counter() + timeout
+        while True:
+            with self.log_file.open("rb") as log:
+                log.seek(offset)
+                lines = [json.loads(line) for line in log if b'"event": "convergence pass"' in line]
+            if len(lines) >= count:
+                return lines
+            if time.perf_counter() > deadline:
+                raise BenchError(f"fewer than {count} convergence passes in {timeout:.0f} s")
+            time.sleep(0.05)
 
     def events(self, plugin: Plugin, rss_sync: float) -> None:
         opts, r = self.opts, self.results

@@ -271,8 +271,6 @@ class FakeContainerd:
             if whole or getattr(old, name) != getattr(new, name)
         )
         if changed:
-            import sys
-
             self.tree.write(after.cgroup_parent, new, only=changed)
 
     async def update_pod_sandbox(self, pod: PodModel) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from nri_midbatch.policy import CgroupValues, NativeLimits
-from nri_midbatch.state.baseline import in_force, moved_by, resized_pod_baseline
+from nri_midbatch.state.baseline import in_force, moved_by, resized_pod_baseline, told_pod_baseline
+
+MI = 1 << 20
 
 KUBELET = NativeLimits(cpu_quota=200_000, cpu_period=100_000, memory_limit=1 << 30, cpu_shares=1024)
 ALL = CgroupValues(512, 100_000, 512 << 20)
@@ -54,3 +56,25 @@ def test_a_resize_to_or_from_unlimited() -> None:
     assert resized_pod_baseline(NativeLimits(), NativeLimits(), limited, [NativeLimits()]) == (
         NativeLimits()
     )
+
+
+def test_update_pod_sandbox_never_takes_the_plugins_values_back_as_kubelets() -> None:
+    """Kubelet tells the resized resource at its new value and fills the rest from the pod
+    cgroup (doPodResizeAction), which holds the plugin's values: those keep the old baseline."""
+    known = NativeLimits(cpu_quota=100_000, memory_limit=1024 * MI, cpu_shares=1024)
+    applied = CgroupValues(1536, 83_334, 512 * MI)
+    told = NativeLimits(cpu_quota=50_000, memory_limit=512 * MI, cpu_shares=1536)
+    assert told_pod_baseline(known, told, told, applied) == NativeLimits(
+        cpu_quota=50_000, memory_limit=1024 * MI, cpu_shares=1024
+    )
+    # The overhead added to a value read from the file: still the plugin's.
+    overhead = 64 * MI
+    with_overhead = NativeLimits(cpu_quota=50_000, memory_limit=512 * MI + overhead)
+    assert told_pod_baseline(known, with_overhead, told, applied).memory_limit == 1024 * MI
+    # A value that is neither the plugin's nor the known one is kubelet's new one.
+    bigger = NativeLimits(cpu_quota=50_000, memory_limit=2048 * MI, cpu_shares=2048)
+    assert told_pod_baseline(known, bigger, bigger, applied) == bigger
+    # Nothing applied: everything told is kubelet's; shares not told stay as known.
+    assert told_pod_baseline(known, bigger, bigger, None) == bigger
+    no_shares = NativeLimits(cpu_quota=50_000)
+    assert told_pod_baseline(known, no_shares, no_shares, None).cpu_shares == 1024
