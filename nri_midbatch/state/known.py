@@ -40,7 +40,8 @@ def split_path(cgroups_path: str, container_id: str) -> tuple[str, bool]:
 
 #: Ten times the largest node we claim (1,000 pods, 10,000 containers): past this a runtime
 #: that never sends removals (nor a Synchronize, which starts afresh) is not believed, and the
-#: pods remembered first are forgotten (about 2 KB each).
+#: pods remembered first are forgotten (about 2 KB each). Their baselines are not: their
+#: records stay, and restore them when the runtime shows them again (plugin/records.py).
 MAX_PODS = 10_000
 MAX_CONTAINERS = 100_000
 
