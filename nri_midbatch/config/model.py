@@ -263,9 +263,9 @@ class ConvergenceConfig(_Model):
         description="How often the plugin compares every pod's and container's cgroup files "
         "with the values it keeps in force, and repairs what another writer changed (kubelet "
         "after a resize, an operator, another agent): the promise holds within this many "
-        "seconds, plus the pass's own duration, of the last write by anyone (see [what the "
-        "values follow](#what-the-values-follow)). About koordlet's own period. `0`: no "
-        "periodic pass; a pod is still checked again shortly after each resize.",
+        "seconds, plus twice a pass's duration, of the last write by anyone (see "
+        "[convergence](#convergence-whoever-wrote-last)). About koordlet's own period. `0`: "
+        "no periodic pass; a pod is still checked again shortly after each resize.",
     )
 
 

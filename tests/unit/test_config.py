@@ -232,7 +232,9 @@ def test_effective_config_lists_every_field_in_camel_case() -> None:
         "classification",
         "rules",
         "cgroups",
+        "convergence",
     ]
+    assert rendered["convergence"] == {"intervalSeconds": 10.0}
     assert rendered["rules"] == {"cfsQuota": True, "cpuNormalizationRatio": None}
     assert rendered["cgroups"] == {"root": "/sys/fs/cgroup", "driver": "auto", "podLevel": True}
     assert rendered["tiers"][0]["namespaces"] is None
