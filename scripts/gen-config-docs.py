@@ -375,9 +375,9 @@ configuration in force would set from kubelet's own values, whatever happened be
 reloads, bursts of reloads, restarts of the plugin or of the runtime, resizes, and writes of
 the cgroup files by anyone else. The plugin's own events (`RunPodSandbox`, `CreateContainer`,
 `UpdateContainer`, `Synchronize`, a reload) set the values at once; the convergence pass is
-what makes them hold whoever writes after. Each field a tier claims holds the tier's value, never looser than
-kubelet's (the CFS quota and the memory limit); each field the plugin set before and no tier
-claims any more (normalization turned off, a tier removed, `mode: observe`,
+what makes them hold whoever writes after. Each field a tier claims holds the tier's value,
+never looser than kubelet's (the CFS quota and the memory limit); each field the plugin set
+before and no tier claims any more (normalization turned off, a tier removed, `mode: observe`,
 `cgroups.podLevel: false`) holds kubelet's value again, and is then no longer the plugin's. A
 field the plugin never set is never touched: it may be another plugin's.
 
