@@ -184,10 +184,10 @@ class MidBatchPlugin:
     def write_plan(self, plan: Plan) -> Plan:
         """Bring running workloads to `plan` through their cgroup files; returns what failed.
 
-        Blocking file I/O (writes.py): run it in a thread, then `applied` in the loop with
+        Blocking file I/O (reconcile.py): run it in a thread, then `applied` in the loop with
         what went through.
         """
-        return self._writes.plan(plan)
+        return self.reconcile.write_plan(plan)
 
     def applied(self, plan: Plan, failed: Plan | None = None, *, by_files: bool = False) -> None:
         """Remember that `plan`, less `failed`, is in force, and keep the pods' records.

@@ -21,6 +21,9 @@ kubelet's known one is counted as kubelet's (a resize's write after the plugin's
 other as unknown (an operator, an agent, another plugin, systemd). Nothing is learnt from
 what a file holds: kubelet's baseline moves only with the events that tell it.
 
+A reload's writes through the cgroup files (`write_plan`) follow the same order: pods whose
+containers go up first, then the containers, then the other pods.
+
 Each check is one piece of the work left for after replies (plugin/deferred.py): one
 workload's three files read, and written only where they differ, so a request waits for
 at most one piece (CGROUP_READS_PER_PIECE); the pieces of a pass are queued one at a time.
@@ -47,6 +50,7 @@ from nri_midbatch.plugin.context import PluginContext
 from nri_midbatch.plugin.decisions import values_log
 from nri_midbatch.policy import ContainerView, NativeLimits, PodView, decide_container, decide_pod
 from nri_midbatch.state.baseline import kubelet_value, target
+from nri_midbatch.state.plan import Plan, split_pods
 
 log = structlog.get_logger(__name__)
 
@@ -216,6 +220,58 @@ class Reconciler:
         for timer in self._rechecks.values():
             timer.cancel()
         self._rechecks.clear()
+
+    # -- a reload's files ---------------------------------------------------------
+
+    def write_plan(self, plan: Plan) -> Plan:
+        """Bring running workloads to a reload's `plan` through their cgroup files; returns
+        what failed.
+
+        For runtimes whose UpdateContainers is unsafe, and for what the runtime refused.
+        Blocking file I/O: run it in a thread. The order is the pass's: a pod goes up before
+        its containers and down after them (lowering.py says why): pods whose containers'
+        quota rises first, then the containers, then the other pods and those of the first
+        that failed once more.
+        """
+        first, last = split_pods(plan)
+        retry = [
+            change
+            for change in first
+            if not self._for_reload(change.pod, None, change.values, final=False)
+        ]
+        failed_containers = tuple(
+            change
+            for change in plan.containers
+            if not self._for_reload(
+                change.pod, change.container, change.values, cgroups_path=change.cgroups_path
+            )
+        )
+        failed_pods = tuple(
+            change
+            for change in (*retry, *last)
+            if not self._for_reload(change.pod, None, change.values)
+        )
+        return Plan(failed_containers, failed_pods)
+
+    def _for_reload(
+        self,
+        pod: PodView,
+        container: ContainerView | None,
+        values: CgroupValues,
+        *,
+        cgroups_path: str = "",
+        final: bool = True,
+    ) -> bool:
+        where = {"namespace": pod.namespace, "pod": pod.name}
+        if container is not None:
+            where["container"] = container.name
+        reason = self._ctx.cgroups.write(pod, container, values, cgroups_path).failure
+        if reason is None:
+            log.info("cgroup set for new configuration", **where, **values_log(values))
+            return True
+        if final:
+            log.warning("cgroup not set for new configuration", reason=reason, **where)
+        return False
 
     # -- the pieces ----------------------------------------------------------------
 

@@ -1,9 +1,9 @@
 """Writing what was decided into cgroup files: pods, and containers the runtime cannot reach.
 
-NRI cannot adjust a pod sandbox, so every pod value is written here. Containers
-are written here only after a reload on runtimes whose UpdateContainers is
-unsafe (`write_plan`), and when the runtime reports values their files do not
-hold (`repair_containers`). Each write is logged with its pod and container and
+NRI cannot adjust a pod sandbox, so every pod value an event decides is written
+here. Containers are written here only when the runtime reports values their
+files do not hold (`repair_containers`); a reload's files and the convergence
+pass are reconcile.py's. Each write is logged with its pod and container and
 counted; the failure policy decides whether a failed pod write refuses the call.
 """
 
@@ -20,7 +20,6 @@ from nri_midbatch.plugin.decisions import PodTarget, values_log
 from nri_midbatch.plugin.records import Records
 from nri_midbatch.policy import CgroupValues, ContainerView, PodView
 from nri_midbatch.rpc.errors import RpcError
-from nri_midbatch.state.plan import Plan, split_pods
 from nri_midbatch.wire.status import Code
 
 log = structlog.get_logger(__name__)
@@ -76,35 +75,6 @@ class Writes:
         if self._ctx.known.pods.get(target.pod_id) is target.pod:
             self.pod(target, method, refuse=False)
 
-    def plan(self, plan: Plan) -> Plan:
-        """Bring running workloads to `plan` through their cgroup files; returns what failed.
-
-        For runtimes whose UpdateContainers is unsafe. Blocking file I/O: run
-        it in a thread. A pod goes up before its containers and down after
-        them (lowering.py says why): pods whose containers' quota rises first,
-        then the containers, then the other pods and those of the first that
-        failed once more.
-        """
-        first, last = split_pods(plan)
-        retry = [
-            change
-            for change in first
-            if not self._for_reload(change.pod, None, change.values, final=False)
-        ]
-        failed_containers = tuple(
-            change
-            for change in plan.containers
-            if not self._for_reload(
-                change.pod, change.container, change.values, cgroups_path=change.cgroups_path
-            )
-        )
-        failed_pods = tuple(
-            change
-            for change in (*retry, *last)
-            if not self._for_reload(change.pod, None, change.values)
-        )
-        return Plan(failed_containers, failed_pods)
-
     def container_lowered(
         self, pod: PodView, container: ContainerView, values: CgroupValues
     ) -> bool:
@@ -152,26 +122,6 @@ class Writes:
                 continue
             ctx.counters.container_repairs_failed += 1
             log.warning("container cgroup not repaired", reason=reason, **where)
-
-    def _for_reload(
-        self,
-        pod: PodView,
-        container: ContainerView | None,
-        values: CgroupValues,
-        *,
-        cgroups_path: str = "",
-        final: bool = True,
-    ) -> bool:
-        where = {"namespace": pod.namespace, "pod": pod.name}
-        if container is not None:
-            where["container"] = container.name
-        reason = self._ctx.cgroups.write(pod, container, values, cgroups_path).failure
-        if reason is None:
-            log.info("cgroup set for new configuration", **where, **values_log(values))
-            return True
-        if final:
-            log.warning("cgroup not set for new configuration", reason=reason, **where)
-        return False
 
     def _pod_failed(self, method: str, where: Mapping[str, str], reason: str, refuse: bool) -> None:
         self._ctx.counters.pod_writes_failed += 1

@@ -9,11 +9,22 @@ re-checks and passes are run explicitly (`recheck`, `converge`), as their time w
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.config.compile import settings_of
+from nri_midbatch.config.model import load_config_text
+from nri_midbatch.nri.events import Event
+from nri_midbatch.plugin import handlers
+from nri_midbatch.plugin.handlers import MidBatchPlugin
+from nri_midbatch.policy import NativeLimits
 from nri_midbatch.process.status import _rows, status_document
+from nri_midbatch.rpc.errors import RpcError
+from tests import factory
+from tests.fake_cgroups import FakeTree
 from tests.oracle.model import MI, Config, ContainerModel, Extended, Kind, Native, PodModel
 from tests.oracle.targets import Values, kubelet_pod
 
@@ -189,3 +200,32 @@ def test_kubelets_resize_write_counts_as_kubelets(tmp_path: Path) -> None:
     found = run(scenario())
     assert found[("pod", "kubelet")] == 1
     assert found[("pod", "unknown")] == found[("container", "unknown")] == 0
+
+
+@pytest.mark.parametrize("policy", ["Ignore", "Fail"])
+def test_update_pod_sandbox_is_refused_only_under_failure_policy_fail(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: str
+) -> None:
+    """From kubernetes#137555 an error from UpdatePodSandbox blocks kubelet's resize."""
+    tree = FakeTree(tmp_path / "cgroup")
+    document = {"cgroups": {"root": str(tree.root)}, "failurePolicy": policy}
+    plugin = MidBatchPlugin(settings_of(load_config_text(json.dumps(document), "test")))
+    sandbox = factory.pod("mid", qos="LS", priority="koord-mid", annotation=factory.mid_spec())
+    tree.write(sandbox.linux.cgroup_parent, Values(1024, 200_000, 1024 * MI))
+
+    def broken(*_: object) -> NativeLimits:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(handlers, "told_pod_baseline", broken)
+
+    async def scenario() -> None:
+        await plugin.pod_event(Event.RUN_POD_SANDBOX, sandbox)
+        resources = factory.resources(shares=512, quota=100_000, memory=512 * MI)
+        await plugin.update_pod_sandbox(sandbox, api.LinuxResources(), resources)
+
+    if policy == "Fail":
+        with pytest.raises(RpcError):
+            run(scenario())
+    else:
+        run(scenario())
+    assert plugin.counters.invalid["internal"] == 1
