@@ -56,8 +56,6 @@ log = structlog.get_logger(__name__)
 
 Level = Literal["pod", "container"]
 Writer = Literal["kubelet", "unknown"]
-LEVELS: tuple[Level, ...] = ("pod", "container")
-WRITERS: tuple[Writer, ...] = ("kubelet", "unknown")
 
 #: With the periodic pass off (interval 0), how often the setting is looked at again.
 IDLE_SECONDS = 1.0
@@ -148,10 +146,6 @@ class Reconciler:
             if pending is not None:
                 pending.cancel()
             self._rechecks[key] = loop.call_later(delay, self._recheck_due, key)
-
-    def pending_rechecks(self) -> list[str]:
-        """The pods with a re-check to come (for tests that fire them: `recheck_now`)."""
-        return sorted({pod_id for pod_id, _ in self._rechecks})
 
     def recheck_now(self) -> None:
         """Run every pending re-check now (tests, instead of waiting for their time)."""
@@ -299,7 +293,12 @@ class Reconciler:
             # Once more after its containers: they may hold it back (cgroup v1).
             walk.retried = True
             walk.items.append((pod_id, None))
-        self._ctx.after_reply.defer(self._step, walk)
+        if walk.done is None:
+            self._ctx.after_reply.defer(self._step, walk)
+        else:
+            # A turn of the loop between the pieces of a pass: whatever waits for the work
+            # after replies to settle (a reload) does not wait for the whole pass.
+            asyncio.get_running_loop().call_soon(self._ctx.after_reply.defer, self._step, walk)
 
     def _check(self, pod_id: str, container_id: str | None) -> _Outcome:
         ctx = self._ctx

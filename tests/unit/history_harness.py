@@ -468,6 +468,19 @@ class HistoryNode:
         await self.recheck()
         return wrong + [w for w in self.mismatches() if w.startswith(f"pod {pod_id}:")]
 
+    async def reverted_resize(self, pod_id: str, name: str, native: Native) -> list[str]:
+        """Kubelet's resize that fails at its pod write (kubernetes#137555, an increase: pod
+        first): UpdatePodSandbox with the new values, then again with the old ones, the
+        containers untouched. Returns how the pod's files differ from the oracle's once the
+        plugin's re-checks ran."""
+        pod = self.pods[pod_id]
+        await self.containerd.update_pod_sandbox(pod.resized(name, native))
+        await self.settle()
+        await self.containerd.update_pod_sandbox(pod)
+        await self.settle()
+        await self.recheck()
+        return [w for w in self.mismatches() if w.startswith(f"pod {pod_id}:")]
+
     async def recheck(self) -> None:
         """Run the plugin's pending re-checks now, as their time would."""
         assert self.app is not None

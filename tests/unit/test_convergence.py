@@ -9,6 +9,7 @@ re-checks and passes are run explicitly (`recheck`, `converge`), as their time w
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -75,6 +76,25 @@ def mid_ls_pod() -> PodModel:
 HALF_A_CPU = Native(cpu_request=500, cpu_limit=500, memory_limit=512 * MI)
 
 
+async def lowered_kubelet_last(
+    tmp_path: Path, flavour: RuntimeFlavour, config: Config, pod: PodModel, *, whole: bool = False
+) -> tuple[Values, Values, list[str]]:
+    """The pod's only container resized to HALF_A_CPU, kubelet's pod write after the plugin's
+    (its order for a decrease; `whole`: all three values): the pod's files after kubelet's
+    write, at the end, and how they differ from the oracle after the plugin's re-checks."""
+    node = await node_with(tmp_path, flavour, config, pod)
+    before, after = node.pods[pod.id], pod.resized("app", HALF_A_CPU)
+    node.pods[pod.id] = after
+    await node.containerd.resize(before, after, "app", pod_first=False)
+    await node.settle()  # the plugin's own pod write, after its reply
+    node.containerd.kubelet_pod_write(before, after, whole=whole)  # then kubelet's
+    kubelets = node.tree.read(pod.cgroup_parent)
+    await node.recheck()
+    wrong = node.mismatches()
+    await node.stop_plugin()
+    return kubelets, node.tree.read(pod.cgroup_parent), wrong
+
+
 @FLAVOURS
 def test_a_resize_that_lowers_a_normalized_pod_ends_on_the_normalized_pod_quota(
     tmp_path: Path, flavour: RuntimeFlavour
@@ -83,22 +103,10 @@ def test_a_resize_that_lowers_a_normalized_pod_ends_on_the_normalized_pod_quota(
     plugin's 41667 (its order for a decrease). Before this, the pod kept 50000."""
     pod = normalized_pod()
 
-    async def scenario() -> tuple[int, int, list[str]]:
-        node = await node_with(tmp_path, flavour, Config(ratio="1.2", normalization_tier=True), pod)
-        before, after = node.pods[pod.id], pod.resized("app", HALF_A_CPU)
-        node.pods[pod.id] = after
-        await node.containerd.resize(before, after, "app", pod_first=False)
-        await node.settle()  # the plugin's own pod write, after its reply
-        node.containerd.kubelet_pod_write(before, after)  # then kubelet's
-        kubelets = node.tree.read(pod.cgroup_parent).quota
-        await node.recheck()
-        wrong = node.mismatches()
-        await node.stop_plugin()
-        return kubelets, node.tree.read(pod.cgroup_parent).quota, wrong
-
-    kubelets, final, wrong = run(scenario())
-    assert kubelets == 50_000
-    assert final == 41_667  # ceil(50000 / 1.2)
+    config = Config(ratio="1.2", normalization_tier=True)
+    kubelets, final, wrong = run(lowered_kubelet_last(tmp_path, flavour, config, pod))
+    assert kubelets.quota == 50_000
+    assert final.quota == 41_667  # ceil(50000 / 1.2)
     assert wrong == []
 
 
@@ -110,22 +118,10 @@ def test_a_resize_that_lowers_a_mid_pod_ends_on_the_mid_pod_shares(
     after the plugin, shares 512 among it. Before this, the pod kept 512, not the tier's 1536."""
     pod = mid_ls_pod()
 
-    async def scenario() -> tuple[int, int, list[str]]:
-        node = await node_with(tmp_path, flavour, Config(), pod)
-        before, after = node.pods[pod.id], pod.resized("app", HALF_A_CPU)
-        node.pods[pod.id] = after
-        await node.containerd.resize(before, after, "app", pod_first=False)
-        await node.settle()
-        node.containerd.kubelet_pod_write(before, after, whole=True)
-        kubelets = node.tree.read(pod.cgroup_parent).shares
-        await node.recheck()
-        wrong = node.mismatches()
-        await node.stop_plugin()
-        return kubelets, node.tree.read(pod.cgroup_parent).shares, wrong
-
-    kubelets, final, wrong = run(scenario())
-    assert kubelets == 512
-    assert final == 1536
+    scenario = lowered_kubelet_last(tmp_path, flavour, Config(), pod, whole=True)
+    kubelets, final, wrong = run(scenario)
+    assert kubelets.shares == 512
+    assert final.shares == 1536
     assert wrong == []
 
 
@@ -229,3 +225,22 @@ def test_update_pod_sandbox_is_refused_only_under_failure_policy_fail(
     else:
         run(scenario())
     assert plugin.counters.invalid["internal"] == 1
+
+
+def test_a_reload_does_not_wait_for_a_whole_pass(tmp_path: Path) -> None:
+    """A reload first lets the work after replies settle: a pass yields between its pieces."""
+    pod = mid_ls_pod()
+
+    async def scenario() -> tuple[bool, bool]:
+        node = await node_with(tmp_path, CONTAINERD_2, Config(), pod)
+        assert node.app is not None
+        plugin = node.app.plugin
+        passing = asyncio.create_task(plugin.reconcile.converge())
+        await asyncio.sleep(0)
+        await plugin.after_reply.settle()
+        settled_first = not passing.done()
+        await passing
+        await node.stop_plugin()
+        return settled_first, passing.done()
+
+    assert run(scenario()) == (True, True)
