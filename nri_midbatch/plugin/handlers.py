@@ -489,11 +489,15 @@ class MidBatchPlugin:
         It does when the plugin knows another sandbox of its uid (kubelet ran a new one in
         the pod's cgroup, and removes the old one later), or may yet (records.py).
         """
-        ctx = self._ctx
-        ctx.known.remove_pod(pod.id)
-        if ctx.known.sandbox_of(pod.uid) is not None:
+        known = self._ctx.known
+        # A sandbox the plugin forgot past its bounds may have left a record.
+        recorded = pod.id not in known.pods or known.record_of(pod.id) is not None
+        known.remove_pod(pod.id)
+        if known.sandbox_of(pod.uid) is not None:
             return
-        ctx.after_reply.defer(self._records.sandbox_removed, pod_view(pod, NativeLimits()))
+        if recorded:
+            view = pod_view(pod, NativeLimits())
+            self._ctx.after_reply.defer(self._records.sandbox_removed, view)
         if self.systemd is not None:
             self.systemd.forget_pod(pod.uid)
 
