@@ -39,7 +39,7 @@ from nri_midbatch.plugin.codec import (
 from nri_midbatch.plugin.context import PluginContext, writer_for
 from nri_midbatch.plugin.counters import Counters
 from nri_midbatch.plugin.decision_log import DecisionLines
-from nri_midbatch.plugin.decisions import Decider
+from nri_midbatch.plugin.decisions import Decider, PodTarget
 from nri_midbatch.plugin.deferred import AfterReply
 from nri_midbatch.plugin.lowering import LoweringTimings
 from nri_midbatch.plugin.observer import Observer
@@ -113,7 +113,8 @@ class MidBatchPlugin:
         #: The convergence pass and the re-checks after resizes (the App runs its period).
         self.reconcile = Reconciler(ctx, convergence_timings, on_recheck=self._on_recheck)
         #: Pods newly limited by a resize whose new limit kubelet had not yet written when
-        #: read (containerd 1.7): read again at the re-checks.
+        #: read (containerd 1.7): read again at the re-checks; and pods whose lowered values
+        #: cgroup v1 refused before the runtime lowered their container: written again then.
         self._awaiting_kubelet: set[str] = set()
 
     # What the App, the status endpoint and tests read of the plugin.
@@ -376,8 +377,17 @@ class MidBatchPlugin:
                 if raises_quota(before, target.values.cpu_quota):
                     self._writes.pod(target, "UpdateContainer", refuse=False)
                 else:
-                    ctx.after_reply.defer(self._writes.pod_if_current, target, "UpdateContainer")
+                    ctx.after_reply.defer(self._lower_pod, pod_id, target)
         self._records.keep_later(pod_id)
+
+    def _lower_pod(self, pod_id: str, target: PodTarget) -> None:
+        """A resized pod's lowered values, after the reply. On cgroup v1 a pod's quota may
+        not go below a child's, and the runtime lowers the container only after our reply:
+        refused then, the write is tried again at the pod's re-checks."""
+        if self._ctx.known.pods.get(pod_id) is not target.pod:
+            return  # removed, or a newer Synchronize took over
+        if not self._writes.pod(target, "UpdateContainer", refuse=False, final=False):
+            self._awaiting_kubelet.add(pod_id)
 
     def _follow_resize_later(self, pod_id: str, *, final: bool = False) -> None:
         """A newly limited pod's baseline read back from its cgroup, then its values written.

@@ -670,14 +670,16 @@ disabled_plugins = [
         annotations: Mapping[str, str] | None = None,
         *,
         command: tuple[str, ...] | list[str] = SLEEP_FOREVER,
+        attempt: int = 0,
         timeout: float = 30.0,
     ) -> str:
         """CreateContainer from the busybox image; `resources` are LinuxContainerResources
-        fields (cpu_period, cpu_quota, cpu_shares, memory_limit_in_bytes, ...)."""
+        fields (cpu_period, cpu_quota, cpu_shares, memory_limit_in_bytes, ...). `attempt`:
+        kubelet's restart count, which names the container (one name, one container)."""
         if pod_config is None:
             pod_config = self.pod_configs[pod_id]
         config = cri.ContainerConfig(
-            metadata=cri.ContainerMetadata(name=name, attempt=0),
+            metadata=cri.ContainerMetadata(name=name, attempt=attempt),
             image=cri.ImageSpec(image=IMAGE),
             command=list(command),
             labels=dict(labels or {}),

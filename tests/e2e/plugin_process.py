@@ -176,6 +176,29 @@ def prelaunched_wrapper(plugin_dir: Path, name: str, log_path: Path) -> Path:
     return path
 
 
+def status_document(plugin: PluginProcess) -> dict[str, Any]:
+    """`nri-midbatch status --format json` of the running plugin, and its exit status."""
+    answer = subprocess.run(
+        [str(EXECUTABLE), "status", "--socket", str(plugin.status_socket), "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60 * SLOWDOWN,
+        check=False,
+    )
+    document: dict[str, Any] = json.loads(answer.stdout)
+    document["exit_status"] = answer.returncode
+    return document
+
+
+def check_status_shows_no_drift(plugin: PluginProcess) -> None:
+    """`nri-midbatch status` of the running plugin: every workload it set holds its target."""
+    document = status_document(plugin)
+    drifting = [w for w in document["workloads"] if w["drift"]]
+    assert document["exit_status"] == 0 and not drifting, drifting
+    # It answers of the pods it remembers, given back or not.
+    assert document["workloads"], document
+
+
 def iter_events(records: list[Record], name: str) -> Iterator[Record]:
     return (r for r in records if r.get("event") == name)
 

@@ -26,6 +26,13 @@ tiers:
 """
 
 
+def normalizing(ratio: str) -> str:
+    """NORMALIZATION_CONFIG's tiers (batch, mid, prod normalized) under another ratio."""
+    return NORMALIZATION_CONFIG.replace(
+        "cpuNormalizationRatio: 1.25", f"cpuNormalizationRatio: {ratio}"
+    )
+
+
 def spec(tier: str, request_cpu: str, limit_cpu: str, limit_memory: str) -> str:
     """The annotation of a pod whose one container "main" asks this tier's resources."""
     cpu, memory = f"kubernetes.io/{tier}-cpu", f"kubernetes.io/{tier}-memory"

@@ -9,99 +9,22 @@ resources (containerd 2.x passes them to NRI, 1.7 does not).
 
 from __future__ import annotations
 
-import json
 import signal
-import subprocess
 import time
-import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 
-from nri_midbatch.cgroups.files import CgroupVersion
-from nri_midbatch.cgroups.values import cpu_shares_to_weight
 from tests.e2e.containerd import Containerd
-from tests.e2e.cri import runtime_pb2 as cri
-from tests.e2e.node import CGROUP_ROOT, NODE, SLOWDOWN, Driver
-from tests.e2e.plugin_process import EXECUTABLE, PluginProcess, scrape, wait_until
-from tests.e2e.pods import NORMALIZATION_CONFIG, Pod, run_batch, spec
+from tests.e2e.kubelet import run_burstable
+from tests.e2e.node import NODE, SLOWDOWN
+from tests.e2e.plugin_process import (
+    PluginProcess,
+    check_status_shows_no_drift,
+    scrape,
+    wait_until,
+)
+from tests.e2e.pods import Pod, normalizing, run_batch, spec
 from tests.factory import MI, SPEC, labels
-
-
-def normalizing(ratio: str) -> str:
-    """The normalization tests' tiers (batch, mid, prod normalized) under another ratio."""
-    ratio_line = f"cpuNormalizationRatio: {ratio}"
-    return NORMALIZATION_CONFIG.replace("cpuNormalizationRatio: 1.25", ratio_line)
-
-
-def kubelet_limits_pod_cgroup(parent: str, shares: int, quota: int, memory: int) -> None:
-    """What kubelet does before RunPodSandbox for a burstable pod with limits."""
-    NODE.prepare_parent(parent)
-    if NODE.driver is Driver.SYSTEMD:
-        # As kubelet's systemd driver does: the slice's unit properties, which systemd
-        # writes into files it enables the controllers for.
-        subprocess.run(
-            [
-                "systemctl",
-                "set-property",
-                "--runtime",
-                parent,
-                f"CPUWeight={cpu_shares_to_weight(shares)}",
-                f"CPUQuota={quota / 1000:g}%",
-                f"MemoryMax={memory}",
-            ],
-            check=True,
-            timeout=30 * SLOWDOWN,
-        )
-        return
-    if NODE.version is CgroupVersion.V1:
-        texts = {
-            ("cpu", "cpu.shares"): str(shares),
-            ("cpu", "cpu.cfs_quota_us"): str(quota),
-            ("memory", "memory.limit_in_bytes"): str(memory),
-        }
-    else:
-        _enable_controllers_down_to(parent)
-        texts = {
-            ("cpu", "cpu.weight"): str(cpu_shares_to_weight(shares)),
-            ("cpu", "cpu.max"): f"{quota} 100000",
-            ("memory", "memory.max"): str(memory),
-        }
-    for (controller, name), text in texts.items():
-        directory = NODE.pod_dir(controller, parent)
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / name).write_text(text)
-
-
-def _enable_controllers_down_to(parent: str) -> None:
-    """cgroup v2, cgroupfs: each level hands cpu and memory to the next, as kubelet's do."""
-    path = CGROUP_ROOT
-    for part in Path(parent.strip("/")).parts:
-        (path / "cgroup.subtree_control").write_text("+cpu +memory")
-        path = path / part
-        path.mkdir(exist_ok=True)
-
-
-def run_burstable(
-    containerd: Containerd,
-    name: str,
-    pod_labels: Mapping[str, str],
-    annotations: Mapping[str, str],
-    native: Mapping[str, int],
-) -> Pod:
-    """A one-container burstable pod whose pod limits are its container's (no overhead)."""
-    uid = str(uuid.uuid4())
-    parent = NODE.new_cgroup_parent("burstable", uid)
-    kubelet_limits_pod_cgroup(
-        parent, native["cpu_shares"], native["cpu_quota"], native["memory_limit_in_bytes"]
-    )
-    config = containerd.pod_config(
-        name, uid=uid, labels=pod_labels, annotations=annotations, cgroup_parent=parent
-    )
-    config.linux.resources.CopyFrom(cri.LinuxContainerResources(**native))
-    pod_id = containerd.run_pod_config(config)
-    container_id = containerd.create_container(pod_id, name="main", resources=native)
-    containerd.start_container(container_id)
-    return Pod(parent, pod_id, container_id)
 
 
 def quotas(pod: Pod) -> tuple[int, int]:
@@ -123,22 +46,6 @@ def quiet(count: Callable[[], float], *, seconds: float) -> Callable[[], bool]:
         return time.monotonic() - last[1] >= seconds * SLOWDOWN
 
     return unchanged
-
-
-def check_status_shows_no_drift(plugin: PluginProcess) -> None:
-    """`nri-midbatch status` of the running plugin: every workload it set holds its target."""
-    answer = subprocess.run(
-        [str(EXECUTABLE), "status", "--socket", str(plugin.status_socket), "--format", "json"],
-        capture_output=True,
-        text=True,
-        timeout=60 * SLOWDOWN,
-        check=False,
-    )
-    document = json.loads(answer.stdout)
-    drifting = [w for w in document["workloads"] if w["drift"]]
-    assert answer.returncode == 0 and not drifting, drifting
-    # It answers of the pods it remembers, given back or not.
-    assert document["workloads"], document
 
 
 def test_ratio_back_to_one_returns_containers_and_pods_to_kubelets_quota(
