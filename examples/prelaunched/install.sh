@@ -11,10 +11,11 @@
 #   1. creates a virtualenv in $PREFIX (default /opt/nri-midbatch) from $PYTHON
 #      (default /usr/bin/python3, 3.11 or newer) and installs PACKAGE into it,
 #      non-editable;
-#   2. links $PLUGIN_DIR/$NAME (default /opt/nri/plugins/10-midbatch) to the
-#      virtualenv's nri-midbatch. Its shebang names the virtualenv's interpreter by
-#      absolute path, which matters: the runtime starts plugins with an EMPTY
-#      environment (no PATH) and no arguments;
+#   2. writes $PREFIX/launcher from launcher.sh and links $PLUGIN_DIR/$NAME
+#      (default /opt/nri/plugins/10-midbatch) to it. The launcher execs the virtualenv's nri-midbatch by absolute path (the
+#      runtime starts plugins with an EMPTY environment, no PATH, and no arguments),
+#      with SIGHUP and SIGUSR1 ignored until the plugin's first line takes them over:
+#      a signal at the instant the runtime starts it must not end it;
 #   3. installs the configuration as $CONF_DIR/$NAME.conf (default
 #      /etc/nri/conf.d/10-midbatch.conf) from $CONFIG (default
 #      examples/config/default.yaml), unless that file already exists. The runtime
@@ -49,6 +50,12 @@ case "$PYTHON" in
   /*) ;;
   *) die "PYTHON must be an absolute path, not '$PYTHON'" ;;
 esac
+# PREFIX goes into the launcher between single quotes, through sed.
+case "$PREFIX" in
+  *\'* | *'|'* | *'\'* | *'&'*) die "PREFIX may not hold ', |, \\ or &: '$PREFIX'" ;;
+  /*) ;;
+  *) die "PREFIX must be an absolute path, not '$PREFIX'" ;;
+esac
 "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
   || die "$PYTHON is older than Python 3.11"
 [ -f "$CONFIG" ] || die "no configuration at $CONFIG"
@@ -59,7 +66,12 @@ esac
 "$PREFIX/bin/nri-midbatch" check-config "$CONFIG" >/dev/null
 
 mkdir -p "$PLUGIN_DIR" "$CONF_DIR"
-ln -sfn "$PREFIX/bin/nri-midbatch" "$PLUGIN_DIR/$NAME"
+# Written in the virtualenv and renamed into place, then linked: nothing but NN-name
+# ever stands in the plugin directory, and the runtime never runs half a launcher.
+sed "s|@NRI_MIDBATCH@|$PREFIX/bin/nri-midbatch|" "$here/launcher.sh" >"$PREFIX/launcher.new"
+chmod 0755 "$PREFIX/launcher.new"
+mv -f "$PREFIX/launcher.new" "$PREFIX/launcher"
+ln -sfn "$PREFIX/launcher" "$PLUGIN_DIR/$NAME"
 if [ -e "$CONF_DIR/$NAME.conf" ]; then
   echo "keeping the existing $CONF_DIR/$NAME.conf"
 else
@@ -67,6 +79,6 @@ else
   chmod 0644 "$CONF_DIR/$NAME.conf"
 fi
 
-echo "installed $PLUGIN_DIR/$NAME -> $PREFIX/bin/nri-midbatch"
+echo "installed $PLUGIN_DIR/$NAME -> $PREFIX/launcher, which runs $PREFIX/bin/nri-midbatch"
 echo "configuration: $CONF_DIR/$NAME.conf"
 echo "now restart the runtime: systemctl restart containerd (or crio)"

@@ -5,7 +5,8 @@ SIGHUP (reload) or SIGUSR1 (debug logging) kept its default disposition and ende
 process, and the runtime does not restart a pre-launched plugin that dies. `hold` installs
 handlers that only remember what came (standard library only: it runs first), and the
 running plugin acts on each once it serves (`take`). What remains is the interpreter's own
-start, before any of the plugin's code runs (30-100 ms on a loaded 2-core VM).
+start, before any of the plugin's code runs (30-100 ms on a loaded 2-core VM): the
+pre-launched launcher (examples/prelaunched/launcher.sh) ignores both signals across it.
 """
 
 from __future__ import annotations

@@ -62,20 +62,27 @@ def run(coro: Coroutine[Any, Any, T], timeout: float = 3 * STEP_TIMEOUT) -> T:
     return asyncio.run(bounded())
 
 
+def plugin_command() -> list[str]:
+    """The installed `nri-midbatch` command, or the module it runs."""
+    script = Path(sys.executable).parent / "nri-midbatch"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "nri_midbatch.tools.launch"]
+
+
 def start_prelaunched(
-    *args: str, stderr: int = subprocess.DEVNULL, env: Mapping[str, str] | None = None
+    *args: str,
+    stderr: int = subprocess.DEVNULL,
+    env: Mapping[str, str] | None = None,
+    command: Sequence[str] | None = None,
 ) -> tuple[subprocess.Popen[bytes], socket.socket]:
     """`nri-midbatch ARGS` started as a runtime pre-launches a plugin, on one end of a socketpair.
 
-    env: variables besides NRI's. Returns the process and the runtime's end of the socket;
-    the caller ends the process.
+    env: variables besides NRI's. command: what the runtime starts, `nri-midbatch` by
+    default. Returns the process and the runtime's end of the socket; the caller ends the
+    process.
     """
     plugin_end, runtime_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     fd = plugin_end.fileno()
-    script = Path(sys.executable).parent / "nri-midbatch"
-    command = (
-        [str(script)] if script.exists() else [sys.executable, "-m", "nri_midbatch.tools.launch"]
-    )
+    command = plugin_command() if command is None else command
     process = subprocess.Popen(
         [*command, *args],
         env={

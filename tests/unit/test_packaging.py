@@ -555,7 +555,9 @@ def test_daemonset_tolerates_its_own_absence_when_required() -> None:
 
 
 @pytest.mark.parametrize(
-    "script", [PRELAUNCHED / "install.sh", K8S / "update-checksum.sh"], ids=lambda p: p.name
+    "script",
+    [PRELAUNCHED / "install.sh", PRELAUNCHED / "launcher.sh", K8S / "update-checksum.sh"],
+    ids=lambda p: p.name,
 )
 def test_shell_scripts_parse_and_are_executable(script: Path) -> None:
     assert os.access(script, os.X_OK), f"{script} is not executable"

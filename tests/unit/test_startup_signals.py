@@ -21,7 +21,9 @@ import pytest
 
 from nri_midbatch.nri.testing import LoopbackRuntime
 
-from .nri_fixtures import STARTUP_TIMEOUT, run, start_prelaunched
+from .nri_fixtures import STARTUP_TIMEOUT, plugin_command, run, start_prelaunched
+
+LAUNCHER = Path(__file__).resolve().parents[2] / "examples" / "prelaunched" / "launcher.sh"
 
 #: The import-time line of structlog itself, once its modules are loaded.
 LOADING = re.compile(rb"\|\s+structlog$")
@@ -100,6 +102,53 @@ def test_sigterm_while_loading_ends_the_plugin_cleanly_before_it_serves(tmp_path
         assert line["signals"] == ["SIGTERM"]
     finally:
         runtime_end.close()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_the_prelaunched_launcher_keeps_the_plugin_through_signals_from_its_first_instant(
+    tmp_path: Path,
+) -> None:
+    """examples/prelaunched/install.sh links the plugin directory's NN-name to launcher.sh:
+    SIGHUP and SIGUSR1 from 10 ms after exec on, through the interpreter's own start (before
+    any of the plugin's lines run), end neither the launcher nor the plugin."""
+    command = plugin_command()
+    if len(command) != 1:
+        pytest.skip("the nri-midbatch command is not installed beside this interpreter")
+    launcher = tmp_path / "10-midbatch"
+    launcher.write_text(LAUNCHER.read_text().replace("@NRI_MIDBATCH@", command[0]))
+    launcher.chmod(0o755)
+    log = tmp_path / "plugin.log"
+    process, runtime_end = start_prelaunched(
+        "run",
+        "--log-file",
+        str(log),
+        "--metrics-address",
+        "",
+        "--state-dir",
+        "",
+        "--status-socket",
+        "",
+        command=[str(launcher)],
+    )
+    try:
+        for _ in range(30):  # every 10 ms for the first 0.3 s, as an unlucky runtime might
+            time.sleep(0.01)
+            process.send_signal(signal.SIGHUP)
+            process.send_signal(signal.SIGUSR1)
+
+        async def scenario() -> None:
+            runtime = await LoopbackRuntime.over(runtime_end)
+            try:
+                await runtime.start(registration_timeout=STARTUP_TIMEOUT)
+                assert runtime.record.registrations
+            finally:
+                await runtime.close()
+
+        run(scenario(), timeout=2 * STARTUP_TIMEOUT)
+        assert process.wait(timeout=STARTUP_TIMEOUT) == 0
+    finally:
         if process.poll() is None:
             process.kill()
             process.wait()
