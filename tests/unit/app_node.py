@@ -95,9 +95,7 @@ class Node:
         seen = len(self.runtime.record.updates)
         self.runtime.answering_updates.clear()
         reload = asyncio.create_task(self.app.reload("SIGHUP"))
-        await until(
-            lambda: reload.done() or len(self.runtime.record.updates) > seen, "an update"
-        )
+        await until(lambda: reload.done() or len(self.runtime.record.updates) > seen, "an update")
         for update in self.runtime.record.updates[seen:]:
             cpu, memory = update.linux.resources.cpu, update.linux.resources.memory
             values = Values(cpu.shares.value, cpu.quota.value, memory.limit.value)

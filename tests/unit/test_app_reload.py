@@ -226,9 +226,9 @@ def test_safe_runtime_gets_update_containers_and_no_container_file_is_written(
                 512 * MI,
             )
             # The runtime sets container cgroups; the plugin writes only the pod's.
-            assert {
-                k: v for k, v in node.tree.snapshot().items() if "/c-gone" in k
-            } == {k: v for k, v in containers_before.items() if "/c-gone" in k}
+            assert {k: v for k, v in node.tree.snapshot().items() if "/c-gone" in k} == {
+                k: v for k, v in containers_before.items() if "/c-gone" in k
+            }
             assert node.tree.read(parent, live.id) == HALVED_VALUES
             assert node.tree.read(parent) == HALVED_VALUES
             assert node.app.reloads == {"applied": 1}
