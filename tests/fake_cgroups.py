@@ -4,12 +4,24 @@ root, cgroup v1 (cpu/ and memory/ hierarchies) or v2 (one unified hierarchy).
 The plugin reads and writes it with its cgroupfs driver; the systemd driver's units point into
 it too (tests/unit/fake_systemd.py writes their files). Values are (shares, quota, memory) with
 -1 for unlimited, written and read back as the kernel shows them.
+
+On cgroup v1 a `cpu.cfs_quota_us` write that the kernel refuses is refused here too, with
+EINVAL, whoever writes: kubelet and runc through `FakeTree.write`, the plugin through
+`kernel_checked` (tests/unit/conftest.py puts it under the plugin's cgroupfs writes). The
+kernel's rule (kernel/sched/core.c, `tg_cfs_schedulable_down`): with CFS bandwidth on v1, a
+limited cgroup's quota/period may not exceed that of its nearest limited ancestor; an
+unlimited cgroup (-1) takes its parent's limit for its children, and under no limit anything
+goes. Cgroup v2 has no such refusal (there a child's cpu.max is only capped by its
+parent's), so the v2 tree accepts any write as before.
 """
 
 from __future__ import annotations
 
+import errno
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 from tests.oracle.targets import UNLIMITED, Values, weight_of
 
@@ -18,6 +30,12 @@ V1_UNLIMITED_MEMORY = 9223372036854771712
 
 #: Kubelet's besteffort pod cgroup: minimal shares, no quota, no memory limit.
 BESTEFFORT = Values(2, UNLIMITED, UNLIMITED)
+
+#: The cpu hierarchies of the v1 trees alive in this process: their quota writes are checked.
+_V1_CPU_ROOTS: set[Path] = set()
+
+#: What the kernel's `to_ratio` shifts a quota by before dividing it by its period.
+_BW_SHIFT = 20
 
 
 class FakeTree:
@@ -31,6 +49,7 @@ class FakeTree:
         else:
             for controller in ("cpu", "memory"):
                 (root / controller).mkdir(parents=True, exist_ok=True)
+            _V1_CPU_ROOTS.add((root / "cpu").resolve())
 
     def directory(self, controller: str, relpath: str, container_id: str | None = None) -> Path:
         base = self.root if self.version == 2 else self.root / controller
@@ -45,7 +64,11 @@ class FakeTree:
         *,
         only: tuple[str, ...] = ("shares", "quota", "memory"),
     ) -> None:
-        """As kubelet or runc write a cgroup's values: `only` those named."""
+        """As kubelet or runc write a cgroup's values: `only` those named.
+
+        Raises OSError(EINVAL), before writing any of them, if cgroup v1 refuses the quota."""
+        if self.version == 1 and "quota" in only:
+            check_v1_quota(self.directory("cpu", relpath, container_id), values.quota)
         for (controller, name), text in self._texts(values).items():
             if _FIELD_OF[name] not in only:
                 continue
@@ -100,6 +123,79 @@ class FakeTree:
             for path in sorted(self.root.rglob("*"))
             if path.is_file()
         }
+
+
+class _CgroupFile(Protocol):
+    """What the plugin's cgroupfs driver writes to: a file by its path."""
+
+    @property
+    def path(self) -> Path: ...
+
+
+_T = TypeVar("_T", bound=_CgroupFile)
+
+
+def kernel_checked(write: Callable[[_T, str], None]) -> Callable[[_T, str], None]:
+    """`write` (the plugin's one write of a cgroup file) refusing what the kernel refuses."""
+
+    def checked(target: _T, text: str) -> None:
+        if target.path.name == "cpu.cfs_quota_us":
+            check_v1_quota(target.path.parent, int(text))
+        write(target, text)
+
+    return checked
+
+
+def check_v1_quota(directory: Path, quota: int) -> None:
+    """Raise OSError(EINVAL) if `quota` in `directory`'s cpu.cfs_quota_us, under a v1 tree's
+    cpu hierarchy, breaks the kernel's rule: a limited cgroup's ratio at most its nearest
+    limited ancestor's, for the cgroup against its ancestors and its descendants against it."""
+    directory = directory.resolve()
+    cpu_root = next((r for r in _V1_CPU_ROOTS if directory.is_relative_to(r)), None)
+    if cpu_root is None:
+        return
+    above = None
+    for ancestor in directory.parents:
+        if not ancestor.is_relative_to(cpu_root):
+            break
+        if (above := _ratio(ancestor)) is not None:
+            break
+    own = _ratio(directory, quota)
+    if own is not None and above is not None and own > above:
+        raise OSError(errno.EINVAL, f"quota {quota} above its parent's limit", str(directory))
+    if not _below(directory, above if own is None else own):
+        raise OSError(errno.EINVAL, f"quota {quota} below a child's", str(directory))
+
+
+def _below(directory: Path, limit: int | None) -> bool:
+    """Whether every limited cgroup below `directory` keeps within `limit` (None: no limit)
+    and, in turn, within its own nearest limited ancestor's; a cgroup not made yet has none."""
+    if not directory.is_dir():
+        return True
+    for child in directory.iterdir():
+        if child.is_dir():
+            own = _ratio(child)
+            if own is not None and limit is not None and own > limit:
+                return False
+            if not _below(child, limit if own is None else own):
+                return False
+    return True
+
+
+def _ratio(directory: Path, quota: int | None = None) -> int | None:
+    """The kernel's normalized bandwidth of the cgroup, `quota` if given, else its file's:
+    quota << 20 // period (`to_ratio`); None for no limit (-1, or no file yet: a new cgroup
+    is unlimited)."""
+    if quota is None:
+        quota_file = directory / "cpu.cfs_quota_us"
+        if not quota_file.exists():
+            return None
+        quota = int(_text(quota_file))
+    if quota < 0:
+        return None
+    period_file = directory / "cpu.cfs_period_us"
+    period = int(_text(period_file)) if period_file.exists() else 100_000
+    return (quota << _BW_SHIFT) // period
 
 
 _FIELD_OF = {

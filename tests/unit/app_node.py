@@ -26,6 +26,7 @@ from nri_midbatch.plugin.deferred import DeferredTimings
 from nri_midbatch.plugin.lowering import LoweringTimings
 from nri_midbatch.process.app import App
 from tests.fake_cgroups import FakeTree
+from tests.oracle.targets import Values
 
 from .http_fixtures import http_get
 from .nri_fixtures import STEP_TIMEOUT
@@ -86,6 +87,21 @@ class Node:
         await self.call(
             "StateChange", api.StateChangeEvent(event=event, pod=pod, container=ctr), api.Empty
         )
+
+    async def reload_applying_updates(self, parent: str) -> None:
+        """A SIGHUP reload, the runtime applying the UpdateContainers it gets to the
+        containers' files (under the pod cgroup `parent`) before it answers, as containerd
+        runs runc update before its reply."""
+        seen = len(self.runtime.record.updates)
+        self.runtime.answering_updates.clear()
+        reload = asyncio.create_task(self.app.reload("SIGHUP"))
+        await until(lambda: reload.done() or len(self.runtime.record.updates) > seen, "an update")
+        for update in self.runtime.record.updates[seen:]:
+            cpu, memory = update.linux.resources.cpu, update.linux.resources.memory
+            values = Values(cpu.shares.value, cpu.quota.value, memory.limit.value)
+            self.tree.write(parent, values, update.container_id)
+        self.runtime.answering_updates.set()
+        await asyncio.wait_for(reload, STEP_TIMEOUT)
 
     def rewrite(self, **changes: Any) -> None:
         write_config(self.config_path, {**self.base, **changes})

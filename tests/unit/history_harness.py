@@ -13,6 +13,7 @@ Everything is compared against tests/oracle, which shares no code with the plugi
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import socket
@@ -289,13 +290,22 @@ class FakeContainerd:
     async def resize(
         self, before: PodModel, after: PodModel, name: str, *, pod_first: bool = True
     ) -> Values:
-        """kubelet's in-place resize of one container: pod cgroup first (`pod_first`, as for
-        an increase), then the runtime; else the pod cgroup is the caller's to write.
+        """kubelet's in-place resize of one container: pod cgroup first (`pod_first`), then
+        the runtime; else the pod cgroup is the caller's to write.
+
+        Whatever the order asked, kubelet raises a pod's cpu before its containers and lowers
+        it after them (doPodResizeAction), as cgroup v1 refuses a container's quota above its
+        pod's: a rising pod quota is written first, a falling one after the container.
 
         Returns the values the container ends with.
         """
-        if pod_first and kubelet_pod(after) != kubelet_pod(before):
-            self.tree.write(after.cgroup_parent, kubelet_pod(after))
+        old, new = kubelet_pod(before), kubelet_pod(after)
+        rises = "quota" in looser_than(new, old)
+        lowers = "quota" in looser_than(old, new)
+        if pod_first and new != old and not lowers:
+            self.tree.write(after.cgroup_parent, new)
+        elif not pod_first and rises:
+            self.tree.write(after.cgroup_parent, new, only=("shares", "quota"))
         sandbox = self.pods[after.id] = self.sandbox(after)
         container_id = f"{after.id}-{name}"
         ctr = self.containers[container_id]
@@ -312,6 +322,8 @@ class FakeContainerd:
             final = overlay(final, update.linux.resources)
         ctr.linux.resources.CopyFrom(final)
         self.tree.write(ctr.linux.cgroups_path, values_of(final))
+        if pod_first and lowers:
+            self.tree.write(after.cgroup_parent, new)
         self.apply(others)
         return values_of(final)
 
@@ -495,8 +507,13 @@ class HistoryNode:
         await self.settle()
 
     def foreign_write(self, relpath: str, values: Values, fields: tuple[str, ...]) -> None:
-        """Anyone else (an operator, an agent) writes some of a pod's or container's files."""
-        self.tree.write(relpath, values, only=fields)
+        """Anyone else (an operator, an agent) writes some of a pod's or container's files;
+        cgroup v1 refuses a quota above the pod's or below a container's, as it would theirs."""
+        try:
+            self.tree.write(relpath, values, only=fields)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
 
     async def remove_container(self, container_id: str) -> None:
         del self.created[container_id]

@@ -27,7 +27,7 @@ from nri_midbatch.plugin.lowering import LoweringTimings
 from nri_midbatch.process.app import App
 from tests.factory import MI, PRIORITY, QOS, batch_pod, container
 from tests.fake_cgroups import BESTEFFORT
-from tests.oracle.targets import Values
+from tests.oracle.targets import UNLIMITED, Values
 
 from .app_node import POLL, Node, running_node, until, write_config
 from .hostile_config import HOSTILE_YAML
@@ -36,6 +36,8 @@ from .nri_fixtures import STEP_TIMEOUT, Probe, run
 #: What CreateContainer gives an "app" container, and so what its cgroup holds afterwards.
 APP_VALUES = Values(512, 100000, 512 * MI)
 HALVED_VALUES = Values(512, 50000, 512 * MI)
+#: A removed container's cgroup left behind, with no quota to hold its pod's up.
+LINGERING = Values(512, UNLIMITED, 512 * MI)
 
 
 def reloads_metric(app: App) -> dict[str, float]:
@@ -72,6 +74,8 @@ def test_file_change_brings_containers_and_pods_to_the_new_values(tmp_path: Path
             # Removed before the reload; its directory lingers, but it is not ours any more.
             # (Created first: a wrongly remembered c-gone would be written before c-app.)
             await node.state_change(api.REMOVE_CONTAINER, pod, gone)
+            # Without a quota: cgroup v1 would keep the pod above a lingering child's.
+            node.tree.write(parent, LINGERING, gone.id)
 
             node.rewrite(rules={"cpuNormalizationRatio": 2.0})
             assert await node.watched_reload() == "file changed"
@@ -87,7 +91,7 @@ def test_file_change_brings_containers_and_pods_to_the_new_values(tmp_path: Path
     # One container and one pod through their files (NRI v0.6.1).
     assert node.app.followed[("cgroup_files", "ok")] == 2
     assert node.app.followed[("update_containers", "ok")] == 0
-    assert node.tree.read(parent, gone.id) == APP_VALUES
+    assert node.tree.read(parent, gone.id) == LINGERING
     assert node.app.plugin.config.rules.cpu_normalization_ratio == 2.0
     assert reloads_metric(node.app)["applied"] == 1
 
@@ -206,10 +210,12 @@ def test_safe_runtime_gets_update_containers_and_no_container_file_is_written(
                 api.RemoveContainerRequest(pod=pod, container=gone),
                 api.RemoveContainerResponse,
             )
+            node.tree.write(parent, LINGERING, gone.id)
             containers_before = {k: v for k, v in node.tree.snapshot().items() if "/c-" in k}
 
             node.rewrite(rules={"cpuNormalizationRatio": 2.0})
-            await node.app.reload("SIGHUP")  # returns once the pass is done
+            # Returns once the pass is done; the runtime applies the update to c-app.
+            await node.reload_applying_updates(parent)
 
             (update,) = node.runtime.record.updates
             assert update.container_id == "c-app"
@@ -220,9 +226,10 @@ def test_safe_runtime_gets_update_containers_and_no_container_file_is_written(
                 512 * MI,
             )
             # The runtime sets container cgroups; the plugin writes only the pod's.
-            assert {
-                k: v for k, v in node.tree.snapshot().items() if "/c-" in k
-            } == containers_before
+            assert {k: v for k, v in node.tree.snapshot().items() if "/c-gone" in k} == {
+                k: v for k, v in containers_before.items() if "/c-gone" in k
+            }
+            assert node.tree.read(parent, live.id) == HALVED_VALUES
             assert node.tree.read(parent) == HALVED_VALUES
             assert node.app.reloads == {"applied": 1}
             assert node.app.followed == {
@@ -356,7 +363,7 @@ def test_reload_lowers_a_pod_only_after_update_containers_returns(
 
             monkeypatch.setattr(cgroup_writer, "apply_values", apply)
             node.rewrite(rules={"cpuNormalizationRatio": 2.0})
-            await node.app.reload("SIGHUP")
+            await node.reload_applying_updates(parent)
             assert node.tree.read(parent) == HALVED_VALUES
 
     run(scenario())
@@ -387,7 +394,7 @@ def test_cgroup_file_reload_lowers_a_pod_after_its_containers(
 
             monkeypatch.setattr(cgroup_writer, "apply_values", apply)
             node.rewrite(rules={"cpuNormalizationRatio": 2.0})
-            await node.app.reload("SIGHUP")
+            await node.reload_applying_updates(parent)
             assert node.tree.read(parent) == HALVED_VALUES
 
     run(scenario())

@@ -111,6 +111,36 @@ def test_a_resize_that_lowers_a_normalized_pod_ends_on_the_normalized_pod_quota(
 
 
 @FLAVOURS
+def test_a_lowered_pod_quota_cgroup_v1_refused_after_the_reply_is_written_at_the_recheck(
+    tmp_path: Path, flavour: RuntimeFlavour
+) -> None:
+    """CPU limit 1 -> 0.5 under ratio 1.2 on cgroup v1: the plugin's pod write right after its
+    UpdateContainer reply comes before the runtime lowers the container, and the kernel
+    refuses a pod quota below the container's (EINVAL). The pod's re-check writes it again
+    (commit 5fd3217); before, the pod kept its old 83334 until something else moved it."""
+    pod = normalized_pod()
+    config = Config(ratio="1.2", normalization_tier=True)
+
+    async def scenario() -> tuple[Values, Values, list[str]]:
+        node = await node_with(tmp_path, flavour, config, pod)
+        before, after = node.pods[pod.id], pod.resized("app", HALF_A_CPU)
+        node.pods[pod.id] = after
+        await node.containerd.resize(before, after, "app", pod_first=False)
+        await node.settle()  # the plugin's pod write after its reply: refused
+        refused = node.tree.read(pod.cgroup_parent)
+        await node.recheck()  # kubelet has not written the pod: only the plugin's re-check
+        final = node.tree.read(pod.cgroup_parent)
+        wrong = [w for w in node.mismatches() if "quota" in w]
+        await node.stop_plugin()
+        return refused, final, wrong
+
+    refused, final, wrong = run(scenario())
+    assert refused.quota == 83_334  # ceil(100000 / 1.2), as before the resize
+    assert final.quota == 41_667  # ceil(50000 / 1.2)
+    assert wrong == []
+
+
+@FLAVOURS
 def test_a_resize_that_lowers_a_mid_pod_ends_on_the_mid_pod_shares(
     tmp_path: Path, flavour: RuntimeFlavour
 ) -> None:

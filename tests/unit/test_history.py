@@ -261,7 +261,7 @@ def test_status_shows_kubelet_s_values_the_target_and_drift(tmp_path: Path) -> N
             assert ctr_row["container"] == "web" and ctr_row["tier"] == "prod"
             assert ctr_row["kubelet"]["cpu_quota"] == 150_000
             assert "default/web/web" in table and "0 drifting" in table
-            node.tree.write(parent, Values(1024, 150000, -1), ctr.id)  # behind our back
+            node.tree.write(parent, Values(1024, 60000, -1), ctr.id)  # behind our back
             code, document, table = await ask()
             assert code == 1
             assert [w["drift"] for w in document["workloads"]] == [False, True]

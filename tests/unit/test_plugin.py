@@ -756,12 +756,13 @@ def test_synchronize_writes_a_pod_whose_containers_are_never_lowered_after_a_whi
 
     with structlog.testing.capture_logs() as logs:
         run(scenario())
-    # The fake tree takes the pod's lower quota; cgroup v1 would refuse it (EINVAL).
-    assert tree.read(pod.linux.cgroup_parent) == Values(512, 50000, 512 * MI)
+    # Tried, and refused as cgroup v1 refuses a pod quota below its container's (EINVAL).
+    assert tree.read(pod.linux.cgroup_parent) == Values(512, 100000, 512 * MI)
     assert plugin.counters.pods_lowered_unconfirmed == 1
-    (warning,) = [line for line in logs if line["log_level"] == "warning"]
+    warning, refused = [line for line in logs if line["log_level"] == "warning"]
     assert warning["event"] == "runtime did not lower containers in time, writing their pods anyway"
     assert warning["first_pod"] == f"default/{pod.name}"
+    assert refused["event"] == "pod cgroup not set" and "EINVAL" in refused["reason"]
 
 
 def test_synchronize_takes_a_removed_container_as_lowered(tree: FakeTree) -> None:
