@@ -274,7 +274,10 @@ class MidBatchPlugin:
         known = ctx.known
         view = known.pods.get(pod_id)
         if view is None:
-            view = self._meet(pod)
+            # A pod the plugin forgot past its bounds, or never heard of: its pod values
+            # as at its RunPodSandbox, before its container's (a pod goes up first on v1).
+            self._set_met_pod(pod_id, self._meet(pod), "CreateContainer")
+            view = known.pods[pod_id]
         ctr_view = container_view(container)
         known.set_container(ctr_view.id, pod_id, ctr_view, container.linux.cgroups_path)
         lines = DecisionLines("CreateContainer")
@@ -514,14 +517,17 @@ class MidBatchPlugin:
         """A new sandbox: kubelet's values are its pod's, if the plugin knew the pod under an
         older sandbox or keeps its record; else the runtime's, or what its cgroup holds now,
         before any write of ours."""
+        self._set_met_pod(pod.id, self._meet(pod), "RunPodSandbox")
+
+    def _set_met_pod(self, pod_id: str, view: PodView, method: str) -> None:
+        """A sandbox just met: its pod's values, unless pod level is off and the plugin set
+        none there under an older sandbox (those are given back)."""
         ctx = self._ctx
-        view = self._meet(pod)
-        if not ctx.pod_level and pod.id not in ctx.known.applied:
+        if not ctx.pod_level and pod_id not in ctx.known.applied:
             return
-        # With pod level off, what the plugin set under an older sandbox is given back.
-        target = self._decide.pod(pod.id, view, "RunPodSandbox", refuse=ctx.fail)
+        target = self._decide.pod(pod_id, view, method, refuse=ctx.fail)
         if target is not None:
-            self._writes.pod(target, "RunPodSandbox", refuse=ctx.fail)
+            self._writes.pod(target, method, refuse=ctx.fail)
 
     @handles(Event.REMOVE_CONTAINER)
     async def container_event(

@@ -239,3 +239,33 @@ def test_a_synchronize_listing_two_sandboxes_of_a_pod_keeps_the_live_one(tmp_pat
     assert node.tree.read(f"{pod.cgroup_parent}/p0-again-app").quota == 150_000
     assert pod_values(node, pod) == (150_000, 1024 * MI)
     assert node.mismatches() == []
+
+
+def test_a_forgotten_pods_next_container_brings_its_pod_values(tmp_path: Path) -> None:
+    """A pod the plugin forgot past its bound is met again at its next CreateContainer: its pod
+    cgroup gets the values a RunPodSandbox would have given it (the model test found a batch
+    pod left at kubelet's unlimited values after pod level was turned on)."""
+    batch = PodModel(
+        "b0", Kind.BATCH_BE, (ContainerModel("app", Extended(500, 1000, 512 * MI), Native()),)
+    )
+    others = [mid_ls(f"p{i}") for i in (1, 2)]
+
+    async def scenario() -> HistoryNode:
+        node = await start_node(
+            tmp_path, cgroup_version=1, flavour=CONTAINERD_1_7, config=Config(pod_level=False)
+        )
+        node.max_pods = 2
+        await node.restart_plugin()
+        await node.run_pod(batch)
+        for pod in others:
+            await node.run_pod(pod)
+        assert "b0" not in remembered(node)
+        await node.reload(Config())
+        await node.create(batch.id, "app")
+        assert "b0" in remembered(node)
+        await node.stop_plugin()
+        return node
+
+    node = run(scenario())
+    assert pod_values(node, batch) == (100_000, 512 * MI)
+    assert node.mismatches(skip={"p1"}) == []

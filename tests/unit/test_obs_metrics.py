@@ -103,19 +103,23 @@ def test_metrics_count_what_the_runtime_sent(tmp_path: Path) -> None:
             assert m.value(f"{duration}_bucket", method="CreateContainer", le="+Inf") == 4
             assert m.value(f"{duration}_count", method="Synchronize") == 1
 
-            # batch: 2 adjusted + the malformed one (its labels name the tier) + its pod level at
-            # RunPodSandbox. none: 3 synchronized containers + their 2 pods + 1 created container.
-            assert m.value("nri_midbatch_decisions_total", tier="batch") == 4
+            # batch: 2 adjusted + the malformed one (its labels name the tier) + the pod level of
+            # the good and the malformed pod, first met at their CreateContainer, + the good
+            # one's again at its RunPodSandbox. none: 3 synchronized containers + their 2 pods +
+            # 1 created container.
+            assert m.value("nri_midbatch_decisions_total", tier="batch") == 6
             assert m.value("nri_midbatch_decisions_total", tier="none") == 6
             # A tier with no decision yet is there at 0, so rate() sees its first rise.
             assert m.value("nri_midbatch_decisions_total", tier="mid") == 0
-            assert m.value("nri_midbatch_invalid_inputs_total", reason="spec") == 1
+            # The malformed annotation, once for its pod and once for its container.
+            assert m.value("nri_midbatch_invalid_inputs_total", reason="spec") == 2
             for field in ("cpu_shares", "cpu_quota", "memory_limit"):
                 adjusted = m.value(
                     "nri_midbatch_adjusted_fields_total", method="CreateContainer", field=field
                 )
                 assert adjusted == 2, field
-            assert m.value("nri_midbatch_pod_cgroup_writes_total", result="ok") == 1
+            # The good pod's, at its first CreateContainer and again at its RunPodSandbox.
+            assert m.value("nri_midbatch_pod_cgroup_writes_total", result="ok") == 2
             assert m.value("nri_midbatch_pod_cgroup_writes_total", result="failed") == 0
 
             assert m.value("nri_midbatch_registered") == 1

@@ -225,7 +225,8 @@ def test_create_batch_be_adjusts_exactly_shares_quota_memory(tree: FakeTree) -> 
             # Never ask to update the container being created (NRI §4.4).
             assert list(reply.update) == []
             assert list(reply.evict) == []
-            assert c.plugin.counters.decisions == {"batch": 1}
+            # The pod, first met here (no RunPodSandbox was seen), and its container.
+            assert c.plugin.counters.decisions == {"batch": 2}
 
     run(scenario())
 
@@ -252,7 +253,8 @@ def test_create_mid_be_computes_from_mid_resources_and_keeps_looser_native(
             assert values_of(reply.adjust.linux.resources) == (256, 200_000, GI)
             assert_only_cgroup_values(reply.adjust.linux.resources)
             assert list(reply.update) == []
-            assert c.plugin.counters.decisions == {"mid": 1}
+            # The pod, first met here (no RunPodSandbox was seen), and its container.
+            assert c.plugin.counters.decisions == {"mid": 2}
 
     run(scenario())
 
@@ -300,7 +302,8 @@ def test_create_untouched_pods_get_an_empty_response(
             reply = await c.create(pod, ctr)
             assert reply.SerializeToString() == b"", why
             assert c.plugin.counters.invalid == {}
-            assert c.plugin.counters.decisions == {"none": 1}
+            # The pod, first met here (no RunPodSandbox was seen), and its container.
+            assert c.plugin.counters.decisions == {"none": 2}
 
     run(scenario())
 
@@ -1008,12 +1011,14 @@ def test_ignore_leaves_malformed_pods_alone_and_counts_them(
         async with connected(make_config(tree, failurePolicy="Ignore"), nri_version="v0.12.0") as c:
             reply = await c.create(pod, ctr)
             assert reply.SerializeToString() == b""
-            assert c.plugin.counters.invalid == {"spec": 1}
+            # Once for the pod, first met here (no RunPodSandbox was seen), once for its
+            # container.
+            assert c.plugin.counters.invalid == {"spec": 2}
             update = await c.update(pod, ctr, resources(quota=100_000))
             assert update.SerializeToString() == b""
-            assert c.plugin.counters.invalid == {"spec": 2}
-            await c.run_pod_sandbox(pod)
             assert c.plugin.counters.invalid == {"spec": 3}
+            await c.run_pod_sandbox(pod)
+            assert c.plugin.counters.invalid == {"spec": 4}
 
     run(scenario())
     assert tree.read(pod.linux.cgroup_parent) == BESTEFFORT
