@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Prepare the QEMU guest of the cgroup v2 end-to-end legs (docs/testing.md):
-# Debian 12's qemu-system-x86 and busybox-static (installed), the kernel of
+# Debian 12's qemu-system-x86, busybox-static and containernetworking-plugins
+# (installed: the DaemonSet test's pod network in the guest), the kernel of
 # Debian 12's linux-image-amd64 (downloaded, not installed: only vmlinuz and
 # the modules the initramfs loads are unpacked), and our own initramfs built
 # from tests/e2e/guest/init.sh.
 #
 # Idempotent: everything lands under .cache/guest/ in the repository root; a
-# second run only rebuilds the initramfs when init.sh changed.
+# second run unpacks the kernel again only when MODULES changed, and rebuilds the
+# initramfs only when init.sh or the modules changed.
 # Prints the directory holding vmlinuz and initramfs.cpio.gz.
 # Quiet on success; on failure the captured apt output goes to stderr.
 set -euo pipefail
@@ -15,9 +17,10 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="$ROOT/.cache/guest"
 INIT="$ROOT/tests/e2e/guest/init.sh"
 LOG="$CACHE/fetch.log"
-# In load order: each needs the ones before it.
+# In load order: each needs the ones before it. llc, stp, bridge and veth: the CNI
+# bridge plugin's pod network (the DaemonSet test).
 MODULES=(virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci virtio-rng
-    netfs fscache 9pnet 9pnet_virtio 9p overlay)
+    netfs fscache 9pnet 9pnet_virtio 9p overlay llc stp bridge veth)
 
 SCRIPT=fetch-guest
 # shellcheck source=scripts/lib.sh
@@ -26,17 +29,18 @@ source "$ROOT/scripts/lib.sh"
 mkdir -p "$CACHE"
 : >"$LOG"
 
-# --- qemu and busybox from Debian 12 (system-wide) ---
+# --- qemu, busybox and the CNI plugins from Debian 12 (system-wide) ---
 missing=()
 command -v qemu-system-x86_64 >/dev/null 2>&1 || missing+=(qemu-system-x86)
 [[ -x /bin/busybox ]] || missing+=(busybox-static)
+[[ -x /usr/lib/cni/bridge ]] || missing+=(containernetworking-plugins)
 if ((${#missing[@]})); then
     apt_install "${missing[@]}"
 fi
 
 # --- the kernel: vmlinuz and a few modules of Debian 12's current one ---
 KERNEL="$CACHE/kernel"
-if [[ ! -f "$KERNEL/vmlinuz" ]]; then
+if [[ ! -f "$KERNEL/vmlinuz" || "$(cat "$KERNEL/modules/order" 2>/dev/null)" != "$(printf '%s\n' "${MODULES[@]}")" ]]; then
     pkg="$(apt-cache depends linux-image-amd64 2>>"$LOG" |
         awk '$1 == "Depends:" && $2 ~ /^linux-image-[0-9]/ { print $2; exit }')"
     if [[ -z "$pkg" ]]; then

@@ -238,9 +238,12 @@ class Containerd:
         log_level: str = "info",
         start_timeout: float = 20.0,
         nri_socket: Path | None = None,
+        root: Path | None = None,
     ) -> None:
         """`nri_socket`: where NRI listens (default `workdir`/nri.sock); a directory of
-        its own lets a test bind that directory, and nothing else, into a container."""
+        its own lets a test bind that directory, and nothing else, into a container.
+        `root`: containerd's root (default `workdir`/root); one that outlives the test
+        keeps its images for the next harness."""
         self.workdir = Path(workdir).resolve()
         self.bin_dir = Path(bin_dir).resolve()
         self.flavour = FLAVOURS[version]
@@ -248,7 +251,7 @@ class Containerd:
         self.log_level = log_level
         self.start_timeout = start_timeout * SLOWDOWN
 
-        self.root = self.workdir / "root"
+        self.root = (root or self.workdir / "root").resolve()
         self.state = self.workdir / "state"
         self.runc_root = self.workdir / "runc"
         self.address = self.workdir / "containerd.sock"

@@ -9,6 +9,8 @@ the node's files through tests/e2e/node.py, which knows v2 and the drivers.
 - systemd: systemd as PID 1, containerd in a delegated scope with
   `SystemdCgroup = true`, the kubepods slices made as kubelet makes them, and
   the plugin with `cgroups.driver: systemd`.
+- daemonset: the systemd node again, with the plugin as the DaemonSet's pod
+  from the built image (test_daemonset.py) instead of a process of the checkout.
 
 Each leg holds one boot; a test the guest could not finish (a hang, a boot
 failure) fails with the tails of its output and of the guest's console.
@@ -56,6 +58,16 @@ SYSTEMD_TESTS: tuple[str, ...] = (
 #: convergence tests, 827 s for cgroupfs and about 1,220 s for systemd (its 13 tests) while
 #: another guest and other tests ran.
 LEG_TIMEOUT = 1800.0
+#: The DaemonSet's pod from the image (built on the host, before the boot) on the
+#: systemd node: a leg of its own, as its pods need the image and a CNI network.
+DAEMONSET_TESTS = (
+    "tests/e2e/test_daemonset.py::test_runs_as_the_manifest_says_and_sets_tier_values",
+    "tests/e2e/test_daemonset.py::test_survives_a_containerd_restart",
+    "tests/e2e/test_daemonset.py::test_survives_its_container_killed_and_created_again",
+    "tests/e2e/test_daemonset.py::test_systemd_holds_the_values_across_a_daemon_reload",
+)
+#: The DaemonSet leg imports the 210 MB image first (about 4 min of it on a loaded machine).
+DAEMONSET_LEG_TIMEOUT = 1500.0
 #: The tests' own waits, stretched for software emulation (node.SLOWDOWN).
 SLOWDOWN = 10
 
@@ -102,14 +114,19 @@ def outcomes(junit: Path) -> dict[str, str]:
     return result
 
 
-@pytest.mark.parametrize("driver", list(Driver))
-def test_tier_tests_pass_on_cgroup_v2(driver: Driver, guest_cache: Path, tmp_path: Path) -> None:
-    tests = GUEST_TESTS + (SYSTEMD_TESTS if driver is Driver.SYSTEMD else ())
+def run_leg(
+    cache: Path,
+    driver: Driver,
+    tests: tuple[str, ...],
+    tmp_path: Path,
+    timeout: float = LEG_TIMEOUT,
+) -> None:
+    """Boot the guest for `driver`, run `tests` there, and assert that every one passed."""
     share = tmp_path / "share"
-    run = boot(guest_cache, driver, guest_command(driver, tests), share, timeout=LEG_TIMEOUT)
+    run = boot(cache, driver, guest_command(driver, tests), share, timeout=timeout)
     print(f"guest leg {driver}: {run.seconds:.0f} s")
     if run.rc is None:
-        why = f"timed out after {LEG_TIMEOUT:.0f} s" if run.timed_out else "ended early"
+        why = f"timed out after {timeout:.0f} s" if run.timed_out else "ended early"
         pytest.fail(f"guest leg {driver} {why}, no result\n{run.tails()}", pytrace=False)
     junit = share / "junit.xml"
     assert junit.exists(), f"pytest in the guest wrote no report (rc {run.rc})\n{run.tails()}"
@@ -117,3 +134,16 @@ def test_tier_tests_pass_on_cgroup_v2(driver: Driver, guest_cache: Path, tmp_pat
     # Every selected test ran and passed: a skip would hide a missing prerequisite.
     assert len(found) == len(tests) and set(found.values()) == {"passed"}, f"{found}\n{run.tails()}"
     assert run.rc == 0, run.tails()
+
+
+@pytest.mark.parametrize("driver", list(Driver))
+def test_tier_tests_pass_on_cgroup_v2(driver: Driver, guest_cache: Path, tmp_path: Path) -> None:
+    tests = GUEST_TESTS + (SYSTEMD_TESTS if driver is Driver.SYSTEMD else ())
+    run_leg(guest_cache, driver, tests, tmp_path)
+
+
+def test_daemonset_pod_runs_on_cgroup_v2(
+    guest_cache: Path, plugin_image: Path, tmp_path: Path
+) -> None:
+    # plugin_image: built here, so that the guest finds the archive in .cache/image/.
+    run_leg(guest_cache, Driver.SYSTEMD, DAEMONSET_TESTS, tmp_path, DAEMONSET_LEG_TIMEOUT)
