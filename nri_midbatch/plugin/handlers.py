@@ -276,7 +276,7 @@ class MidBatchPlugin:
         if view is None:
             # A pod the plugin forgot past its bounds, or never heard of: its pod values
             # as at its RunPodSandbox, before its container's (a pod goes up first on v1).
-            self._set_met_pod(pod_id, self._meet(pod), "CreateContainer")
+            self._set_met_pod(pod_id, self._meet(pod, "CreateContainer"), "CreateContainer")
             view = known.pods[pod_id]
         ctr_view = container_view(container)
         known.set_container(ctr_view.id, pod_id, ctr_view, container.linux.cgroups_path)
@@ -508,16 +508,16 @@ class MidBatchPlugin:
         if self.systemd is not None:
             self.systemd.forget_pod(pod.uid)
 
-    def _meet(self, pod: api.PodSandbox) -> PodView:
+    def _meet(self, pod: api.PodSandbox, method: str) -> PodView:
         """Remember a sandbox not known: with its pod's baseline, by uid (records.py)."""
-        told = told_baseline(pod, self._decide, "RunPodSandbox")
+        told = told_baseline(pod, self._decide, method)
         return self._records.meet(pod.id, pod_view(pod, told), told is not None)
 
     def _run_pod_sandbox(self, pod: api.PodSandbox) -> None:
         """A new sandbox: kubelet's values are its pod's, if the plugin knew the pod under an
         older sandbox or keeps its record; else the runtime's, or what its cgroup holds now,
         before any write of ours."""
-        self._set_met_pod(pod.id, self._meet(pod), "RunPodSandbox")
+        self._set_met_pod(pod.id, self._meet(pod, "RunPodSandbox"), "RunPodSandbox")
 
     def _set_met_pod(self, pod_id: str, view: PodView, method: str) -> None:
         """A sandbox just met: its pod's values, unless pod level is off and the plugin set
