@@ -312,7 +312,9 @@ class MidBatchPlugin:
         entry = known.containers.get(container_id)
         view = known.pods.get(pod.id)
         if view is None:
-            view = pod_view(pod)
+            # As at CreateContainer: a pod forgotten past the bounds, or never heard of.
+            self._set_met_pod(pod.id, self._meet(pod, "UpdateContainer"), "UpdateContainer")
+            view = known.pods[pod.id]
         resized = entry is not None and entry[1].native != ctr_view.native
         if resized:
             # Kubelet writes the pod cgroup after the containers when a resize lowers them.

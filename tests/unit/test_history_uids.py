@@ -269,3 +269,31 @@ def test_a_forgotten_pods_next_container_brings_its_pod_values(tmp_path: Path) -
     node = run(scenario())
     assert pod_values(node, batch) == (100_000, 512 * MI)
     assert node.mismatches(skip={"p1"}) == []
+
+
+def test_a_forgotten_pods_container_resized_brings_its_pod_values(tmp_path: Path) -> None:
+    """The same met again at an UpdateContainer of a container the plugin forgot with its pod
+    (the model test found the mid pod left at kubelet's unlimited values)."""
+    mid_be = PodModel("m0", Kind.MID_BE, (ContainerModel("app", MID, Native()),))
+    others = [mid_ls(f"p{i}") for i in (1, 2)]
+
+    async def scenario() -> HistoryNode:
+        node = await start_node(
+            tmp_path, cgroup_version=1, flavour=CONTAINERD_1_7, config=Config(pod_level=False)
+        )
+        node.max_pods = 2
+        await node.restart_plugin()
+        await node.run_pod(mid_be)
+        await node.create(mid_be.id, "app")
+        for pod in others:
+            await node.run_pod(pod)
+        assert "m0" not in remembered(node)
+        await node.reload(Config())
+        await node.resize(mid_be.id, "app", Native())
+        assert "m0" in remembered(node)
+        await node.stop_plugin()
+        return node
+
+    node = run(scenario())
+    assert pod_values(node, mid_be) == (200_000, 1024 * MI)
+    assert node.mismatches(skip={"p1"}) == []
