@@ -29,19 +29,31 @@ LAUNCHER = Path(__file__).resolve().parents[2] / "examples" / "prelaunched" / "l
 LOADING = re.compile(rb"\|\s+structlog$")
 
 
+def run_args(log: Path) -> tuple[str, ...]:
+    """`run` logging to `log`, serving nothing but NRI."""
+    return ("run", "--log-file", str(log), "--metrics-address", "", "--state-dir", "",
+            "--status-socket", "")  # fmt: skip
+
+
+def registers(runtime_end: Any) -> None:
+    """The runtime's end: the plugin registers, then the runtime goes away."""
+
+    async def scenario() -> None:
+        runtime = await LoopbackRuntime.over(runtime_end)
+        try:
+            await runtime.start(registration_timeout=STARTUP_TIMEOUT)
+            assert runtime.record.registrations
+        finally:
+            await runtime.close()
+
+    run(scenario(), timeout=2 * STARTUP_TIMEOUT)
+
+
 def started(tmp_path: Path) -> tuple[subprocess.Popen[bytes], Any, Path]:
     """The plugin, pre-launched, once it is loading its modules; its runtime end and log."""
     log = tmp_path / "plugin.log"
     process, runtime_end = start_prelaunched(
-        "run",
-        "--log-file",
-        str(log),
-        "--metrics-address",
-        "",
-        "--state-dir",
-        "",
-        "--status-socket",
-        "",
+        *run_args(log),
         stderr=subprocess.PIPE,
         env={"PYTHONPROFILEIMPORTTIME": "1"},
     )
@@ -71,16 +83,7 @@ def test_sighup_and_sigusr1_while_loading_are_acted_on_once_serving(
         time.sleep(delay)
         process.send_signal(signal.SIGHUP)
         process.send_signal(signal.SIGUSR1)
-
-        async def scenario() -> None:
-            runtime = await LoopbackRuntime.over(runtime_end)
-            try:
-                await runtime.start(registration_timeout=STARTUP_TIMEOUT)
-                assert runtime.record.registrations
-            finally:
-                await runtime.close()
-
-        run(scenario(), timeout=2 * STARTUP_TIMEOUT)
+        registers(runtime_end)
         assert process.wait(timeout=STARTUP_TIMEOUT) == 0
         said = [e["event"] for e in events(log)]
         # Each acted on once: a reload asked (no configuration file here) and debug on.
@@ -120,33 +123,13 @@ def test_the_prelaunched_launcher_keeps_the_plugin_through_signals_from_its_firs
     launcher.write_text(LAUNCHER.read_text().replace("@NRI_MIDBATCH@", command[0]))
     launcher.chmod(0o755)
     log = tmp_path / "plugin.log"
-    process, runtime_end = start_prelaunched(
-        "run",
-        "--log-file",
-        str(log),
-        "--metrics-address",
-        "",
-        "--state-dir",
-        "",
-        "--status-socket",
-        "",
-        command=[str(launcher)],
-    )
+    process, runtime_end = start_prelaunched(*run_args(log), command=[str(launcher)])
     try:
         for _ in range(30):  # every 10 ms for the first 0.3 s, as an unlucky runtime might
             time.sleep(0.01)
             process.send_signal(signal.SIGHUP)
             process.send_signal(signal.SIGUSR1)
-
-        async def scenario() -> None:
-            runtime = await LoopbackRuntime.over(runtime_end)
-            try:
-                await runtime.start(registration_timeout=STARTUP_TIMEOUT)
-                assert runtime.record.registrations
-            finally:
-                await runtime.close()
-
-        run(scenario(), timeout=2 * STARTUP_TIMEOUT)
+        registers(runtime_end)
         assert process.wait(timeout=STARTUP_TIMEOUT) == 0
     finally:
         if process.poll() is None:
