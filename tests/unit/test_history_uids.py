@@ -241,13 +241,27 @@ def test_a_synchronize_listing_two_sandboxes_of_a_pod_keeps_the_live_one(tmp_pat
     assert node.mismatches() == []
 
 
-def test_a_forgotten_pods_next_container_brings_its_pod_values(tmp_path: Path) -> None:
-    """A pod the plugin forgot past its bound is met again at its next CreateContainer: its pod
-    cgroup gets the values a RunPodSandbox would have given it (the model test found a batch
-    pod left at kubelet's unlimited values after pod level was turned on)."""
-    batch = PodModel(
-        "b0", Kind.BATCH_BE, (ContainerModel("app", Extended(500, 1000, 512 * MI), Native()),)
-    )
+BATCH_BE = PodModel(
+    "b0", Kind.BATCH_BE, (ContainerModel("app", Extended(500, 1000, 512 * MI), Native()),)
+)
+MID_BE = PodModel("m0", Kind.MID_BE, (ContainerModel("app", MID, Native()),))
+
+
+@pytest.mark.parametrize(
+    ("pod", "met_at", "want"),
+    [
+        (BATCH_BE, "CreateContainer", (100_000, 512 * MI)),
+        (MID_BE, "UpdateContainer", (200_000, 1024 * MI)),
+    ],
+    ids=["create", "update"],
+)
+def test_a_forgotten_pod_met_again_at_a_container_event_gets_its_pod_values(
+    tmp_path: Path, pod: PodModel, met_at: str, want: tuple[int, int]
+) -> None:
+    """A pod the plugin forgot past its bound is met again at its next CreateContainer, or at
+    an UpdateContainer of a container forgotten with it: its pod cgroup gets the values a
+    RunPodSandbox would have given it (the model test found a batch and a mid pod left at
+    kubelet's unlimited values after pod level was turned on)."""
     others = [mid_ls(f"p{i}") for i in (1, 2)]
 
     async def scenario() -> HistoryNode:
@@ -256,44 +270,21 @@ def test_a_forgotten_pods_next_container_brings_its_pod_values(tmp_path: Path) -
         )
         node.max_pods = 2
         await node.restart_plugin()
-        await node.run_pod(batch)
-        for pod in others:
-            await node.run_pod(pod)
-        assert "b0" not in remembered(node)
+        await node.run_pod(pod)
+        if met_at == "UpdateContainer":
+            await node.create(pod.id, "app")
+        for other in others:
+            await node.run_pod(other)
+        assert pod.id not in remembered(node)
         await node.reload(Config())
-        await node.create(batch.id, "app")
-        assert "b0" in remembered(node)
+        if met_at == "CreateContainer":
+            await node.create(pod.id, "app")
+        else:
+            await node.resize(pod.id, "app", Native())
+        assert pod.id in remembered(node)
         await node.stop_plugin()
         return node
 
     node = run(scenario())
-    assert pod_values(node, batch) == (100_000, 512 * MI)
-    assert node.mismatches(skip={"p1"}) == []
-
-
-def test_a_forgotten_pods_container_resized_brings_its_pod_values(tmp_path: Path) -> None:
-    """The same met again at an UpdateContainer of a container the plugin forgot with its pod
-    (the model test found the mid pod left at kubelet's unlimited values)."""
-    mid_be = PodModel("m0", Kind.MID_BE, (ContainerModel("app", MID, Native()),))
-    others = [mid_ls(f"p{i}") for i in (1, 2)]
-
-    async def scenario() -> HistoryNode:
-        node = await start_node(
-            tmp_path, cgroup_version=1, flavour=CONTAINERD_1_7, config=Config(pod_level=False)
-        )
-        node.max_pods = 2
-        await node.restart_plugin()
-        await node.run_pod(mid_be)
-        await node.create(mid_be.id, "app")
-        for pod in others:
-            await node.run_pod(pod)
-        assert "m0" not in remembered(node)
-        await node.reload(Config())
-        await node.resize(mid_be.id, "app", Native())
-        assert "m0" in remembered(node)
-        await node.stop_plugin()
-        return node
-
-    node = run(scenario())
-    assert pod_values(node, mid_be) == (200_000, 1024 * MI)
+    assert pod_values(node, pod) == want
     assert node.mismatches(skip={"p1"}) == []
