@@ -156,7 +156,7 @@ class _Plugin:
         times["views"].append(time.perf_counter_ns() - started)
         lines = DecisionLines("CreateContainer")
         started = time.perf_counter_ns()
-        plugin._decide.container(view, ctr, lines, refuse=False)
+        plugin._decide.container(view, ctr, lines, refuse=False, applied=None, current=None)
         times["decide"].append(time.perf_counter_ns() - started)
         lines.write_after(plugin.after_reply)
         await self.settle(pod)

@@ -67,3 +67,8 @@ class Settings:
 
     def compile(self) -> Policy:
         return Policy(self.tiers, self.classification, self.rules)
+
+    def enforces(self, *, pod: bool) -> bool:
+        """Whether the plugin claims values on a pod (`pod`) or a container: never in observe
+        mode, and on pods only with pod level on. What it claimed before is given back."""
+        return self.mode != Mode.OBSERVE and (not pod or self.cgroups.pod_level)

@@ -31,7 +31,7 @@ from nri_midbatch.policy import (
 )
 from nri_midbatch.policy.holdable import unholdable_kubelet
 from nri_midbatch.rpc.errors import RpcError
-from nri_midbatch.state.baseline import in_force
+from nri_midbatch.state.baseline import Target, target
 from nri_midbatch.wire.status import Code
 
 log = structlog.get_logger(__name__)
@@ -65,14 +65,19 @@ class Decider:
         lines: DecisionLines,
         *,
         refuse: bool,
+        applied: CgroupValues | None,
+        current: CgroupValues | None,
         pod_class: PodClass | None = None,
-    ) -> tuple[bool, CgroupValues | None]:
-        """Decide, count, and add the decision's line: whether it was decided, and the
-        values the tier claims, if any.
+    ) -> Target | None:
+        """Decide, count, add the decision's line, and return the container's target
+        (state/baseline.py): what to put in force given `applied`, what the plugin set
+        there before, and what of it is the plugin's.
 
-        Not decided: bad input or a bug, logged and counted; the container keeps what it
-        has. `refuse` makes bad input an error reply. `pod_class`: the pod's
-        classification, made once for its containers (`classify`).
+        None: not decided (bad input or a bug, logged and counted); the container keeps
+        what it has. `refuse` makes bad input an error reply. In observe mode what the tier
+        would set is reported (against `current`, what the container holds) and nothing
+        claimed. `pod_class`: the pod's classification, made once for its containers
+        (`classify`).
 
         Only an operation the runtime can refuse on its own (creating or
         updating one container, running one pod) may be refused: an error from
@@ -84,22 +89,25 @@ class Decider:
         except Exception as exc:
             where = {"namespace": pod.namespace, "pod": pod.name, "container": container.name}
             self._failed(exc, lines.method, where, refuse)
-            return False, None
+            return None
         ctx.counters.count_decision(decision)
         for observer in ctx.observers:
             observer.decided(pod, container, decision)
         if decision.error is not None:
             where = {"namespace": pod.namespace, "pod": pod.name, "container": container.name}
             self._invalid(decision, lines.method, where, refuse)
-            return False, None
+            return None
+        enforce = ctx.config.enforces(pod=False)
         if decision.values is None:
             # Untouched workloads are the common case: visible at debug only
             # (SIGUSR1), with the trace that says why.
             lines.add(None, pod, container, decision.trace[-1])
-            return True, None
-        values = decision.values  # a shared instance (policy/calculate.py)
-        lines.add(decision.tier, pod, container, values)
-        return True, values
+        else:
+            # A shared instance (policy/calculate.py).
+            lines.add(decision.tier, pod, container, decision.values)
+            if not enforce:
+                self.observed(lines.method, pod, container, decision.values, current)
+        return target(decision, applied, container.native, enforce=enforce)
 
     def classify(self, pod: PodView) -> PodClass | None:
         """The pod's part of its containers' decisions; None if it raised (a bug).
@@ -115,15 +123,16 @@ class Decider:
     def pod(self, pod_id: str, pod: PodView, method: str, *, refuse: bool) -> PodTarget | None:
         """The pod decision, counted, and what to write for it; None if nothing is to be.
 
-        What to write is the tier's values and kubelet's for what the plugin gives back
-        (`in_force`). In observe mode the tier's values are only reported.
+        What to write is the pod's target (state/baseline.py): the tier's values and
+        kubelet's for what the plugin gives back. In observe mode the tier's values are only
+        reported.
         """
         ctx = self._ctx
         where = {"namespace": pod.namespace, "pod": pod.name}
         try:
             decision = decide_pod(pod, ctx.policy)
             # A pod in a tier needs kubelet's values: to bound the tier's, or to scale them.
-            if decision.tier is not None and pod_id not in ctx.known.pod_baseline_known:
+            if decision.tier is not None and not ctx.known.baseline_known(pod_id):
                 pod = self._records.establish_pod_baseline(pod_id, pod)
                 decision = decide_pod(pod, ctx.policy)
         except Exception as exc:
@@ -135,11 +144,12 @@ class Decider:
         if decision.error is not None:
             self._invalid(decision, method, where, refuse)
             return None
-        claimed = decision.values if ctx.pod_level else None
-        if ctx.observing and claimed is not None:
-            self.observed(method, pod, None, claimed, self._pod_now(pod, claimed))
-            claimed = None
-        values = in_force(claimed, ctx.known.applied.get(pod_id), pod.native)
+        if ctx.observing and ctx.pod_level and decision.values is not None:
+            self.observed(method, pod, None, decision.values, self._pod_now(pod, decision.values))
+        enforce = ctx.config.enforces(pod=True)
+        values, claimed = target(
+            decision, ctx.known.applied.get(pod_id), pod.native, enforce=enforce
+        )
         if values is None:
             return None
         return PodTarget(pod_id, pod, decision.tier, values, claimed)

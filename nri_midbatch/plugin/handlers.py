@@ -4,8 +4,9 @@ Each handler turns its NRI messages into plain views (codec.py), has them
 decided (decisions.py, which also applies the failure policy), and answers
 with container adjustments or updates; pod values go to their cgroup files
 (writes.py; NRI cannot adjust a pod sandbox). The Synchronize pass has its
-own room (synchronize.py), kubelet's values kept across restarts theirs
-(records.py); what they share is the plugin's context (context.py).
+own room (synchronize.py). Kubelet's baseline is state/known.py's: the handlers
+tell it what happened through its named methods (records.py reads the cgroups
+and record files it needs); what they share is the plugin's context (context.py).
 """
 
 from __future__ import annotations
@@ -50,12 +51,7 @@ from nri_midbatch.plugin.writes import Writes
 from nri_midbatch.policy import NativeLimits, PodView, Policy, QoSClass, decide_pod
 from nri_midbatch.policy.classify import qos_from_cgroup_parent
 from nri_midbatch.rpc.errors import RpcError
-from nri_midbatch.state.baseline import (
-    in_force,
-    newly_limited,
-    resized_pod_baseline,
-    told_pod_baseline,
-)
+from nri_midbatch.state.baseline import newly_limited, told_pod_baseline
 from nri_midbatch.state.known import Known
 from nri_midbatch.state.plan import Plan, plan, quota_in_force, raises_quota
 from nri_midbatch.state.store import BaselineStore
@@ -172,7 +168,7 @@ class MidBatchPlugin:
         enforce, pod_level = not ctx.observing, ctx.pod_level
         if enforce and pod_level:
             for pod_id, view in list(ctx.known.pods.items()):
-                if pod_id not in ctx.known.pod_baseline_known:
+                if not ctx.known.baseline_known(pod_id):
                     try:
                         in_tier = decide_pod(view, ctx.policy).tier is not None
                     except Exception:  # the plan reports bad input
@@ -204,9 +200,7 @@ class MidBatchPlugin:
             entry = known.containers.get(change.container.id)
             if change.container.id in failed_ids or entry is None:
                 continue
-            known.note_set(change.container.id, change.claimed)
-            if by_files:
-                known.recorded.add(change.container.id)
+            known.note_set(change.container.id, change.claimed, by_files=by_files)
             touched.add(entry[0])
         for pod_change in plan.pods:
             if pod_change.pod_id in failed_pods or pod_change.pod_id not in known.pods:
@@ -281,16 +275,15 @@ class MidBatchPlugin:
         ctr_view = container_view(container)
         known.set_container(ctr_view.id, pod_id, ctr_view, container.linux.cgroups_path)
         lines = DecisionLines("CreateContainer")
-        _, values = self._decide.container(view, ctr_view, lines, refuse=ctx.fail)
+        current = current_values(container.linux.resources)
+        decided = self._decide.container(
+            view, ctr_view, lines, refuse=ctx.fail, applied=None, current=current
+        )
         lines.write_after(ctx.after_reply)
-        if values is None:
+        if decided is None or decided.values is None:
             return api.CreateContainerResponse()
-        if ctx.observing:
-            current = current_values(container.linux.resources)
-            self._decide.observed("CreateContainer", view, ctr_view, values, current)
-            return api.CreateContainerResponse()
-        known.annotated.add(ctr_view.id)
-        known.set_applied(ctr_view.id, values)
+        values = decided.values
+        known.adjusted_at_creation(ctr_view.id, values)
         ctx.counters.count_adjusted("CreateContainer", fields=set_fields(values))
         response = api.CreateContainerResponse()
         adjust = response.adjust
@@ -315,55 +308,36 @@ class MidBatchPlugin:
             # As at CreateContainer: a pod forgotten past the bounds, or never heard of.
             self._set_met_pod(pod.id, self._meet(pod, "UpdateContainer"), "UpdateContainer")
             view = known.pods[pod.id]
-        resized = entry is not None and entry[1].native != ctr_view.native
-        if resized:
-            # Kubelet writes the pod cgroup after the containers when a resize lowers them.
-            self.reconcile.recheck_soon(pod.id)
-        pod_moved = False
+        moved = None
         if entry is not None:
-            known.set_container(container_id, pod.id, ctr_view, container.linux.cgroups_path)
-            if resized:
-                known.recorded.add(container_id)
-            # Kubelet keeps a BestEffort pod's cgroup unlimited whatever its containers ask.
-            if resized and qos_from_cgroup_parent(view.cgroup_parent) is not QoSClass.BE:
-                siblings = [
-                    known.containers[other][1].native
-                    for other in known.containers_of(pod.id)
-                    if other != container_id
-                ]
-                native = resized_pod_baseline(
-                    view.native, entry[1].native, ctr_view.native, siblings
-                )
-                if newly_limited(view.native, native):
-                    # Kubelet's new pod limit also counts containers not created yet and
-                    # the overhead, which the runtime may not tell: read back from the pod's
-                    # cgroup once kubelet has written it, after the reply.
-                    known.pod_baseline_known.discard(pod.id)
-                view = replace(view, native=native)
-                pod_moved = pod.id in known.pods
-                if pod_moved:
-                    known.pods[pod.id] = view
+            if entry[1].native != ctr_view.native:
+                # Kubelet writes the pod cgroup after the containers when a resize lowers them.
+                self.reconcile.recheck_soon(pod.id)
+            path = container.linux.cgroups_path
+            moved = known.container_updated(pod.id, ctr_view, path, entry[1], view)
         lines = DecisionLines("UpdateContainer")
-        decided, claimed = self._decide.container(view, ctr_view, lines, refuse=ctx.fail)
+        decided = self._decide.container(
+            view if moved is None else moved,
+            ctr_view,
+            lines,
+            refuse=ctx.fail,
+            applied=known.applied.get(container_id),
+            current=current_values(resources),
+        )
         lines.write_after(ctx.after_reply)
-        if not decided:
+        if decided is None:
             return []
-        if ctx.observing and claimed is not None:
-            current = current_values(resources)
-            self._decide.observed("UpdateContainer", view, ctr_view, claimed, current)
-            claimed = None
-        values = in_force(claimed, known.applied.get(container_id), ctr_view.native)
         if entry is not None:
-            known.note_set(container_id, claimed)
-        if pod_moved:
-            self._follow_resize(pod.id, view)
-        elif container_id in known.recorded:
+            known.note_set(container_id, decided.claimed)
+        if moved is not None and pod.id in known.pods:
+            self._follow_resize(pod.id, moved)
+        elif known.is_recorded(container_id):
             self._records.keep_later(pod.id)
-        if values is None:
+        if decided.values is None:
             return []
-        if claimed is not None:
-            ctx.counters.count_adjusted("UpdateContainer", fields=set_fields(values))
-        return [container_update(container_id, values)]
+        if decided.claimed is not None:
+            ctx.counters.count_adjusted("UpdateContainer", fields=set_fields(decided.values))
+        return [container_update(container_id, decided.values)]
 
     def _follow_resize(self, pod_id: str, view: PodView) -> None:
         """A container of the pod was resized: its pod's values follow its new baseline.
@@ -373,7 +347,7 @@ class MidBatchPlugin:
         The pod's record keeps the new baselines.
         """
         ctx = self._ctx
-        if ctx.pod_level and pod_id not in ctx.known.pod_baseline_known:
+        if ctx.pod_level and not ctx.known.baseline_known(pod_id):
             ctx.after_reply.defer(self._follow_resize_later, pod_id)
         elif ctx.pod_level:
             target = self._decide.pod(pod_id, view, "UpdateContainer", refuse=False)
@@ -406,11 +380,10 @@ class MidBatchPlugin:
         if view is None:
             self._awaiting_kubelet.discard(pod_id)
             return
-        if pod_id not in known.pod_baseline_known:
+        if not known.baseline_known(pod_id):
             kept = self._records.establish_pod_baseline(pod_id, view)
             if not final and newly_limited(kept.native, view.native):
-                known.pods[pod_id] = view
-                known.pod_baseline_known.discard(pod_id)
+                known.guess_pod_baseline(pod_id, view)
                 self._awaiting_kubelet.add(pod_id)
                 return
         self._awaiting_kubelet.discard(pod_id)
@@ -479,8 +452,8 @@ class MidBatchPlugin:
         native = told_pod_baseline(view.native, summed, told, known.applied.get(pod.id))
         if native == view.native:
             return
-        view = known.pods[pod.id] = replace(view, native=native)
-        known.pod_baseline_known.add(pod.id)
+        view = replace(view, native=native)
+        known.learn_pod_baseline(pod.id, view)
         self._follow_resize(pod.id, view)
 
     # Removals are handled only to forget what is gone, so a reload reaches live
@@ -537,7 +510,7 @@ class MidBatchPlugin:
     ) -> None:
         if event == Event.REMOVE_CONTAINER:
             known = self._ctx.known
-            recorded = container.id in known.recorded
+            recorded = known.is_recorded(container.id)
             known.forget_container(container.id)
             if recorded:
                 self._records.keep_later(pod.id)

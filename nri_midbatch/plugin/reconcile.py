@@ -365,7 +365,7 @@ class Reconciler:
         container: ContainerView | None = None
         if container_id is None:
             self._note(pod_id).checked_at = self._clock()
-            if pod_id not in known.pod_baseline_known:
+            if not known.baseline_known(pod_id):
                 return _Outcome.SKIPPED  # kubelet's values are not known: never guessed
             kubelet = pod.native
         else:
@@ -412,7 +412,7 @@ class Reconciler:
         """
         ctx = self._ctx
         policy = ctx.policy
-        enforce = not ctx.observing and (container is not None or ctx.pod_level)
+        enforce = ctx.config.enforces(pod=container is None)
         kept = self._targets.get(key)
         if (
             kept is not None
@@ -434,7 +434,7 @@ class Reconciler:
             kubelet = pod.native if container is None else container.native
             values = None
             if decision.error is None:
-                values = target(decision, applied, kubelet, enforce=enforce)
+                values = target(decision, applied, kubelet, enforce=enforce).values
                 if values != applied:
                     values = None
         self._targets[key] = _Target(policy, pod, container, enforce, applied, values)

@@ -15,6 +15,11 @@ the pod's last sandbox is removed and its cgroup is gone; while the cgroup stays
 may run a new sandbox in it) the record is parked, at most MAX_PARKED of them
 (`sandbox_removed`). A Synchronize removes the records of pods it did not list, but
 those parked (`keep_after_sync`).
+
+What a record holds, when it changes and how a pod or container is restored from it is
+state/known.py's to say (`record_change`, `meet_pod`, `kept_for`, `take_container`): this
+room is the edge that reads and writes the record files and the pod cgroups a baseline is
+read from, and schedules them around the replies.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from nri_midbatch.cgroups.values import baseline_of
 from nri_midbatch.plugin.cgroup_writer import CgroupUnreadable
 from nri_midbatch.plugin.context import PluginContext
 from nri_midbatch.policy import PodView
-from nri_midbatch.state.store import Kept, PodRecord
+from nri_midbatch.state.store import PodRecord
 
 log = structlog.get_logger(__name__)
 
@@ -50,35 +55,16 @@ class Records:
         self._parked: dict[str, None] = {}
 
     def meet(self, pod_id: str, view: PodView, told: bool) -> PodView:
-        """Remember a sandbox the plugin does not know; returns the view kept.
-
-        `view.native`: kubelet's values as the runtime or the pod's QoS class tell them
-        (`told`), which win; else those of the pod's sandbox the plugin knows (an older one,
-        dead: forgotten now), else its record's. What the plugin set on the pod carries
-        over from either, so that it can be given back.
-        """
+        """Remember a sandbox the plugin does not know, its pod's baseline restored from the
+        sandbox of its uid the plugin knows or from its record (Known.meet_pod); returns the
+        view kept."""
         ctx = self._ctx
-        known, uid = ctx.known, view.uid
-        kept: Kept | None = None
-        sure = told
-        twin = known.sandbox_of(uid)
-        if twin is not None:
-            older = known.pods[twin]
-            kept = Kept(older.native, known.applied.get(twin))
-            sure = sure or twin in known.pod_baseline_known
-            if twin != pod_id:
-                known.remove_pod(twin)
-        elif ctx.store.keeping and (record := ctx.store.load(uid)) is not None:
-            kept = record.pod
-            sure = sure or kept is not None
-        self._parked.pop(uid, None)
-        if kept is not None and not told:
-            view = replace(view, native=kept.kubelet)
-        view = known.add_pod(pod_id, view)
-        if sure:
-            known.pod_baseline_known.add(pod_id)
-        known.set_applied(pod_id, None if kept is None else kept.applied)
-        return view
+        self._parked.pop(view.uid, None)
+        return ctx.known.meet_pod(pod_id, view, told=told, load=self._load)
+
+    def _load(self, uid: str) -> PodRecord | None:
+        store = self._ctx.store
+        return store.load(uid) if store.keeping else None
 
     def sandbox_removed(self, pod: PodView) -> None:
         """A sandbox of the pod was removed: its record goes, unless the pod lives on.
@@ -118,25 +104,22 @@ class Records:
             log.debug("pod cgroup not readable", error=str(exc), pod=view.name)
             return view
         kept = replace(view, native=baseline_of(reading, view.native))
-        if pod_id in ctx.known.pods:
-            ctx.known.pods[pod_id] = kept
-        ctx.known.pod_baseline_known.add(pod_id)
+        ctx.known.learn_pod_baseline(pod_id, kept)
         return kept
 
     def keep(self, pod_id: str, before: PodRecord | bool | None = True) -> None:
         """Write (or remove) the pod's record; `before`: what it held, True if not known."""
-        ctx = self._ctx
-        pod = ctx.known.pods.get(pod_id)
-        if pod is None or not ctx.store.keeping:
+        store = self._ctx.store
+        if not store.keeping:
             return
-        record = ctx.known.record_of(pod_id)
-        if before is not True and record == before:
+        change = self._ctx.known.record_change(pod_id, before)
+        if change is None:
             return
+        uid, record = change
         if record is None:
-            if before is not None:
-                ctx.store.remove(pod.uid)
+            store.remove(uid)
         else:
-            ctx.store.save(pod.uid, record)
+            store.save(uid, record)
 
     def keep_later(self, pod_id: str) -> None:
         """The pod's record, once the runtime has the reply."""

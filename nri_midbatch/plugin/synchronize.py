@@ -40,8 +40,7 @@ from nri_midbatch.policy import (
     QoSClass,
 )
 from nri_midbatch.policy.classify import qos_from_cgroup_parent
-from nri_midbatch.state.baseline import in_force
-from nri_midbatch.state.known import Known, container_at_sync, split_path
+from nri_midbatch.state.known import Known, split_path
 from nri_midbatch.state.plan import raises_quota
 from nri_midbatch.state.store import PodRecord, ReadBudget
 
@@ -173,23 +172,18 @@ class SynchronizePass:
         this sandbox or another of its uid), as its record keeps them, as the runtime tells
         them, or as its QoS class fixes them."""
         previous, known, pod_id, uid = self._ctx.known, part.known, pod.id, pod.uid
-        before = pod_id if pod_id in previous.pods else previous.sandbox_of(uid)
-        applied = None
-        native: NativeLimits | None
-        if before is not None and before in previous.pod_baseline_known:
-            native, applied = previous.pods[before].native, previous.applied.get(before)
-        elif (record := self._record(part, pod)) is not None and record.pod is not None:
-            native, applied = record.pod.kubelet, record.pod.applied
-        else:
-            native = told_baseline(pod, self._decide, "Synchronize")
+        kept = previous.kept_for(pod_id, uid)
+        if kept is None and (record := self._record(part, pod)) is not None:
+            kept = record.pod
+        native = (
+            kept.kubelet if kept is not None else told_baseline(pod, self._decide, "Synchronize")
+        )
         twin = known.sandbox_of(uid)
         if twin is not None:
             part.twins.setdefault(uid, [twin]).append(pod_id)
         part.uids.add(uid)
-        known.add_pod(pod_id, pod_view(pod, native))
-        if native is not None:
-            known.pod_baseline_known.add(pod_id)
-        known.set_applied(pod_id, applied)
+        applied = None if kept is None else kept.applied
+        known.remember_pod(pod_id, pod_view(pod, native), applied, sure=native is not None)
 
     def _one_sandbox_each(self, part: SyncPart, previous: Known) -> None:
         """Of a uid's sandboxes, keep the one with running containers, else the one known
@@ -236,7 +230,6 @@ class SynchronizePass:
         #: reply's order, has been; in the order of those last containers
         lowered: dict[str, Check] = {}
         watch_lowering = ctx.pod_level and not ctx.dry_run
-        observing = ctx.observing
         settled: list[Settled] = []
         lines = DecisionLines("Synchronize")
         #: fields set -> containers updated with them, counted once at the end
@@ -252,31 +245,35 @@ class SynchronizePass:
                 continue
             pod = pod_views[pod_id]
             current: CgroupValues = waiting[i + 4]
-            annotated = waiting[i + 1].native_known  # its K from the annotation
-            ctr_view, applied, recorded = container_at_sync(
-                previous, records.get(pod_id), waiting[i + 1], current, records_kept
+            ctr_view, applied, recorded = known.take_container(
+                previous,
+                records.get(pod_id),
+                pod_id,
+                waiting[i + 1],
+                waiting[i + 2],
+                waiting[i + 3],
+                current,
+                records_kept,
             )
             ctr_id = ctr_view.id
-            known.set_split(ctr_id, pod_id, ctr_view, waiting[i + 2], waiting[i + 3])
-            if annotated:
-                known.annotated.add(ctr_id)
-            if recorded:
-                known.recorded.add(ctr_id)
             if pod_id in classes:
                 pod_class = classes[pod_id]
             else:
                 pod_class = classes[pod_id] = decide.classify(pod)
-            decided, claimed = decide.container(
-                pod, ctr_view, lines, refuse=False, pod_class=pod_class
+            decided = decide.container(
+                pod,
+                ctr_view,
+                lines,
+                refuse=False,
+                applied=applied,
+                current=current,
+                pod_class=pod_class,
             )
-            if not decided:
+            if decided is None:
                 known.set_applied(ctr_id, applied)  # bad input loses nothing: kept as it is
                 continue
-            if observing and claimed is not None:
-                decide.observed("Synchronize", pod, ctr_view, claimed, current)
-                claimed = None
-            values = in_force(claimed, applied, ctr_view.native)
-            known.note_set(ctr_id, claimed)
+            values = decided.values
+            known.note_set(ctr_id, decided.claimed)
             if values is None:
                 continue
             # What the runtime reports of a container kept in its pod's record may be older

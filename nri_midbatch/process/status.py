@@ -103,9 +103,7 @@ class _Row:
 def _rows(plugin: MidBatchPlugin, pod_ids: Iterable[str]) -> list[_Row]:
     """What the plugin remembers and targets now of these pods (those it still knows), their
     containers after each: taken in the loop, where it changes."""
-    known, policy = plugin.known, plugin.policy
-    enforce = not plugin.observing
-    pod_level = plugin.config.cgroups.pod_level
+    known, policy, config = plugin.known, plugin.policy, plugin.config
     rows = []
     for pod_id in pod_ids:
         pod = known.pods.get(pod_id)
@@ -113,14 +111,16 @@ def _rows(plugin: MidBatchPlugin, pod_ids: Iterable[str]) -> list[_Row]:
             continue  # gone since the answer began
         decision = decide_pod(pod, policy)
         applied = known.applied.get(pod_id)
-        target = target_of(decision, applied, pod.native, enforce=enforce and pod_level)
+        target = target_of(decision, applied, pod.native, enforce=config.enforces(pod=True)).values
         check = plugin.reconcile.checks.get(pod_id)
         rows.append(_Row(pod_id, pod, None, "", decision.tier, pod.native, target, applied, check))
         for container_id in known.containers_of(pod_id):
             container = known.containers[container_id][1]
             decided = decide_container(pod, container, policy)
             applied = known.applied.get(container_id)
-            target = target_of(decided, applied, container.native, enforce=enforce)
+            target = target_of(
+                decided, applied, container.native, enforce=config.enforces(pod=False)
+            ).values
             path = known.cgroups_path(container_id)
             rows.append(
                 _Row(pod_id, pod, container, path, decided.tier, container.native, target, applied)

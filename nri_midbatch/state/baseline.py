@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
+from typing import NamedTuple
 
 from nri_midbatch.policy import CgroupValues, Decision, NativeLimits
 from nri_midbatch.policy.calculate import UNLIMITED, shared_values
 
 __all__ = [
+    "Target",
     "in_force",
     "kubelet_value",
     "moved_by",
@@ -62,17 +64,28 @@ def in_force(
     return shared_values(shares, claimed.cpu_quota, memory)
 
 
+class Target(NamedTuple):
+    """What a pod or container must hold, and what of it is the plugin's once it does."""
+
+    #: What to put in force; None: nothing is or was the plugin's there.
+    values: CgroupValues | None
+    #: The tier's values the plugin claims (None: none, all it set is given back).
+    claimed: CgroupValues | None
+
+
 def target(
     decision: Decision, applied: CgroupValues | None, kubelet: NativeLimits, *, enforce: bool
-) -> CgroupValues | None:
-    """What a pod or container must hold under the configuration in force; None: nothing.
+) -> Target:
+    """What a pod or container must hold under the configuration in force.
 
-    `decision`: the policy's for it now; `enforce`: whether the plugin claims anything there
-    (not in observe mode; for a pod, not with pod level off). A decision on bad input claims
-    nothing, so what the plugin set goes back to kubelet's values.
+    The one recipe of every path that decides (the events, a Synchronize, a reload's plan,
+    the convergence pass and `status`). `decision`: the policy's for it now; `enforce`:
+    whether the plugin claims anything there (Settings.enforces: not in observe mode; for a
+    pod, not with pod level off). A decision on bad input claims nothing, so what the plugin
+    set goes back to kubelet's values.
     """
     claimed = decision.values if enforce and decision.error is None else None
-    return in_force(claimed, applied, kubelet)
+    return Target(in_force(claimed, applied, kubelet), claimed)
 
 
 def moved_by(current: CgroupValues, kubelet: NativeLimits) -> CgroupValues | None:

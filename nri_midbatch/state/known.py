@@ -8,20 +8,28 @@ tier claims any more can be given back. Bounded by what the runtime runs: a pod
 or container is forgotten when the runtime removes it, and a Synchronize starts
 afresh.
 
+Kubelet's baseline is owned here: it moves only through the named methods below (a pod's
+baseline learnt or guessed, a container adjusted at its creation or resized, values applied,
+a pod met again or listed by a Synchronize). So is what a pod's record holds (`record_change`:
+when it must be written) and how a pod or container is restored from its record (`meet_pod`,
+`remember_pod`, `take_container`); reading the cgroups and the record files is the caller's
+(plugin/records.py), which passes in what it read.
+
 A pod is its uid, not its sandbox: kubelet runs a new sandbox for a pod whose sandbox died,
 with the same uid and in the same pod cgroup, and runs one at a time. Known keeps one
 sandbox per uid (`sandbox_of`); a new one takes over the pod's baseline and what the plugin
-set there from the older, which is forgotten (plugin/records.py `meet`).
+set there from the older, which is forgotten (`meet_pod`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from sys import intern
 
-from nri_midbatch.policy import CgroupValues, ContainerView, PodView
-from nri_midbatch.state.baseline import moved_by
+from nri_midbatch.policy import CgroupValues, ContainerView, PodView, QoSClass
+from nri_midbatch.policy.classify import qos_from_cgroup_parent
+from nri_midbatch.state.baseline import moved_by, newly_limited, resized_pod_baseline
 from nri_midbatch.state.store import Kept, PodRecord
 
 
@@ -41,7 +49,7 @@ def split_path(cgroups_path: str, container_id: str) -> tuple[str, bool]:
 #: Ten times the largest node we claim (1,000 pods, 10,000 containers): past this a runtime
 #: that never sends removals (nor a Synchronize, which starts afresh) is not believed, and the
 #: pods remembered first are forgotten (about 2 KB each). Their baselines are not: their
-#: records stay, and restore them when the runtime shows them again (plugin/records.py).
+#: records stay, and restore them when the runtime shows them again (`meet_pod`).
 MAX_PODS = 10_000
 MAX_CONTAINERS = 100_000
 
@@ -66,17 +74,17 @@ class Known:
     #: pod sandbox id -> its containers' ids; a list, as a pod has a handful
     _by_pod: dict[str, list[str]] = field(default_factory=dict, repr=False)
     #: container id or pod sandbox id -> the values the plugin put in force there (the
-    #: fields it set; shared instances); absent: none
-    applied: dict[str, CgroupValues] = field(default_factory=dict)
+    #: fields it set; shared instances); absent: none. Read through `applied`.
+    _applied: dict[str, CgroupValues] = field(default_factory=dict, repr=False)
     #: pod sandbox ids whose `native` is kubelet's for sure (read from the runtime, the
     #: pod's record, or its cgroup before the plugin wrote it), not a guess
-    pod_baseline_known: set[str] = field(default_factory=set)
+    _baseline_known: set[str] = field(default_factory=set, repr=False)
     #: container ids whose baseline or set fields the native-limits annotation does not
     #: tell (resized, or never annotated): the pod's record keeps them
-    recorded: set[str] = field(default_factory=set)
+    _recorded: set[str] = field(default_factory=set, repr=False)
     #: container ids that carry the native-limits annotation (adjusted at their creation):
     #: the others' values are the record's to keep once the plugin sets any
-    annotated: set[str] = field(default_factory=set)
+    _annotated: set[str] = field(default_factory=set, repr=False)
 
     max_pods: int = MAX_PODS
     max_containers: int = MAX_CONTAINERS
@@ -97,39 +105,223 @@ class Known:
                 self.remove_pod(oldest)
             self.evicted += 1
 
-    def set_applied(self, key: str, values: CgroupValues | None) -> None:
-        if values is None:
-            self.applied.pop(key, None)
-        else:
-            self.applied[key] = values
+    # Questions.
 
-    def note_set(self, container_id: str, claimed: CgroupValues | None) -> None:
+    @property
+    def applied(self) -> Mapping[str, CgroupValues]:
+        """Container or pod sandbox id -> the values the plugin put in force there."""
+        return self._applied
+
+    def baseline_known(self, pod_id: str) -> bool:
+        """Whether the pod's `native` is kubelet's for sure, not a guess."""
+        return pod_id in self._baseline_known
+
+    def is_recorded(self, container_id: str) -> bool:
+        """Whether the container's pod record keeps its baseline or the plugin's values."""
+        return container_id in self._recorded
+
+    # What happens to a pod's or a container's values.
+
+    def set_applied(self, key: str, values: CgroupValues | None) -> None:
+        """The plugin put `values` in force on a pod (or a container whose record does not
+        change by it); None: nothing of its own is there."""
+        if values is None:
+            self._applied.pop(key, None)
+        else:
+            self._applied[key] = values
+
+    def note_set(
+        self, container_id: str, claimed: CgroupValues | None, *, by_files: bool = False
+    ) -> None:
         """The plugin put `claimed` in force on a container: its record keeps that if the
-        runtime cannot tell it (no annotation)."""
+        runtime cannot tell it (no annotation, or `by_files`: written to its cgroup files,
+        which the runtime does not report)."""
         self.set_applied(container_id, claimed)
-        if claimed is not None and container_id not in self.annotated:
-            self.recorded.add(container_id)
+        if (claimed is not None and container_id not in self._annotated) or by_files:
+            self._recorded.add(container_id)
+
+    def adjusted_at_creation(self, container_id: str, values: CgroupValues) -> None:
+        """The container was created with `values`, its baseline in the native-limits
+        annotation: the runtime tells both after a restart, no record needs them."""
+        self._annotated.add(container_id)
+        self.set_applied(container_id, values)
+
+    def learn_pod_baseline(self, pod_id: str, view: PodView) -> None:
+        """`view.native` is kubelet's for sure: read from the pod's cgroup before the plugin
+        wrote it, or told by the runtime."""
+        if pod_id in self.pods:
+            self.pods[pod_id] = view
+        self._baseline_known.add(pod_id)
+
+    def guess_pod_baseline(self, pod_id: str, view: PodView) -> None:
+        """`view.native` is kubelet's as far as the plugin can tell, not for sure (kubelet's
+        new limit after a resize also counts what the runtime does not tell): it is read back
+        from the pod's cgroup before the plugin trusts it."""
+        if pod_id in self.pods:
+            self.pods[pod_id] = view
+        self._baseline_known.discard(pod_id)
+
+    def container_updated(
+        self,
+        pod_id: str,
+        view: ContainerView,
+        cgroups_path: str,
+        before: ContainerView,
+        pod: PodView,
+    ) -> PodView | None:
+        """An UpdateContainer told kubelet's values of a known container (`before`: as known):
+        returns the pod with its baseline as the resize moved it; None: not moved.
+
+        A resize moves the container's baseline, which only its pod's record keeps, and its
+        pod's (`resized_pod_baseline`); a BestEffort pod's cgroup stays unlimited.
+        """
+        self.set_container(view.id, pod_id, view, cgroups_path)
+        if before.native == view.native:
+            return None
+        self._recorded.add(view.id)
+        if qos_from_cgroup_parent(pod.cgroup_parent) is QoSClass.BE:
+            return None
+        siblings = [
+            self.containers[other][1].native
+            for other in self.containers_of(pod_id)
+            if other != view.id
+        ]
+        native = resized_pod_baseline(pod.native, before.native, view.native, siblings)
+        moved = replace(pod, native=native)
+        if newly_limited(pod.native, native):
+            # Kubelet's new pod limit also counts containers not created yet and the
+            # overhead, which the runtime may not tell: read back from the pod's cgroup once
+            # kubelet has written it.
+            self.guess_pod_baseline(pod_id, moved)
+        elif pod_id in self.pods:
+            self.pods[pod_id] = moved
+        return moved
+
+    # Records: what a pod's record holds, and pods and containers restored from one.
 
     def record_of(self, pod_id: str) -> PodRecord | None:
         """What the pod's record must hold; None where nothing needs keeping."""
-        known = self
-        pod = known.pods.get(pod_id)
+        pod = self.pods.get(pod_id)
         if pod is None:
             return None
         containers = {
             container_id: Kept(
-                known.containers[container_id][1].native, known.applied.get(container_id)
+                self.containers[container_id][1].native, self._applied.get(container_id)
             )
-            for container_id in known.containers_of(pod_id)
-            if container_id in known.recorded
+            for container_id in self.containers_of(pod_id)
+            if container_id in self._recorded
         }
-        applied = known.applied.get(pod_id)
+        applied = self._applied.get(pod_id)
         if applied is None and not containers:
             return None
         # A baseline that is a guess (never read, told, or fixed by the QoS) is not kept:
         # a restarted plugin must not trust it.
-        sure = pod_id in known.pod_baseline_known
+        sure = pod_id in self._baseline_known
         return PodRecord(Kept(pod.native, applied) if sure else None, containers)
+
+    def record_change(
+        self, pod_id: str, before: PodRecord | bool | None = True
+    ) -> tuple[str, PodRecord | None] | None:
+        """The pod's uid and what its record must hold now (None: remove it); None where the
+        record stays as it is. `before`: what the record held, True if not known."""
+        pod = self.pods.get(pod_id)
+        if pod is None:
+            return None
+        record = self.record_of(pod_id)
+        if (before is not True and record == before) or (record is None and before is None):
+            return None
+        return pod.uid, record
+
+    def kept_for(self, pod_id: str, uid: str) -> Kept | None:
+        """Kubelet's values for the pod as this process knows them for sure (under this
+        sandbox or another of its uid), with what the plugin set there; None: not known."""
+        before = pod_id if pod_id in self.pods else self.sandbox_of(uid)
+        if before is None or before not in self._baseline_known:
+            return None
+        return Kept(self.pods[before].native, self._applied.get(before))
+
+    def remember_pod(
+        self, pod_id: str, view: PodView, applied: CgroupValues | None, *, sure: bool
+    ) -> PodView:
+        """Remember the pod with what the plugin set there; `sure`: its baseline is kubelet's
+        (not a guess). Returns the view kept (`add_pod`)."""
+        view = self.add_pod(pod_id, view)
+        if sure:
+            self._baseline_known.add(pod_id)
+        self.set_applied(pod_id, applied)
+        return view
+
+    def meet_pod(
+        self,
+        pod_id: str,
+        view: PodView,
+        *,
+        told: bool,
+        load: Callable[[str], PodRecord | None],
+    ) -> PodView:
+        """Remember a sandbox the plugin does not know; returns the view kept.
+
+        `view.native`: kubelet's values as the runtime or the pod's QoS class tell them
+        (`told`), which win; else those of the pod's sandbox the plugin knows (an older one,
+        dead: forgotten now), else its record's (`load`: the record of a uid, None: none).
+        What the plugin set on the pod carries over from either, so that it can be given
+        back.
+        """
+        kept: Kept | None = None
+        sure = told
+        twin = self.sandbox_of(view.uid)
+        if twin is not None:
+            kept = Kept(self.pods[twin].native, self._applied.get(twin))
+            sure = sure or twin in self._baseline_known
+            if twin != pod_id:
+                self.remove_pod(twin)
+        elif (record := load(view.uid)) is not None:
+            kept = record.pod
+            sure = sure or kept is not None
+        if kept is not None and not told:
+            view = replace(view, native=kept.kubelet)
+        return self.remember_pod(pod_id, view, None if kept is None else kept.applied, sure=sure)
+
+    def take_container(
+        self,
+        previous: Known,
+        record: PodRecord | None,
+        pod_id: str,
+        view: ContainerView,
+        path: str,
+        is_head: bool,
+        current: CgroupValues,
+        records_kept: bool,
+    ) -> tuple[ContainerView, CgroupValues | None, bool]:
+        """Remember a container a Synchronize listed (`path`, `is_head`: as `split_path` gives
+        them), with kubelet's values: returns its view,
+        what of it is the plugin's, and whether its pod's record must keep them.
+
+        In order: what this process knew (`previous`: the runtime restarted), the pod's
+        record, the native-limits annotation (then the plugin's are the values that differ
+        from kubelet's: the runtime keeps what the plugin set), and last what it holds (a
+        container created while no plugin ran: nothing of it is the plugin's). With records
+        kept, a container in none of them never had a value of the plugin's, so what it holds
+        is kubelet's for sure. What is the plugin's is the caller's to note, once decided.
+        """
+        annotated = view.native_known
+        entry = previous.containers.get(view.id)
+        if entry is not None:
+            restored = entry[1], previous._applied.get(view.id), view.id in previous._recorded
+        elif record is not None and (kept := record.containers.get(view.id)) is not None:
+            restored = replace(view, native=kept.kubelet, native_known=True), kept.applied, True
+        elif annotated:
+            restored = view, moved_by(current, view.native), False
+        elif records_kept:
+            restored = replace(view, native_known=True), None, False
+        else:
+            restored = view, None, False
+        self.set_split(view.id, pod_id, restored[0], path, is_head)
+        if annotated:
+            self._annotated.add(view.id)
+        if restored[2]:
+            self._recorded.add(view.id)
+        return restored
 
     def containers_of(self, pod_id: str) -> tuple[str, ...]:
         return tuple(self._by_pod.get(pod_id, ()))
@@ -201,9 +393,9 @@ class Known:
 
     def forget_container(self, container_id: str) -> None:
         self._unlink(container_id)
-        self.applied.pop(container_id, None)
-        self.recorded.discard(container_id)
-        self.annotated.discard(container_id)
+        self._applied.pop(container_id, None)
+        self._recorded.discard(container_id)
+        self._annotated.discard(container_id)
 
     def _unlink(self, container_id: str) -> None:
         entry = self.containers.pop(container_id, None)
@@ -219,44 +411,15 @@ class Known:
         pod = self.pods.pop(pod_id, None)
         if pod is not None and self._by_uid.get(pod.uid) == pod_id:
             del self._by_uid[pod.uid]
-        self.applied.pop(pod_id, None)
-        self.pod_baseline_known.discard(pod_id)
+        self._applied.pop(pod_id, None)
+        self._baseline_known.discard(pod_id)
         for container_id in self._by_pod.pop(pod_id, ()):
             del self.containers[container_id]
             self._forget_path(container_id)
-            self.applied.pop(container_id, None)
-            self.recorded.discard(container_id)
-            self.annotated.discard(container_id)
+            self._applied.pop(container_id, None)
+            self._recorded.discard(container_id)
+            self._annotated.discard(container_id)
 
     def _forget_path(self, container_id: str) -> None:
         self._path_heads.pop(container_id, None)
         self._paths.pop(container_id, None)
-
-
-def container_at_sync(
-    previous: Known,
-    record: PodRecord | None,
-    view: ContainerView,
-    current: CgroupValues,
-    records_kept: bool,
-) -> tuple[ContainerView, CgroupValues | None, bool]:
-    """A running container's view with kubelet's values, what of it is the plugin's, and
-    whether its pod's record must keep them.
-
-    In order: what this process knew (the runtime restarted), the pod's record, the
-    native-limits annotation (then the plugin's are the values that differ from kubelet's:
-    the runtime keeps what the plugin set), and last what it holds (a container created while
-    no plugin ran: nothing of it is the plugin's). With records kept, a container in none of
-    them never had a value of the plugin's, so what it holds is kubelet's for sure.
-    """
-    entry = previous.containers.get(view.id)
-    if entry is not None:
-        return entry[1], previous.applied.get(view.id), view.id in previous.recorded
-    kept = None if record is None else record.containers.get(view.id)
-    if kept is not None:
-        return replace(view, native=kept.kubelet, native_known=True), kept.applied, True
-    if view.native_known:
-        return view, moved_by(current, view.native), False
-    if records_kept:
-        return replace(view, native_known=True), None, False
-    return view, None, False

@@ -1,7 +1,7 @@
 """What a configuration change means for the containers and pods that already run.
 
 For every workload the plugin remembers (known.py), the values to put in force now
-(baseline.py's `in_force`: the tier's values, and kubelet's for every field the plugin set
+(baseline.py's `target`: the tier's values, and kubelet's for every field the plugin set
 before and no tier claims now) are compared with what the plugin last put in force there:
 only workloads that differ are planned. Comparing with what was applied, not with the previous
 configuration, makes the outcome the same whatever came before: a pass that failed halfway, or
@@ -23,7 +23,7 @@ from nri_midbatch.policy import (
     decide_container,
     decide_pod,
 )
-from nri_midbatch.state.baseline import in_force, kubelet_value
+from nri_midbatch.state.baseline import kubelet_value, target
 from nri_midbatch.state.known import Known
 
 
@@ -71,17 +71,17 @@ def plan(known: Known, policy: Policy, *, enforce: bool = True, pod_level: bool 
         pod = known.pods.get(pod_id)
         if pod is None:
             continue
-        claimed = decide_container(pod, container, policy).values if enforce else None
         before = applied.get(container_id)
-        values = in_force(claimed, before, container.native)
+        decision = decide_container(pod, container, policy)
+        values, claimed = target(decision, before, container.native, enforce=enforce)
         if values is not None and values != before:
             path = known.cgroups_path(container_id)
             containers.append(ContainerChange(pod, container, values, path, before, claimed))
     pods = []
     for pod_id, pod in known.pods.items():
-        claimed = decide_pod(pod, policy).values if enforce and pod_level else None
         before = applied.get(pod_id)
-        values = in_force(claimed, before, pod.native)
+        decision = decide_pod(pod, policy)
+        values, claimed = target(decision, before, pod.native, enforce=enforce and pod_level)
         if values is not None and values != before:
             pods.append(PodChange(pod, values, pod_id, before, claimed))
     return Plan(tuple(containers), tuple(pods))

@@ -135,3 +135,28 @@ def test_the_module_graph_has_no_circle() -> None:
     for module in sorted(graph):
         if module not in state:
             visit(module)
+
+
+def _writes_into_known(path: Path) -> Iterator[str]:
+    """Where `path` assigns into a Known's maps (`known.pods[pod_id] = view`, say)."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.Assign):
+            continue
+        for target in node.targets:
+            for part in ast.walk(target):
+                if (
+                    isinstance(part, ast.Subscript)
+                    and isinstance(part.value, ast.Attribute)
+                    and part.value.attr in KNOWN_MAPS
+                ):
+                    yield f"{module_name(path)}:{node.lineno}"
+
+
+#: Known's maps: moved only through its named methods (state/known.py).
+KNOWN_MAPS = frozenset({"pods", "containers", "applied"})
+
+
+def test_kubelet_s_baseline_moves_only_in_state() -> None:
+    """Known owns what the plugin knows: no room above state/ writes into its maps."""
+    outside = [p for p in SOURCES if room(module_name(p)) != "state"]
+    assert [where for path in outside for where in _writes_into_known(path)] == []

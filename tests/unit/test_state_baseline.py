@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from nri_midbatch.policy import CgroupValues, NativeLimits
-from nri_midbatch.state.baseline import in_force, moved_by, resized_pod_baseline, told_pod_baseline
+from nri_midbatch.policy import CgroupValues, Decision, NativeLimits
+from nri_midbatch.state.baseline import (
+    in_force,
+    moved_by,
+    resized_pod_baseline,
+    target,
+    told_pod_baseline,
+)
+from tests.factory import decide, pod_view
 
 MI = 1 << 20
 
@@ -78,3 +85,31 @@ def test_update_pod_sandbox_never_takes_the_plugins_values_back_as_kubelets() ->
     assert told_pod_baseline(known, bigger, bigger, None) == bigger
     no_shares = NativeLimits(cpu_quota=50_000)
     assert told_pod_baseline(known, no_shares, no_shares, None).cpu_shares == 1024
+
+
+def _decision(values: CgroupValues | None, error: str | None = None) -> Decision:
+    return decide(pod_view())._replace(tier="batch", values=values, error=error)
+
+
+def test_a_target_enforced_claims_the_tier_s_values() -> None:
+    # The fields the tier no longer claims go back to kubelet's.
+    assert target(_decision(QUOTA_ONLY), ALL, KUBELET, enforce=True) == (
+        CgroupValues(1024, 166_667, 1 << 30),
+        QUOTA_ONLY,
+    )
+
+
+def test_a_target_not_enforced_claims_nothing_and_gives_back_what_was_set() -> None:
+    # Observe mode, or a pod with pod level off: kubelet's values where the plugin set any.
+    assert target(_decision(ALL), ALL, KUBELET, enforce=False) == (
+        CgroupValues(1024, 200_000, 1 << 30),
+        None,
+    )
+    assert target(_decision(ALL), None, KUBELET, enforce=False) == (None, None)
+
+
+def test_a_target_of_bad_input_claims_nothing() -> None:
+    assert target(_decision(None, "bad spec"), ALL, KUBELET, enforce=True) == (
+        CgroupValues(1024, 200_000, 1 << 30),
+        None,
+    )
