@@ -74,17 +74,24 @@ class Target(NamedTuple):
 
 
 def target(
-    decision: Decision, applied: CgroupValues | None, kubelet: NativeLimits, *, enforce: bool
+    decision: Decision | None,
+    applied: CgroupValues | None,
+    kubelet: NativeLimits,
+    *,
+    enforce: bool,
 ) -> Target:
     """What a pod or container must hold under the configuration in force.
 
     The one recipe of every path that decides (the events, a Synchronize, a reload's plan,
-    the convergence pass and `status`). `decision`: the policy's for it now; `enforce`:
+    the convergence pass and `status`). `decision`: the policy's for it now (None: the
+    policy was not asked, as nothing is claimed there); `enforce`:
     whether the plugin claims anything there (Settings.enforces: not in observe mode; for a
     pod, not with pod level off). A decision on bad input claims nothing, so what the plugin
     set goes back to kubelet's values.
     """
-    claimed = decision.values if enforce and decision.error is None else None
+    claimed = None
+    if enforce and decision is not None and decision.error is None:
+        claimed = decision.values
     return Target(in_force(claimed, applied, kubelet), claimed)
 
 

@@ -72,7 +72,7 @@ def plan(known: Known, policy: Policy, *, enforce: bool = True, pod_level: bool 
         if pod is None:
             continue
         before = applied.get(container_id)
-        decision = decide_container(pod, container, policy)
+        decision = decide_container(pod, container, policy) if enforce else None
         values, claimed = target(decision, before, container.native, enforce=enforce)
         if values is not None and values != before:
             path = known.cgroups_path(container_id)
@@ -80,8 +80,9 @@ def plan(known: Known, policy: Policy, *, enforce: bool = True, pod_level: bool 
     pods = []
     for pod_id, pod in known.pods.items():
         before = applied.get(pod_id)
-        decision = decide_pod(pod, policy)
-        values, claimed = target(decision, before, pod.native, enforce=enforce and pod_level)
+        enforced = enforce and pod_level
+        decision = decide_pod(pod, policy) if enforced else None
+        values, claimed = target(decision, before, pod.native, enforce=enforced)
         if values is not None and values != before:
             pods.append(PodChange(pod, values, pod_id, before, claimed))
     return Plan(tuple(containers), tuple(pods))
