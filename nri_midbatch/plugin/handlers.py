@@ -124,10 +124,6 @@ class MidBatchPlugin:
         return self._ctx.policy
 
     @property
-    def observing(self) -> bool:
-        return self._ctx.observing
-
-    @property
     def known(self) -> Known:
         return self._ctx.known
 
