@@ -293,9 +293,9 @@ class Known:
         current: CgroupValues,
         records_kept: bool,
     ) -> tuple[ContainerView, CgroupValues | None, bool]:
-        """Remember a container a Synchronize listed (`path`, `is_head`: as `split_path` gives
-        them), with kubelet's values: returns its view,
-        what of it is the plugin's, and whether its pod's record must keep them.
+        """Remember a container a Synchronize listed, with kubelet's values: returns its view,
+        what of it is the plugin's, and whether its pod's record must keep them. `path`,
+        `is_head`: its cgroups path as `split_path` gives it.
 
         In order: what this process knew (`previous`: the runtime restarted), the pod's
         record, the native-limits annotation (then the plugin's are the values that differ
