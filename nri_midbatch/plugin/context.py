@@ -13,9 +13,9 @@ from pathlib import Path
 from nri_midbatch.cgroups.paths import CgroupDriver
 from nri_midbatch.cgroups.systemd import SystemdUnits
 from nri_midbatch.config.settings import Settings
+from nri_midbatch.deferred import AfterReply
 from nri_midbatch.plugin.cgroup_writer import CgroupWriter
 from nri_midbatch.plugin.counters import Counters
-from nri_midbatch.plugin.deferred import AfterReply
 from nri_midbatch.plugin.observer import Observer
 from nri_midbatch.policy import Policy
 from nri_midbatch.state.known import Known

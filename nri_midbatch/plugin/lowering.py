@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from nri_midbatch.plugin.deferred import CGROUP_READS_PER_PIECE, AfterReply
+from nri_midbatch.deferred import CGROUP_READS_PER_PIECE, AfterReply
 
 log = structlog.get_logger(__name__)
 

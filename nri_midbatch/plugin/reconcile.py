@@ -24,7 +24,7 @@ what a file holds: kubelet's baseline moves only with the events that tell it.
 A reload's writes through the cgroup files (`write_plan`) follow the same order: pods whose
 containers go up first, then the containers, then the other pods.
 
-The checks run in pieces of the work left for after replies (plugin/deferred.py): each
+The checks run in pieces of the work left for after replies (deferred.py): each
 workload's three files read, and written only where they differ, up to PIECE_WORKLOADS
 workloads or PIECE_SECONDS a piece, so a request waits for at most one piece; the pieces of
 a pass are queued one at a time. What a pass costs is mostly system calls: each workload's

@@ -25,6 +25,7 @@ from nri_midbatch.cgroups.systemd import LEVELS
 from nri_midbatch.cgroups.values import VALUE_FIELDS
 from nri_midbatch.config.settings import ConfigError, Settings
 from nri_midbatch.config.validator import load_settings_file
+from nri_midbatch.deferred import AfterReply, DeferredTimings
 from nri_midbatch.nri.runner import run_external, run_prelaunched
 from nri_midbatch.nri.session import DEFAULT_REGISTRATION_TIMEOUT, DEFAULT_UPDATE_TIMEOUT, Session
 from nri_midbatch.nri.version import Version
@@ -33,10 +34,9 @@ from nri_midbatch.obs.logging import set_level
 from nri_midbatch.obs.metrics import CounterFamily, CountersCollector, Metrics
 from nri_midbatch.plugin.codec import container_update
 from nri_midbatch.plugin.decisions import RUNTIME_VALUES
-from nri_midbatch.plugin.deferred import AfterReply, DeferredTimings
 from nri_midbatch.plugin.handlers import MidBatchPlugin
 from nri_midbatch.plugin.lowering import LoweringTimings
-from nri_midbatch.plugin.observer import Observer
+from nri_midbatch.plugin.observer import AfterReplyListener, Observer
 from nri_midbatch.plugin.reconcile import ConvergenceTimings
 from nri_midbatch.policy import ErrorKind
 from nri_midbatch.process.reload import FileWatch
@@ -90,16 +90,16 @@ class App:
     ) -> None:
         """metrics_retry_seconds: the wait before a taken metrics address is tried again.
 
-        deferred_timings: those of the work left for after replies (plugin/deferred.py);
+        deferred_timings: those of the work left for after replies (deferred.py);
         lowering_timings, convergence_timings: the plugin's (MidBatchPlugin).
         """
         self.metrics = Metrics()
         self.recorder = recorder
         # Pod cgroups and log lines left for after a reply wait while a request
         # is in progress (until the connection is idle again), and give the
-        # runtime its turn after our writes: the work observes the session.
+        # runtime its turn after our writes: the work hears the session.
         after_reply = AfterReply(timings=deferred_timings)
-        observers: list[Observer] = [SessionWatch(self.metrics), after_reply]
+        observers: list[Observer] = [SessionWatch(self.metrics), AfterReplyListener(after_reply)]
         if recorder is not None:
             observers.append(recorder)
         self.plugin = MidBatchPlugin(

@@ -19,6 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "nri_midbatch"
 _PROCESS = frozenset(
     {
         "recording",
+        "deferred",
         "plugin",
         "state",
         "obs",
@@ -43,7 +44,10 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "cgroups": frozenset({"policy"}),
     "config": frozenset({"policy", "cgroups"}),
     "state": frozenset({"policy"}),
-    "plugin": frozenset({"nri", "rpc", "wire", "api", "policy", "cgroups", "config", "state"}),
+    "deferred": frozenset(),
+    "plugin": frozenset(
+        {"deferred", "nri", "rpc", "wire", "api", "policy", "cgroups", "config", "state"}
+    ),
     "recording": frozenset({"plugin", "nri", "rpc", "wire", "api", "policy"}),
     "process": _PROCESS,
     # Everything below it, and the process.
