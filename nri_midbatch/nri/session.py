@@ -17,7 +17,7 @@ import asyncio
 import contextvars
 import socket
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -25,6 +25,7 @@ import structlog
 from google.protobuf.message import Message
 
 from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.counts import CounterFamily, family, single
 from nri_midbatch.nri import version as nri_version
 from nri_midbatch.nri.events import (
     HANDLER_NAMES,
@@ -295,6 +296,22 @@ class Session:
         conn = self._conn
         live = (conn.refused, conn.ignored) if conn is not None else (0, 0)
         return self._refused_before + live[0], self._ignored_before + live[1]
+
+    def counter_families(self) -> Iterator[CounterFamily]:
+        refused, ignored = self.protocol_violations()
+        yield family(
+            "nri_midbatch_runtime_protocol_violations",
+            "Messages from the runtime the wire layer answered itself (refused: malformed or"
+            " unknown requests) or dropped (ignored: stray replies, unknown message types)",
+            ("kind",),
+            {("refused",): refused, ("ignored",): ignored},
+        )
+        yield single(
+            "nri_midbatch_runtime_protocol_disconnects",
+            "Connections to the runtime dropped because it broke the protocol (framing garbage,"
+            " or a flood of messages to refuse or ignore); the plugin then registers again",
+            self.protocol_disconnects,
+        )
 
     async def _register(self, conn: MuxConnection) -> None:
         request = api.RegisterPluginRequest(

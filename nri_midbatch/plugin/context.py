@@ -37,6 +37,9 @@ class PluginContext:
     #: Log lines, Synchronize's pod cgroups and records, once the runtime has its reply.
     after_reply: AfterReply = field(default_factory=AfterReply)
 
+    def __post_init__(self) -> None:
+        self.counters.tiers = tuple(tier.name for tier in self.config.tiers)
+
     @property
     def observing(self) -> bool:
         """Decide and report, set nothing (`mode: observe`)."""
@@ -54,6 +57,7 @@ class PluginContext:
     def configure(self, config: Settings, runtime: str, systemd: SystemdUnits | None) -> None:
         """Put `config` in force, with the writer it implies."""
         self.config = config
+        self.counters.tiers = tuple(tier.name for tier in config.tiers)
         self.policy = config.compile()
         self.cgroups = writer_for(config, runtime, systemd)
 

@@ -16,10 +16,11 @@ set there from the older, which is forgotten (plugin/records.py `meet`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from sys import intern
 
+from nri_midbatch.counts import CounterFamily, single
 from nri_midbatch.policy import CgroupValues, ContainerView, PodView
 from nri_midbatch.state.baseline import moved_by
 from nri_midbatch.state.store import Kept, PodRecord
@@ -96,6 +97,14 @@ class Known:
             else:
                 self.remove_pod(oldest)
             self.evicted += 1
+
+    def counter_families(self) -> Iterator[CounterFamily]:
+        yield single(
+            "nri_midbatch_known_evictions",
+            "Pods forgotten because the plugin remembered more than it believes a node runs"
+            " (a runtime that sends no removals)",
+            self.evicted,
+        )
 
     def set_applied(self, key: str, values: CgroupValues | None) -> None:
         if values is None:

@@ -20,6 +20,7 @@ _PROCESS = frozenset(
     {
         "recording",
         "deferred",
+        "counts",
         "plugin",
         "state",
         "obs",
@@ -38,17 +39,18 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "api": frozenset(),
     "policy": frozenset(),
     "obs": frozenset(),
+    "counts": frozenset(),
     "wire": frozenset({"api"}),
     "rpc": frozenset({"wire", "api"}),
-    "nri": frozenset({"rpc", "wire", "api"}),
-    "cgroups": frozenset({"policy"}),
+    "nri": frozenset({"counts", "rpc", "wire", "api"}),
+    "cgroups": frozenset({"counts", "policy"}),
     "config": frozenset({"policy", "cgroups"}),
-    "state": frozenset({"policy"}),
+    "state": frozenset({"counts", "policy"}),
     "deferred": frozenset(),
     "plugin": frozenset(
-        {"deferred", "nri", "rpc", "wire", "api", "policy", "cgroups", "config", "state"}
+        {"deferred", "counts", "nri", "rpc", "wire", "api", "policy", "cgroups", "config", "state"}
     ),
-    "recording": frozenset({"plugin", "nri", "rpc", "wire", "api", "policy"}),
+    "recording": frozenset({"plugin", "counts", "nri", "rpc", "wire", "api", "policy"}),
     "process": _PROCESS,
     # Everything below it, and the process.
     "tools": _PROCESS | {"process"},
