@@ -145,12 +145,18 @@ def unit_properties(values: CgroupValues) -> list[tuple[str, int]]:
     return properties
 
 
+#: What every live container holds of the plugin's values, as the plugin remembers them:
+#: asked at each repair pass. A source the plugin gives the units (a dependency), not a
+#: callback that tells of something.
+HeldContainers = Callable[[], Iterable[UnitTarget]]
+
+
 class SystemdUnits:
     """Keeps the plugin's values in systemd's units, and puts them back after a reload.
 
     Remembered: the pods whose slice the plugin wrote (one entry per pod,
     dropped with `forget_pod`, or when its cgroup is gone); containers come
-    from `containers`, the plugin's own memory of live containers. Queued
+    from `held_containers`, the plugin's own memory of live containers. Queued
     property sets are one per unit at most (a newer value replaces an older
     one), for known pods and containers only.
     """
@@ -158,11 +164,11 @@ class SystemdUnits:
     def __init__(
         self,
         root: Path,
-        containers: Callable[[], Iterable[UnitTarget]],
+        held_containers: HeldContainers,
         timings: RepairTimings = DEFAULT_TIMINGS,
     ) -> None:
         self._root = root
-        self._containers = containers
+        self._held_containers = held_containers
         self._pods: dict[str, UnitTarget] = {}
         self._pending: dict[tuple[str, str], UnitTarget] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -426,7 +432,7 @@ class SystemdUnits:
 
     async def _repair(self) -> None:
         """Put back, file by file, what a reload of systemd changed; then have systemd hold it."""
-        targets = [*self._pods.values(), *self._containers()]
+        targets = [*self._pods.values(), *self._held_containers()]
         reports = await asyncio.to_thread(_apply_all, targets, self._root)
         for target, report in zip(targets, reports, strict=True):
             if isinstance(report, CgroupPathError):

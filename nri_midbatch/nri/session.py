@@ -177,6 +177,10 @@ class SessionObserver:
     def idle(self) -> None:
         """The runtime's requests in progress have all been answered."""
 
+    def reconnecting(self) -> None:
+        """The plugin tries the runtime's socket again: a connection attempt after the first,
+        successful or not (nri/runner.py, external plugins only)."""
+
 
 class RegistrationError(Exception):
     """The runtime refused or never answered our RegisterPlugin."""
@@ -375,6 +379,11 @@ class Session:
     def _idle(self) -> None:
         for observer in self._observers:
             observer.idle()
+
+    def reconnecting(self) -> None:
+        """The runner is about to try the runtime's socket again: the observers are told."""
+        for observer in self._observers:
+            observer.reconnecting()
 
     def _check(self, step: Step) -> None:
         """Raise RpcError if `step` is illegal now, without taking it."""

@@ -340,7 +340,7 @@ class SynchronizePass:
         if self._lowering is not None:
             self._lowering.cancel()
         wait = self._lowering = LoweringWait(
-            ctx.after_reply, timings=self._lowering_timings, on_stall=self._count_unconfirmed
+            ctx.after_reply, timings=self._lowering_timings, counters=ctx.counters
         )
         #: pod id -> its write, for the pods that wait
         waiting: dict[str, Write] = {}
@@ -362,6 +362,3 @@ class SynchronizePass:
                 view = pod_views[pod_id]
                 wait.add(f"{view.namespace}/{view.name}", check, waiting[pod_id])
         wait.start()
-
-    def _count_unconfirmed(self, pods: int) -> None:
-        self._ctx.counters.pods_lowered_unconfirmed += pods

@@ -159,9 +159,7 @@ class App:
     async def run_external(self, socket_path: str) -> int:
         log.info("starting", mode="external", socket=socket_path)
         async with self._services():
-            await run_external(
-                self.session, socket_path, self._stop, on_reconnect=self.metrics.reconnects.inc
-            )
+            await run_external(self.session, socket_path, self._stop)
         return 0
 
     async def run_prelaunched(self, fd: int) -> int:

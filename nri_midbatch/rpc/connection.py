@@ -54,7 +54,9 @@ class MuxConnection(asyncio.Protocol):
         max_violations_per_second: int = wire.MAX_VIOLATIONS_PER_SECOND,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """on_idle: called when the last request in progress has been answered.
+        """on_idle: called when the last request in progress has been answered. The hook of
+        the connection's owner (the session, which rpc/ may not import), not an observer:
+        the session tells its observers in turn (`SessionObserver.idle`).
 
         max_violations_per_second, clock: the flood bound (see wire.connection).
         The connection serves once a transport is made for it: `attach` (a
