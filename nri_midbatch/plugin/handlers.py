@@ -81,8 +81,8 @@ class MidBatchPlugin:
         `store`: where kubelet's values are kept across restarts (state/store.py); none by
         default, as replays and tests keep nothing.
         `observers`: told of every decision. `after_reply`: the work left for after replies
-        (deferred.py); the App's is also among the session's observers, so that it
-        yields to the runtime's requests. By default one of the plugin's own, which never
+        (deferred.py); the App's hears the session (observer.py, AfterReplyListener), so
+        that it yields to the runtime's requests. By default one of the plugin's own, which never
         waits (replay, tests). `lowering_timings`: a Synchronize's wait for the runtime to
         lower containers (plugin/lowering.py). `convergence_timings`: when a resized pod is
         checked again (plugin/reconcile.py).
