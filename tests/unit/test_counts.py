@@ -153,3 +153,20 @@ def test_only_the_gathering_reads_the_owners_for_the_metrics() -> None:
         and node.func.attr == "counter_families"
     )
     assert readers == ["process/metrics.py"]
+
+
+def test_the_tiers_of_a_new_configuration_are_shown_from_zero() -> None:
+    """Decisions by tier start at 0 for every configured tier, also one a reload brings."""
+    app = _app()
+    app.plugin.reconfigure(
+        settings_of(
+            load_config_text(
+                "tiers:\n- name: spot\n  priorityClasses: [koord-free]\n  qosClasses: [BE]\n"
+                "  resources: {cpu: kubernetes.io/batch-cpu, memory: kubernetes.io/batch-memory}\n",
+                "test",
+            )
+        )
+    )
+    families = {f.name: f for f in app.plugin.counters.counter_families()}
+    decisions = families["nri_midbatch_decisions"]
+    assert decisions.values == {("spot",): 0, ("none",): 0}
