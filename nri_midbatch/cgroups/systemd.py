@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -46,6 +46,7 @@ from nri_midbatch.cgroups.paths import CgroupLocation, CgroupPathError, Level
 from nri_midbatch.cgroups.reload_burst import DEFAULT_TIMINGS, ReloadBurst, RepairTimings
 from nri_midbatch.cgroups.report import WriteReport
 from nri_midbatch.cgroups.values import UNLIMITED, CgroupValues, cpu_shares_to_weight
+from nri_midbatch.counts import CounterFamily, family, single
 
 if TYPE_CHECKING:
     from dbus_fast import Message
@@ -144,12 +145,18 @@ def unit_properties(values: CgroupValues) -> list[tuple[str, int]]:
     return properties
 
 
+#: What every live container holds of the plugin's values, as the plugin remembers them:
+#: asked at each repair pass. A source the plugin gives the units (a dependency), not a
+#: callback that tells of something.
+HeldContainers = Callable[[], Iterable[UnitTarget]]
+
+
 class SystemdUnits:
     """Keeps the plugin's values in systemd's units, and puts them back after a reload.
 
     Remembered: the pods whose slice the plugin wrote (one entry per pod,
     dropped with `forget_pod`, or when its cgroup is gone); containers come
-    from `containers`, the plugin's own memory of live containers. Queued
+    from `held_containers`, the plugin's own memory of live containers. Queued
     property sets are one per unit at most (a newer value replaces an older
     one), for known pods and containers only.
     """
@@ -157,11 +164,11 @@ class SystemdUnits:
     def __init__(
         self,
         root: Path,
-        containers: Callable[[], Iterable[UnitTarget]],
+        held_containers: HeldContainers,
         timings: RepairTimings = DEFAULT_TIMINGS,
     ) -> None:
         self._root = root
-        self._containers = containers
+        self._held_containers = held_containers
         self._pods: dict[str, UnitTarget] = {}
         self._pending: dict[tuple[str, str], UnitTarget] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -189,6 +196,9 @@ class SystemdUnits:
         self.property_sets: dict[tuple[Level, str], int] = {
             (level, result): 0 for level in LEVELS for result in ("ok", "failed")
         }
+
+    def counter_families(self) -> Iterator[CounterFamily]:
+        return _counter_families(self)
 
     # -- from the plugin (any thread) ----------------------------------------
 
@@ -422,7 +432,7 @@ class SystemdUnits:
 
     async def _repair(self) -> None:
         """Put back, file by file, what a reload of systemd changed; then have systemd hold it."""
-        targets = [*self._pods.values(), *self._containers()]
+        targets = [*self._pods.values(), *self._held_containers()]
         reports = await asyncio.to_thread(_apply_all, targets, self._root)
         for target, report in zip(targets, reports, strict=True):
             if isinstance(report, CgroupPathError):
@@ -450,6 +460,48 @@ class SystemdUnits:
     def _count_set(self, target: UnitTarget, *, ok: bool) -> None:
         key = (target.level, "ok" if ok else "failed")
         self.property_sets[key] += 1
+
+
+class NoSystemd:
+    """systemd's families under the cgroupfs driver: all at 0, present from the start."""
+
+    def counter_families(self) -> Iterator[CounterFamily]:
+        return _counter_families(None)
+
+
+def _counter_families(units: SystemdUnits | None) -> Iterator[CounterFamily]:
+    yield family(
+        "nri_midbatch_cgroup_drift_repaired",
+        "Pod and container cgroups whose values a systemd reload changed and the "
+        "plugin put back, by level",
+        ("level",),
+        {(level,): 0 if units is None else units.drift_repaired[level] for level in LEVELS},
+    )
+    yield family(
+        "nri_midbatch_systemd_property_sets",
+        "SetUnitProperties calls to systemd, by level and result",
+        ("level", "result"),
+        {
+            (level, result): 0 if units is None else units.property_sets[level, result]
+            for level in LEVELS
+            for result in ("ok", "failed")
+        },
+    )
+    yield single(
+        "nri_midbatch_systemd_unreachable",
+        "Failed attempts to connect to systemd over D-Bus",
+        0 if units is None else units.unreachable,
+    )
+    yield single(
+        "nri_midbatch_systemd_repair_passes",
+        "Passes over pod and container cgroups after a burst of systemd reloads",
+        0 if units is None else units.repair_passes,
+    )
+    yield single(
+        "nri_midbatch_systemd_signals_ignored",
+        "Reloading signals ignored because systemd did not send them",
+        0 if units is None else units.signals_ignored,
+    )
 
 
 def _apply_all(targets: list[UnitTarget], root: Path) -> list[WriteReport | CgroupPathError]:

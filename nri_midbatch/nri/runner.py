@@ -17,7 +17,6 @@ import asyncio
 import os
 import random
 import socket
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
@@ -90,10 +89,11 @@ async def run_external(
     socket_path: str,
     stop: asyncio.Event,
     backoff: Backoff | None = None,
-    *,
-    on_reconnect: Callable[[], None] | None = None,
 ) -> None:
-    """Stay registered with the runtime at `socket_path` until `stop` is set."""
+    """Stay registered with the runtime at `socket_path` until `stop` is set.
+
+    Each connection attempt after the first is told to the session's observers
+    (`SessionObserver.reconnecting`)."""
     backoff = backoff or Backoff()
     delay = backoff.initial
     stale: tuple[int, int] | None = None
@@ -121,8 +121,8 @@ async def run_external(
             stale = None
             continue
         attempts += 1
-        if attempts > 1 and on_reconnect is not None:
-            on_reconnect()
+        if attempts > 1:
+            session.reconnecting()
         try:
             sock = await _connect(socket_path)
         except OSError as exc:

@@ -17,7 +17,7 @@ import asyncio
 import contextvars
 import socket
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -25,6 +25,7 @@ import structlog
 from google.protobuf.message import Message
 
 from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.counts import CounterFamily, family, single
 from nri_midbatch.nri import version as nri_version
 from nri_midbatch.nri.events import (
     HANDLER_NAMES,
@@ -176,6 +177,10 @@ class SessionObserver:
     def idle(self) -> None:
         """The runtime's requests in progress have all been answered."""
 
+    def reconnecting(self) -> None:
+        """The plugin tries the runtime's socket again: a connection attempt after the first,
+        successful or not (nri/runner.py, external plugins only)."""
+
 
 class RegistrationError(Exception):
     """The runtime refused or never answered our RegisterPlugin."""
@@ -296,6 +301,22 @@ class Session:
         live = (conn.refused, conn.ignored) if conn is not None else (0, 0)
         return self._refused_before + live[0], self._ignored_before + live[1]
 
+    def counter_families(self) -> Iterator[CounterFamily]:
+        refused, ignored = self.protocol_violations()
+        yield family(
+            "nri_midbatch_runtime_protocol_violations",
+            "Messages from the runtime the wire layer answered itself (refused: malformed or"
+            " unknown requests) or dropped (ignored: stray replies, unknown message types)",
+            ("kind",),
+            {("refused",): refused, ("ignored",): ignored},
+        )
+        yield single(
+            "nri_midbatch_runtime_protocol_disconnects",
+            "Connections to the runtime dropped because it broke the protocol (framing garbage,"
+            " or a flood of messages to refuse or ignore); the plugin then registers again",
+            self.protocol_disconnects,
+        )
+
     async def _register(self, conn: MuxConnection) -> None:
         request = api.RegisterPluginRequest(
             plugin_name=self._name,
@@ -358,6 +379,11 @@ class Session:
     def _idle(self) -> None:
         for observer in self._observers:
             observer.idle()
+
+    def reconnecting(self) -> None:
+        """The runner is about to try the runtime's socket again: the observers are told."""
+        for observer in self._observers:
+            observer.reconnecting()
 
     def _check(self, step: Step) -> None:
         """Raise RpcError if `step` is illegal now, without taking it."""

@@ -9,8 +9,8 @@ What the library guarantees there: every value (a counter, a gauge, each histogr
 sum) is a float behind a lock of its own, and a histogram's `_count` is the sum of the bucket
 values it has just read, so its `+Inf` bucket and `_count` always agree. A scrape may see one
 observation's bucket and not yet its sum; Prometheus's rate() of either does not mind. The
-plugin's own collectors (`obs.metrics.CountersCollector`, `process.app.ModeCollector`) copy
-plain counters at the scrape and need no lock.
+plugin's own collectors (process/metrics.py) copy plain counts at the scrape and need no
+lock.
 """
 
 from __future__ import annotations

@@ -5,17 +5,15 @@ Python exporter: the process's memory, CPU, open files and start time (`process_
 garbage collector's counts (`python_gc_*`) and `python_info`, from the library's own
 collectors. The text of a scrape is `obs.exposition`'s.
 
-Hot-path code does not touch metric objects: the plugin keeps plain
-counters, and a `CountersCollector` (registered by the App) turns them into
-metric families when scraped. Per-call latency and results come from the App's session
-observer (process/session_watch.py), which costs one clock read and one histogram
-observation per call.
+Hot-path code does not touch metric objects: the rooms keep plain counts, which the
+App gathers into families when scraped (process/metrics.py). The series here are fed
+by the App's session observer (process/session_watch.py): per-call latency and results
+cost one clock read and one histogram observation per call.
 """
 
 from __future__ import annotations
 
 import platform
-from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import prometheus_client
 from prometheus_client import (
@@ -26,7 +24,6 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
 )
-from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from nri_midbatch import __version__
@@ -125,7 +122,7 @@ class Metrics:
             buckets=EVENT_BUCKETS,
         )
         self.http_dropped = connections_dropped("nri_midbatch_http_connections_dropped", r)
-        # Configuration reloads are counted by the App's CountersCollector.
+        # The rooms' counts (reloads among them) are gathered by process/metrics.py.
         build_info(r)
 
     def add_collector(self, collector: Collector) -> None:
@@ -180,22 +177,3 @@ class WebhookMetrics:
             self.certificate_reloads.labels(result)
         self.dropped = connections_dropped("nri_midbatch_webhook_connections_dropped", r)
         build_info(r)
-
-
-#: (name, help, label names, {label values: count})
-CounterFamily = tuple[str, str, tuple[str, ...], Mapping[tuple[str, ...], int]]
-
-
-class CountersCollector(Collector):
-    """Exposes plain dict counters as labelled counter families at scrape time."""
-
-    def __init__(self, families: Callable[[], Iterable[CounterFamily]]) -> None:
-        self._families = families
-
-    def collect(self) -> Iterator[CounterMetricFamily]:
-        for name, documentation, labels, values in self._families():
-            family = CounterMetricFamily(name, documentation, labels=labels)
-            # A copy: the loop may add a key while the server's thread renders.
-            for label_values, count in list(values.items()):
-                family.add_metric(label_values, count)
-            yield family

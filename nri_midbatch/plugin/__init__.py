@@ -1,1 +1,1 @@
-"""The NRI plugin: handlers, the Synchronize pass, the codec, deferred work, cgroup writes."""
+"""The NRI plugin: handlers, the Synchronize pass, the codec, work after replies, cgroup writes."""

@@ -13,9 +13,9 @@ from pathlib import Path
 from nri_midbatch.cgroups.paths import CgroupDriver
 from nri_midbatch.cgroups.systemd import SystemdUnits
 from nri_midbatch.config.settings import Settings
+from nri_midbatch.deferred import AfterReply
 from nri_midbatch.plugin.cgroup_writer import CgroupWriter
 from nri_midbatch.plugin.counters import Counters
-from nri_midbatch.plugin.deferred import AfterReply
 from nri_midbatch.plugin.observer import Observer
 from nri_midbatch.policy import Policy
 from nri_midbatch.state.known import Known
@@ -37,6 +37,9 @@ class PluginContext:
     #: Log lines, Synchronize's pod cgroups and records, once the runtime has its reply.
     after_reply: AfterReply = field(default_factory=AfterReply)
 
+    def __post_init__(self) -> None:
+        self.counters.tiers = tuple(tier.name for tier in self.config.tiers)
+
     @property
     def observing(self) -> bool:
         """Decide and report, set nothing (`mode: observe`)."""
@@ -54,6 +57,7 @@ class PluginContext:
     def configure(self, config: Settings, runtime: str, systemd: SystemdUnits | None) -> None:
         """Put `config` in force, with the writer it implies."""
         self.config = config
+        self.counters.tiers = tuple(tier.name for tier in config.tiers)
         self.policy = config.compile()
         self.cgroups = writer_for(config, runtime, systemd)
 

@@ -7,7 +7,7 @@ already in place gets its "decision" line at debug (SIGUSR1), with
 counts by tier and result, so that a node of 10,000 containers does not
 bury the log. "untouched" (debug) for one left alone, with the reason.
 A line costs about 15 us (JSON, timestamp, write), more than the decision
-itself, so the lines are written once the call's reply is out (plugin/deferred.py).
+itself, so the lines are written once the call's reply is out (deferred.py).
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from typing import Any
 
 import structlog
 
-from nri_midbatch.plugin.deferred import AfterReply
+from nri_midbatch.deferred import AfterReply
 from nri_midbatch.policy import CgroupValues, ContainerView, PodView, TraceStep
 
 log = structlog.get_logger(__name__)
 
 #: Lines written in one piece of work after the reply: 0.1-0.3 ms, the
-#: longest a request arriving meanwhile waits for them (plugin/deferred.py).
+#: longest a request arriving meanwhile waits for them (deferred.py).
 LINES_PER_WRITE = 8
 
 #: The extra field of a decision line, by whether it changed anything.

@@ -16,6 +16,7 @@ import structlog
 from nri_midbatch.cgroups.values import cpu_shares_to_weight, set_fields
 from nri_midbatch.plugin.cgroup_writer import CgroupUnreadable
 from nri_midbatch.plugin.context import PluginContext
+from nri_midbatch.plugin.counters import RUNTIME_VALUES
 from nri_midbatch.plugin.decision_log import DecisionLines
 from nri_midbatch.plugin.records import Records
 from nri_midbatch.policy import (
@@ -35,9 +36,6 @@ from nri_midbatch.state.baseline import Target, target
 from nri_midbatch.wire.status import Code
 
 log = structlog.get_logger(__name__)
-
-#: The invalid-input reason of values from the runtime that no cgroup file holds (`holdable`).
-RUNTIME_VALUES = "runtime_values"
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from nri_midbatch.cgroups.systemd import SystemdUnits, UnitTarget
 from nri_midbatch.cgroups.values import set_fields
 from nri_midbatch.config.settings import ConfigError, Settings
 from nri_midbatch.config.validator import load_settings_text
+from nri_midbatch.deferred import AfterReply
 from nri_midbatch.nri.events import Event, handles
 from nri_midbatch.nri.session import RuntimeInfo
 from nri_midbatch.plugin.cgroup_writer import CgroupWriter
@@ -41,7 +42,6 @@ from nri_midbatch.plugin.context import PluginContext, writer_for
 from nri_midbatch.plugin.counters import Counters
 from nri_midbatch.plugin.decision_log import DecisionLines
 from nri_midbatch.plugin.decisions import Decider, PodTarget
-from nri_midbatch.plugin.deferred import AfterReply
 from nri_midbatch.plugin.lowering import LoweringTimings
 from nri_midbatch.plugin.observer import Observer
 from nri_midbatch.plugin.reconcile import ConvergenceTimings, Reconciler
@@ -77,8 +77,8 @@ class MidBatchPlugin:
         `store`: where kubelet's values are kept across restarts (state/store.py); none by
         default, as replays and tests keep nothing.
         `observers`: told of every decision. `after_reply`: the work left for after replies
-        (plugin/deferred.py); the App's is also among the session's observers, so that it
-        yields to the runtime's requests. By default one of the plugin's own, which never
+        (deferred.py); the App's hears the session (observer.py, AfterReplyListener), so
+        that it yields to the runtime's requests. By default one of the plugin's own, which never
         waits (replay, tests). `lowering_timings`: a Synchronize's wait for the runtime to
         lower containers (plugin/lowering.py). `convergence_timings`: when a resized pod is
         checked again (plugin/reconcile.py).

@@ -39,7 +39,8 @@ from dataclasses import dataclass
 
 import structlog
 
-from nri_midbatch.plugin.deferred import CGROUP_READS_PER_PIECE, AfterReply
+from nri_midbatch.deferred import CGROUP_READS_PER_PIECE, AfterReply
+from nri_midbatch.plugin.counters import Counters
 
 log = structlog.get_logger(__name__)
 
@@ -75,11 +76,11 @@ class LoweringWait:
         after_reply: AfterReply,
         *,
         timings: LoweringTimings = LoweringTimings(),
-        on_stall: Callable[[int], None] | None = None,
+        counters: Counters | None = None,
     ) -> None:
-        """on_stall(pods): told how many pods are written unconfirmed, to count them."""
+        """counters: the plugin's, where pods written unconfirmed are counted."""
         self._after_reply = after_reply
-        self._on_stall = on_stall
+        self._counters = Counters() if counters is None else counters
         self._poll = timings.poll
         self._stall = timings.stall
         self._waiting: deque[_Waiting] = deque()
@@ -128,7 +129,6 @@ class LoweringWait:
             pods=len(waiting),
             first_pod=waiting[0].name,
         )
-        if self._on_stall is not None:
-            self._on_stall(len(waiting))
+        self._counters.pods_lowered_unconfirmed += len(waiting)
         while waiting:
             self._after_reply.defer(waiting.popleft().write)

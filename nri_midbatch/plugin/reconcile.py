@@ -24,7 +24,7 @@ what a file holds: kubelet's baseline moves only with the events that tell it.
 A reload's writes through the cgroup files (`write_plan`) follow the same order: pods whose
 containers go up first, then the containers, then the other pods.
 
-The checks run in pieces of the work left for after replies (plugin/deferred.py): each
+The checks run in pieces of the work left for after replies (deferred.py): each
 workload's three files read, and written only where they differ, up to PIECE_WORKLOADS
 workloads or PIECE_SECONDS a piece, so a request waits for at most one piece; the pieces of
 a pass are queued one at a time. What a pass costs is mostly system calls: each workload's
@@ -41,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Literal
@@ -50,6 +50,7 @@ import structlog
 
 from nri_midbatch.cgroups.fs import OpenDirectories
 from nri_midbatch.cgroups.values import CgroupReading, CgroupValues, cpu_shares_to_weight, drifted
+from nri_midbatch.counts import CounterFamily, single
 from nri_midbatch.plugin.cgroup_writer import CgroupUnreadable, LocatedCgroups
 from nri_midbatch.plugin.context import PluginContext
 from nri_midbatch.plugin.decisions import values_log
@@ -169,6 +170,13 @@ class Reconciler:
         self._targets: dict[tuple[str, str | None], _Target] = {}
 
     # -- triggers ----------------------------------------------------------------
+
+    def counter_families(self) -> Iterator[CounterFamily]:
+        yield single(
+            "nri_midbatch_convergence_passes",
+            "Convergence passes over every known pod and container",
+            self.passes,
+        )
 
     def recheck_soon(self, pod_id: str) -> None:
         """Check the pod and its containers again after each of `ConvergenceTimings.rechecks`."""

@@ -17,6 +17,7 @@ from typing import Any
 
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.cgroups.values import differs, lowers, set_fields
+from nri_midbatch.deferred import CGROUP_READS_PER_PIECE
 from nri_midbatch.plugin.codec import (
     annotated_baseline,
     limits_and_values,
@@ -27,7 +28,6 @@ from nri_midbatch.plugin.codec import (
 from nri_midbatch.plugin.context import PluginContext
 from nri_midbatch.plugin.decision_log import DecisionLines
 from nri_midbatch.plugin.decisions import Decider
-from nri_midbatch.plugin.deferred import CGROUP_READS_PER_PIECE
 from nri_midbatch.plugin.lowering import Check, LoweringTimings, LoweringWait, Write
 from nri_midbatch.plugin.records import Records
 from nri_midbatch.plugin.writes import Settled, Writes
@@ -337,7 +337,7 @@ class SynchronizePass:
         if self._lowering is not None:
             self._lowering.cancel()
         wait = self._lowering = LoweringWait(
-            ctx.after_reply, timings=self._lowering_timings, on_stall=self._count_unconfirmed
+            ctx.after_reply, timings=self._lowering_timings, counters=ctx.counters
         )
         #: pod id -> its write, for the pods that wait
         waiting: dict[str, Write] = {}
@@ -359,6 +359,3 @@ class SynchronizePass:
                 view = pod_views[pod_id]
                 wait.add(f"{view.namespace}/{view.name}", check, waiting[pod_id])
         wait.start()
-
-    def _count_unconfirmed(self, pods: int) -> None:
-        self._ctx.counters.pods_lowered_unconfirmed += pods

@@ -5,8 +5,8 @@ file: a valid change applies at once and is followed by a pass that brings
 running workloads to the new values; an invalid one is logged with the field
 at fault, counted, and the previous configuration stays in force.
 
-Longer than the house's 400 lines: it composes the plugin, session, reload pass and the
-metric families, each family beside the state it reads.
+Longer than the house's 400 lines: it composes the plugin, session and reload pass, and
+names every owner of counts the metrics read (`counted`).
 """
 
 from __future__ import annotations
@@ -14,38 +14,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import structlog
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
 
-from nri_midbatch.cgroups.systemd import LEVELS
-from nri_midbatch.cgroups.values import VALUE_FIELDS
+from nri_midbatch.cgroups.systemd import NoSystemd
 from nri_midbatch.config.settings import ConfigError, Settings
 from nri_midbatch.config.validator import load_settings_file
+from nri_midbatch.counts import Counted, CounterFamily, family, single
+from nri_midbatch.deferred import AfterReply, DeferredTimings
 from nri_midbatch.nri.runner import run_external, run_prelaunched
 from nri_midbatch.nri.session import DEFAULT_REGISTRATION_TIMEOUT, DEFAULT_UPDATE_TIMEOUT, Session
 from nri_midbatch.nri.version import Version
 from nri_midbatch.obs.health import HealthServer
 from nri_midbatch.obs.logging import set_level
-from nri_midbatch.obs.metrics import CounterFamily, CountersCollector, Metrics
+from nri_midbatch.obs.metrics import Metrics
 from nri_midbatch.plugin.codec import container_update
-from nri_midbatch.plugin.decisions import RUNTIME_VALUES
-from nri_midbatch.plugin.deferred import AfterReply, DeferredTimings
 from nri_midbatch.plugin.handlers import MidBatchPlugin
 from nri_midbatch.plugin.lowering import LoweringTimings
-from nri_midbatch.plugin.observer import Observer
+from nri_midbatch.plugin.observer import AfterReplyListener, Observer
 from nri_midbatch.plugin.reconcile import ConvergenceTimings
-from nri_midbatch.policy import ErrorKind
+from nri_midbatch.process.metrics import Gathered, ModeCollector
 from nri_midbatch.process.reload import FileWatch
 from nri_midbatch.process.session_watch import SessionWatch
 from nri_midbatch.process.status import StatusServer
 from nri_midbatch.recording.writer import Recorder
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.state.plan import Plan, split_pods
-from nri_midbatch.state.store import REFUSALS, BaselineStore
+from nri_midbatch.state.store import BaselineStore
 from nri_midbatch.wire.status import Code
 
 __all__ = ["App"]
@@ -57,12 +54,8 @@ RELOAD_INTERVAL = 1.0
 METRICS_RETRY_SECONDS = 5.0
 #: Bind errors that may go away: another process holds the port, or the address is not up yet.
 _PASSING_BIND_ERRORS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL})
-#: Reload results and invalid-input reasons are exposed from the start, at 0:
-#: Prometheus's increase() misses the first rise of a series it did not have,
-#: and the alerts in examples/monitoring/ use increase().
+#: Reload results are exposed from the start, at 0 (nri_midbatch/counts.py says why).
 RELOAD_RESULTS = ("applied", "unchanged", "invalid", "failed")
-INVALID_REASONS = (*(kind.value for kind in ErrorKind), "internal", RUNTIME_VALUES)
-ADJUSTING_METHODS = ("CreateContainer", "UpdateContainer", "Synchronize")
 #: Runtimes before this never synchronize pre-launched plugins.
 PRELAUNCHED_SYNC_FROM: Version = (0, 7, 0)
 
@@ -90,16 +83,16 @@ class App:
     ) -> None:
         """metrics_retry_seconds: the wait before a taken metrics address is tried again.
 
-        deferred_timings: those of the work left for after replies (plugin/deferred.py);
+        deferred_timings: those of the work left for after replies (deferred.py);
         lowering_timings, convergence_timings: the plugin's (MidBatchPlugin).
         """
         self.metrics = Metrics()
         self.recorder = recorder
         # Pod cgroups and log lines left for after a reply wait while a request
         # is in progress (until the connection is idle again), and give the
-        # runtime its turn after our writes: the work observes the session.
+        # runtime its turn after our writes: the work hears the session.
         after_reply = AfterReply(timings=deferred_timings)
-        observers: list[Observer] = [SessionWatch(self.metrics), after_reply]
+        observers: list[Observer] = [SessionWatch(self.metrics), AfterReplyListener(after_reply)]
         if recorder is not None:
             observers.append(recorder)
         self.plugin = MidBatchPlugin(
@@ -117,7 +110,7 @@ class App:
             observers=observers,
             registration_timeout=registration_timeout,
         )
-        self.metrics.add_collector(CountersCollector(self._counter_families))
+        self.metrics.add_collector(Gathered(self.counted))
         self.metrics.add_collector(ModeCollector(lambda: str(self.plugin.config.mode)))
         self.health: HealthServer | None = None
         self._metrics_address = metrics_address
@@ -166,9 +159,7 @@ class App:
     async def run_external(self, socket_path: str) -> int:
         log.info("starting", mode="external", socket=socket_path)
         async with self._services():
-            await run_external(
-                self.session, socket_path, self._stop, on_reconnect=self.metrics.reconnects.inc
-            )
+            await run_external(self.session, socket_path, self._stop)
         return 0
 
     async def run_prelaunched(self, fd: int) -> int:
@@ -267,191 +258,44 @@ class App:
             return True, "ok"
         return False, "registered, waiting for Synchronize"
 
-    def _counter_families(self) -> Iterable[CounterFamily]:
-        """Read on the metrics server's thread while the loop counts: each dict the loop may
-        add keys to is copied whole first (one C call, under the GIL) and then iterated."""
-        counters = self.plugin.counters
-        # Every configured tier from 0: rate() and increase() miss the first
-        # rise of a series that did not exist at the scrape before.
-        decisions: dict[tuple[str, ...], int] = {(t.name,): 0 for t in self.plugin.config.tiers}
-        decisions[("none",)] = 0
-        decisions.update({(tier,): n for tier, n in dict(counters.decisions).items()})
-        yield (
-            "nri_midbatch_decisions",
-            "Decisions made, by tier (none: the pod is in no tier)",
-            ("tier",),
-            decisions,
-        )
-        invalid: dict[tuple[str, ...], int] = {(r,): 0 for r in INVALID_REASONS}
-        invalid.update({(r,): n for r, n in dict(counters.invalid).items()})
-        yield (
-            "nri_midbatch_invalid_inputs",
-            "Pods or containers left alone (or refused) because of bad input, by reason",
-            ("reason",),
-            invalid,
-        )
-        adjusted: dict[tuple[str, ...], int] = {
-            (method, name): 0 for method in ADJUSTING_METHODS for name in VALUE_FIELDS
-        }
-        adjusted.update({tuple(key): n for key, n in dict(counters.adjusted).items()})
-        yield (
-            "nri_midbatch_adjusted_fields",
-            "Container cgroup fields set through NRI, by method and field",
-            ("method", "field"),
-            adjusted,
-        )
-        yield (
-            "nri_midbatch_observed",
-            "Values decided but not set (mode: observe), by level and whether they differ "
-            "from what the container or pod has (differs, same, unknown)",
-            ("level", "result"),
-            {
-                (level, result): counters.observed.get((level, result), 0)
-                for level in ("pod", "container")
-                for result in ("differs", "same", "unknown")
-            },
-        )
-        yield (
-            "nri_midbatch_pod_cgroup_writes",
-            "Pod-level cgroup updates, by result",
-            ("result",),
-            {("ok",): counters.pod_writes_ok, ("failed",): counters.pod_writes_failed},
-        )
-        yield (
-            "nri_midbatch_container_repairs",
-            "Containers whose cgroup files did not hold what the runtime reported at Synchronize,"
-            " written by the plugin, by result",
-            ("result",),
-            {("ok",): counters.containers_repaired, ("failed",): counters.container_repairs_failed},
-        )
-        yield (
-            "nri_midbatch_known_evictions",
-            "Pods forgotten because the plugin remembered more than it believes a node runs"
-            " (a runtime that sends no removals)",
-            (),
-            {(): self.plugin.known.evicted},
-        )
-        yield (
-            "nri_midbatch_baseline_record_failures",
-            "Pod records of kubelet's values (--state-dir) that could not be read, written or"
-            " removed",
-            (),
-            {(): self.plugin.store.failures},
-        )
-        records_refused: dict[tuple[str, ...], int] = {(r,): 0 for r in REFUSALS}
-        records_refused.update({(r,): n for r, n in dict(self.plugin.store.refused).items()})
-        yield (
-            "nri_midbatch_baseline_records_refused",
-            "Pod records under --state-dir read and not taken (as if the pod had none), by reason",
-            ("reason",),
-            records_refused,
-        )
-        yield (
-            "nri_midbatch_pods_lowered_unconfirmed",
-            "Pods a Synchronize lowered without seeing the runtime lower their containers first",
-            (),
-            {(): counters.pods_lowered_unconfirmed},
-        )
-        yield (
-            "nri_midbatch_drift_found",
-            "Pod and container cgroups found holding other values than the plugin keeps in"
-            " force, by level and writer (kubelet: its known value, as after a resize; unknown:"
-            " anyone else)",
-            ("level", "writer"),
-            {tuple(key): n for key, n in dict(counters.drift_found).items()},
-        )
-        yield (
-            "nri_midbatch_drift_repaired",
-            "Pod and container cgroups put back to the values in force, by level and writer",
-            ("level", "writer"),
-            {tuple(key): n for key, n in dict(counters.drift_repaired).items()},
-        )
-        yield (
-            "nri_midbatch_convergence_passes",
-            "Convergence passes over every known pod and container",
-            (),
-            {(): self.plugin.reconcile.passes},
-        )
-        reloads: dict[tuple[str, ...], int] = {(r,): 0 for r in RELOAD_RESULTS}
-        reloads.update({(r,): n for r, n in dict(self.reloads).items()})
-        reloads[("rejected_from_runtime",)] = counters.config_rejected
-        yield (
+    def counted(self) -> Iterator[Counted]:
+        """Every owner of counts, as it is now (a Synchronize replaces the plugin's `known`):
+        the one list the metrics read (process/metrics.py)."""
+        plugin = self.plugin
+        yield plugin.counters
+        yield plugin.known
+        yield plugin.store
+        yield plugin.reconcile
+        yield self
+        yield self.session
+        yield NoSystemd() if plugin.systemd is None else plugin.systemd
+        if self.recorder is not None:
+            yield self.recorder
+
+    def counter_families(self) -> Iterator[CounterFamily]:
+        """The App's own: reloads (with the drop-ins the runtime sent that the plugin
+        refused), their writes, and the metrics address's bind failures."""
+        yield family(
             "nri_midbatch_config_reloads",
             "Configuration reloads, by result",
             ("result",),
-            reloads,
+            {
+                **{(result,): n for result, n in dict(self.reloads).items()},
+                ("rejected_from_runtime",): self.plugin.counters.config_rejected,
+            },
+            zeros=[(result,) for result in RELOAD_RESULTS],
         )
-        yield (
+        yield family(
             "nri_midbatch_reload_writes",
             "Containers and pods brought to a reloaded configuration, by path and result",
             ("path", "result"),
-            {tuple(key): n for key, n in dict(self.followed).items()},
+            self.followed,
         )
-        refused, ignored = self.session.protocol_violations()
-        yield (
-            "nri_midbatch_runtime_protocol_violations",
-            "Messages from the runtime the wire layer answered itself (refused: malformed or"
-            " unknown requests) or dropped (ignored: stray replies, unknown message types)",
-            ("kind",),
-            {("refused",): refused, ("ignored",): ignored},
-        )
-        yield (
-            "nri_midbatch_runtime_protocol_disconnects",
-            "Connections to the runtime dropped because it broke the protocol (framing garbage,"
-            " or a flood of messages to refuse or ignore); the plugin then registers again",
-            (),
-            {(): self.session.protocol_disconnects},
-        )
-        yield (
+        yield single(
             "nri_midbatch_metrics_bind_failures",
             "Attempts to serve metrics and health that found the address taken",
-            (),
-            {(): self.metrics_bind_failures},
+            self.metrics_bind_failures,
         )
-        # Zero unless the plugin runs under the systemd driver (present from the start).
-        systemd = self.plugin.systemd
-        yield (
-            "nri_midbatch_cgroup_drift_repaired",
-            "Pod and container cgroups whose values a systemd reload changed and the "
-            "plugin put back, by level",
-            ("level",),
-            {(level,): 0 if systemd is None else systemd.drift_repaired[level] for level in LEVELS},
-        )
-        yield (
-            "nri_midbatch_systemd_property_sets",
-            "SetUnitProperties calls to systemd, by level and result",
-            ("level", "result"),
-            {
-                (level, result): 0 if systemd is None else systemd.property_sets[level, result]
-                for level in LEVELS
-                for result in ("ok", "failed")
-            },
-        )
-        yield (
-            "nri_midbatch_systemd_unreachable",
-            "Failed attempts to connect to systemd over D-Bus",
-            (),
-            {(): 0 if systemd is None else systemd.unreachable},
-        )
-        yield (
-            "nri_midbatch_systemd_repair_passes",
-            "Passes over pod and container cgroups after a burst of systemd reloads",
-            (),
-            {(): 0 if systemd is None else systemd.repair_passes},
-        )
-        yield (
-            "nri_midbatch_systemd_signals_ignored",
-            "Reloading signals ignored because systemd did not send them",
-            (),
-            {(): 0 if systemd is None else systemd.signals_ignored},
-        )
-        if self.recorder is not None:
-            yield (
-                "nri_midbatch_records_dropped",
-                "Recording lines lost: queue full, over the size cap, or a failed write",
-                (),
-                {(): self.recorder.dropped},
-            )
 
     # -- reload --------------------------------------------------------------
 
@@ -586,21 +430,3 @@ class App:
     def _count_followed(self, path: str, result: str, count: int) -> None:
         key = (path, result)
         self.followed[key] = self.followed.get(key, 0) + count
-
-
-class ModeCollector(Collector):
-    """`nri_midbatch_mode{mode}`: 1 for the mode in force (enforce or observe), else 0."""
-
-    def __init__(self, mode: Callable[[], str]) -> None:
-        self._mode = mode
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        now = self._mode()
-        family = GaugeMetricFamily(
-            "nri_midbatch_mode",
-            "1 for the mode in force: enforce sets values, observe only reports them",
-            labels=("mode",),
-        )
-        for mode in ("enforce", "observe"):
-            family.add_metric((mode,), int(mode == now))
-        yield family

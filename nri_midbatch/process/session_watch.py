@@ -2,7 +2,8 @@
 
 The App's own observer of the session (plugin/observer.py). Each Plugin-service call is
 counted and timed, one clock read and one histogram observation per call; the session's
-state sets the registration gauges and the figures of the last Synchronize; and the
+state sets the registration gauges and the figures of the last Synchronize; connection
+attempts after the first are counted; and the
 objects a large Synchronize leaves are frozen out of the collector's way (process/heap.py).
 """
 
@@ -66,6 +67,9 @@ class SessionWatch(Observer):
                 m.event_duration.labels(method),
             )
         return _ObservedCall(series)
+
+    def reconnecting(self) -> None:
+        self._metrics.reconnects.inc()
 
     def state_changed(self, state: SessionState) -> None:
         metrics = self._metrics

@@ -13,7 +13,7 @@ What clients can make the plugin hold or do is bounded (`StatusLimits`):
 - `seconds` from accept to a connection's last byte; then it is dropped, aborted, so that a
   client that never reads cannot keep it open either.
 - The document is written as it is made, one workload (one cgroup read) at a time, as work
-  after replies (plugin/deferred.py, `defer_idle`): only while the runtime's connection is
+  after replies (deferred.py, `defer_idle`): only while the runtime's connection is
   idle, even under steady load, so it never stretches a reply to the runtime. Workloads are
   made a chunk (`chunk_bytes`) ahead of what the client has taken, so what a client holds is
   a chunk and the socket's buffers, and a client that has gone is noticed at the next write,

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -20,6 +20,7 @@ from typing import Protocol
 
 import structlog
 
+from nri_midbatch.counts import CounterFamily, single
 from nri_midbatch.recording.call import CallRecord, CallRecorder
 from nri_midbatch.recording.format import json_line, record_json
 from nri_midbatch.recording.redact import DEFAULT_KEPT_ANNOTATIONS
@@ -203,6 +204,13 @@ class Recorder(CallRecorder):
         self._summary_every = failure_summary_every
         self._failed: int | None = None  # records lost since writes began failing; None: fine
         self._summary_due = 0.0
+
+    def counter_families(self) -> Iterator[CounterFamily]:
+        yield single(
+            "nri_midbatch_records_dropped",
+            "Recording lines lost: queue full, over the size cap, or a failed write",
+            self.dropped,
+        )
 
     def keep(self, record: CallRecord) -> None:
         try:

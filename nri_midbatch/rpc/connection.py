@@ -54,7 +54,9 @@ class MuxConnection(asyncio.Protocol):
         max_violations_per_second: int = wire.MAX_VIOLATIONS_PER_SECOND,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """on_idle: called when the last request in progress has been answered.
+        """on_idle: called when the last request in progress has been answered. The hook of
+        the connection's owner (the session, which rpc/ may not import), not an observer:
+        the session tells its observers in turn (`SessionObserver.idle`).
 
         max_violations_per_second, clock: the flood bound (see wire.connection).
         The connection serves once a transport is made for it: `attach` (a
@@ -92,7 +94,7 @@ class MuxConnection(asyncio.Protocol):
         #: (framing garbage, or a flood of refused or ignored messages).
         self.broken_by_peer = False
         #: Writes to the peer so far: each may have woken a runtime thread onto
-        #: this process's core, which deferred work then gives way to (plugin/deferred.py).
+        #: this process's core, which deferred work then gives way to (deferred.py).
         self.writes = 0
         #: Requests the wire layer answered itself, and messages it ignored; only
         #: the first of each is logged, the totals when the connection closes.
@@ -196,7 +198,7 @@ class MuxConnection(asyncio.Protocol):
     def busy(self) -> bool:
         """A request is being served, received, or waits to be dispatched or read.
 
-        Asked by work deferred after replies (plugin/deferred.py) before each piece,
+        Asked by work deferred after replies (deferred.py) before each piece,
         so that an arriving request does not wait behind it. What has been
         received and not dispatched is the connection's own state; bytes still
         in the kernel cost one zero-timeout poll of the socket (about 2 us).
@@ -322,7 +324,7 @@ class MuxConnection(asyncio.Protocol):
 
     def _answer(self, event: wire.Request, reply: Message) -> None:
         # Written in the step the handler returned in: work the handler left for
-        # after its reply (plugin/deferred.py) must find the reply already on its way.
+        # after its reply (deferred.py) must find the reply already on its way.
         try:
             self._write(self._wire.reply(event.stream_id, reply))
         finally:

@@ -23,10 +23,11 @@ set there from the older, which is forgotten (`meet_pod`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from sys import intern
 
+from nri_midbatch.counts import CounterFamily, single
 from nri_midbatch.policy import CgroupValues, ContainerView, PodView, QoSClass
 from nri_midbatch.policy.classify import qos_from_cgroup_parent
 from nri_midbatch.state.baseline import moved_by, newly_limited, resized_pod_baseline
@@ -104,6 +105,14 @@ class Known:
             else:
                 self.remove_pod(oldest)
             self.evicted += 1
+
+    def counter_families(self) -> Iterator[CounterFamily]:
+        yield single(
+            "nri_midbatch_known_evictions",
+            "Pods forgotten because the plugin remembered more than it believes a node runs"
+            " (a runtime that sends no removals)",
+            self.evicted,
+        )
 
     # Questions.
 

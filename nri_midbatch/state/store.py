@@ -42,6 +42,7 @@ from typing import Any
 
 import structlog
 
+from nri_midbatch.counts import CounterFamily, family, single
 from nri_midbatch.policy import CgroupValues, NativeLimits
 from nri_midbatch.policy.calculate import shared_values
 from nri_midbatch.policy.holdable import unholdable_kubelet, unholdable_set
@@ -141,6 +142,21 @@ class BaselineStore:
         self.refused: dict[str, int] = {}
         self._said = False
         self._said_refused: set[str] = set()
+
+    def counter_families(self) -> Iterator[CounterFamily]:
+        yield single(
+            "nri_midbatch_baseline_record_failures",
+            "Pod records of kubelet's values (--state-dir) that could not be read, written or"
+            " removed",
+            self.failures,
+        )
+        yield family(
+            "nri_midbatch_baseline_records_refused",
+            "Pod records under --state-dir read and not taken (as if the pod had none), by reason",
+            ("reason",),
+            {(reason,): n for reason, n in dict(self.refused).items()},
+            zeros=[(reason,) for reason in REFUSALS],
+        )
 
     @property
     def keeping(self) -> bool:

@@ -21,8 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import Config, load_config_file, load_config_text
+from nri_midbatch.deferred import DeferredTimings
 from nri_midbatch.nri.testing import LoopbackRuntime
-from nri_midbatch.plugin.deferred import DeferredTimings
 from nri_midbatch.plugin.lowering import LoweringTimings
 from nri_midbatch.process.app import App
 from tests.fake_cgroups import FakeTree

@@ -18,10 +18,10 @@ from nri_midbatch.api import ttrpc_pb2
 from nri_midbatch.cgroups.paths import CgroupDriver
 from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import Config
+from nri_midbatch.deferred import AfterReply, DeferredTimings
 from nri_midbatch.plugin.cgroup_writer import CgroupWriter
 from nri_midbatch.plugin.codec import pod_view
 from nri_midbatch.plugin.context import PluginContext
-from nri_midbatch.plugin.deferred import AfterReply, DeferredTimings
 from nri_midbatch.plugin.records import Records
 from nri_midbatch.rpc.connection import MuxConnection
 from nri_midbatch.rpc.service import CallContext, Method, Service

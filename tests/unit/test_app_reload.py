@@ -21,8 +21,8 @@ from structlog.testing import capture_logs
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.cgroups.fs import apply_values
 from nri_midbatch.cgroups.paths import CgroupLocation
+from nri_midbatch.deferred import DeferredTimings
 from nri_midbatch.plugin import cgroup_writer
-from nri_midbatch.plugin.deferred import DeferredTimings
 from nri_midbatch.plugin.lowering import LoweringTimings
 from nri_midbatch.process.app import App
 from tests.factory import MI, PRIORITY, QOS, batch_pod, container

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import structlog
 
+from nri_midbatch.deferred import AfterReply
 from nri_midbatch.obs.logging import configure_logging, set_level
 from nri_midbatch.plugin.decision_log import LINES_PER_WRITE, DecisionLines
-from nri_midbatch.plugin.deferred import AfterReply
 from nri_midbatch.policy import CgroupValues, ContainerView, PodView
 from nri_midbatch.policy.trace import NoTier
 

@@ -19,6 +19,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "nri_midbatch"
 _PROCESS = frozenset(
     {
         "recording",
+        "deferred",
+        "counts",
         "plugin",
         "state",
         "obs",
@@ -37,14 +39,18 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "api": frozenset(),
     "policy": frozenset(),
     "obs": frozenset(),
+    "counts": frozenset(),
     "wire": frozenset({"api"}),
     "rpc": frozenset({"wire", "api"}),
-    "nri": frozenset({"rpc", "wire", "api"}),
-    "cgroups": frozenset({"policy"}),
+    "nri": frozenset({"counts", "rpc", "wire", "api"}),
+    "cgroups": frozenset({"counts", "policy"}),
     "config": frozenset({"policy", "cgroups"}),
-    "state": frozenset({"policy"}),
-    "plugin": frozenset({"nri", "rpc", "wire", "api", "policy", "cgroups", "config", "state"}),
-    "recording": frozenset({"plugin", "nri", "rpc", "wire", "api", "policy"}),
+    "state": frozenset({"counts", "policy"}),
+    "deferred": frozenset(),
+    "plugin": frozenset(
+        {"deferred", "counts", "nri", "rpc", "wire", "api", "policy", "cgroups", "config", "state"}
+    ),
+    "recording": frozenset({"plugin", "counts", "nri", "rpc", "wire", "api", "policy"}),
     "process": _PROCESS,
     # Everything below it, and the process.
     "tools": _PROCESS | {"process"},

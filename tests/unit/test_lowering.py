@@ -6,7 +6,7 @@ import asyncio
 import functools
 from typing import Any
 
-from nri_midbatch.plugin.deferred import CGROUP_READS_PER_PIECE, AfterReply
+from nri_midbatch.deferred import CGROUP_READS_PER_PIECE, AfterReply
 from nri_midbatch.plugin.lowering import LoweringWait
 
 from .nri_fixtures import STEP_TIMEOUT, run

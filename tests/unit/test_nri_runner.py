@@ -18,7 +18,7 @@ from nri_midbatch.api import rpc_status_pb2, ttrpc_pb2
 from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import Config
 from nri_midbatch.nri.runner import Backoff, run_external, run_prelaunched
-from nri_midbatch.nri.session import PLUGIN_SERVICE, Session
+from nri_midbatch.nri.session import PLUGIN_SERVICE, Session, SessionObserver
 from nri_midbatch.nri.testing import LoopbackRuntime
 from nri_midbatch.process.app import App
 from nri_midbatch.wire import mux
@@ -210,6 +210,14 @@ def test_registers_with_the_runtime(tmp_path: Path) -> None:
     run(scenario())
 
 
+class Reconnects(SessionObserver):
+    def __init__(self, told: list[int]) -> None:
+        self._told = told
+
+    def reconnecting(self) -> None:
+        self._told.append(1)
+
+
 def test_reregisters_quickly_when_the_runtime_restarts(tmp_path: Path) -> None:
     path = socket_path(tmp_path)
     plugin = RecordingPlugin()
@@ -218,7 +226,7 @@ def test_reregisters_quickly_when_the_runtime_restarts(tmp_path: Path) -> None:
     async def scenario() -> None:
         fake = FakeRuntime(path)
         await fake.start()
-        session = Session(plugin, "midbatch", "50")
+        session = Session(plugin, "midbatch", "50", observers=[Reconnects(reconnects)])
         stop = asyncio.Event()
         task = asyncio.create_task(
             run_external(
@@ -226,7 +234,6 @@ def test_reregisters_quickly_when_the_runtime_restarts(tmp_path: Path) -> None:
                 str(path),
                 stop,
                 NEVER,  # a new socket must not wait for the backoff
-                on_reconnect=lambda: reconnects.append(1),
             )
         )
         first = await next_sync(fake)

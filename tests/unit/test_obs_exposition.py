@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.config.validator import load_startup_settings
 from nri_midbatch.obs.exposition import scrape
-from nri_midbatch.obs.metrics import CountersCollector, Metrics, WebhookMetrics
+from nri_midbatch.obs.metrics import Metrics, WebhookMetrics
 from nri_midbatch.process.app import App
 from nri_midbatch.process.session_watch import SessionWatch
 from tests.prometheus_tools import binary
@@ -87,20 +87,6 @@ def test_the_process_families_operators_alert_on() -> None:
     assert samples["process_cpu_seconds_total"] > 0
     assert samples["process_start_time_seconds"] > 1.7e9
     assert samples["process_max_fds"] >= samples["process_open_fds"]
-
-
-def test_collectors_are_read_at_each_scrape() -> None:
-    registry = CollectorRegistry()
-    counts: dict[tuple[str, ...], int] = {("spec",): 1}
-    registry.register(CountersCollector(lambda: [("app_invalid", "Invalid", ("reason",), counts)]))
-    assert text_samples(scrape(registry, None)[0].decode()) == {
-        ("app_invalid_total", frozenset({("reason", "spec")})): 1.0,
-    }
-    counts[("overflow",)] = 2
-    assert text_samples(scrape(registry, None)[0].decode()) == {
-        ("app_invalid_total", frozenset({("reason", "spec")})): 1.0,
-        ("app_invalid_total", frozenset({("reason", "overflow")})): 2.0,
-    }
 
 
 def test_a_scrape_from_another_thread_sees_whole_histograms() -> None:

@@ -268,3 +268,13 @@ def test_a_scrape_survives_a_counter_that_grows_meanwhile(
     setattr(target, attribute, _GrowsWhileIterated(counts, key))
     scrape = Scrape(generate_latest(app.metrics.registry).decode())
     assert scrape.value(f"nri_midbatch_{family}_total", **labels) == 2
+
+
+def test_reconnects_are_counted_from_the_sessions_event() -> None:
+    """The runner tells the session's observers of each attempt after the first
+    (`SessionObserver.reconnecting`); the App's metrics observer counts them."""
+    app = App(load_startup_settings(None), name="midbatch", idx="10", config_path=None)
+    app.session.reconnecting()
+    app.session.reconnecting()
+    scrape = Scrape(generate_latest(app.metrics.registry).decode())
+    assert scrape.value("nri_midbatch_reconnects_total") == 2

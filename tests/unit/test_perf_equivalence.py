@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.api import ttrpc_pb2
+from nri_midbatch.deferred import AfterReply
 from nri_midbatch.obs.logging import configure_logging
 from nri_midbatch.plugin.codec import (
     MAX_REMEMBERED_RESOURCES_BYTES,
@@ -33,7 +34,6 @@ from nri_midbatch.plugin.codec import (
     set_resources,
 )
 from nri_midbatch.plugin.decision_log import DecisionLines
-from nri_midbatch.plugin.deferred import AfterReply
 from nri_midbatch.policy import CgroupValues, ContainerView, NativeLimits, PodView, calculate, spec
 from nri_midbatch.policy.quantity import QuantityError, parse_quantity, quantity_value
 from nri_midbatch.policy.trace import Field, PodSum, ValueFrom

@@ -32,13 +32,13 @@ from nri_midbatch.cgroups.report import FileFailure, WriteReport
 from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import Config, load_config_text
 from nri_midbatch.config.settings import Settings
+from nri_midbatch.deferred import CGROUP_READS_PER_PIECE
 from nri_midbatch.nri.events import Event
 from nri_midbatch.nri.session import Session
 from nri_midbatch.nri.testing import LoopbackRuntime
 from nri_midbatch.plugin import cgroup_writer
 from nri_midbatch.plugin import decisions as decisions_module
 from nri_midbatch.plugin.codec import NATIVE_LIMITS_ANNOTATION
-from nri_midbatch.plugin.deferred import CGROUP_READS_PER_PIECE
 from nri_midbatch.plugin.handlers import MidBatchPlugin
 from nri_midbatch.plugin.lowering import LoweringTimings
 from nri_midbatch.plugin.observer import Observer

@@ -273,7 +273,7 @@ def test_requests_are_served_concurrently() -> None:
 
 
 def test_on_idle_is_called_when_the_last_request_in_progress_is_answered() -> None:
-    """What deferred work waits for (plugin/deferred.py): not after each reply, after the last one.
+    """What deferred work waits for (deferred.py): not after each reply, after the last one.
 
     A failed handler is answered too. At the hook, the reply is already
     written and the connection no longer busy.
@@ -829,7 +829,7 @@ def test_replies_the_peer_does_not_read_stop_the_reading() -> None:
 
 
 def test_busy_while_a_request_is_received_and_not_yet_dispatched() -> None:
-    """What deferred work asks before each piece (plugin/deferred.py), from the connection's
+    """What deferred work asks before each piece (deferred.py), from the connection's
     own state: part of a request, or a request behind a turn's worth of messages."""
     handlers = Handlers()
 

@@ -5,19 +5,22 @@ drops a plugin that is late once. Whatever the reply does not depend on (the
 decision log lines, the pod cgroup files of a Synchronize) is better done
 once the runtime has its answer.
 
-This relies on one property of the connection (rpc/connection.py): a reply
-is written in the same step of the event loop as its handler returns, so
-nothing queued here can run before it. Work runs in the order it was queued,
-in slices of at most `slice_seconds`, and only while the connection is idle:
-`AfterReply` is one of the session's observers, and before each piece of work
-it asks the connection it was last told of (`connected`) whether it is busy (a
-request being served, received and not yet dispatched, or bytes waiting on the
-socket). While it says yes the work waits until the connection has answered
-what it was serving (`idle`), or `DeferredTimings.recheck` if nothing is
-answered (bytes that are not a request yet). A request
-arriving in the middle of a long backlog so waits for at most the piece of
-work under way (a pod's cgroup files, one container's read, 8 log lines:
-0.1-0.6 ms), not for a slice or the whole backlog.
+This room knows nothing of NRI: it asks one thing of the connection that
+serves the runtime (`Connection`, rpc/connection.py's `MuxConnection` in the
+plugin), and is told two (`connected`, `idle`), by an adapter that hears the
+session (plugin/observer.py, `AfterReplyListener`). It relies on one property of
+that connection: a reply is written in the same step of the event loop as its
+handler returns, so nothing queued here can run before it. Work runs in the
+order it was queued, in slices of at most `slice_seconds`, and only while the
+connection is idle: before each piece of work it asks the connection it was
+last told of (`connected`) whether it is busy (a request being served,
+received and not yet dispatched, or bytes waiting on the socket). While it
+says yes the work waits until the connection has answered what it was serving
+(`idle`), or `DeferredTimings.recheck` if nothing is answered (bytes that are
+not a request yet). A request arriving in the middle of a long backlog so
+waits for at most the piece of work under way (a pod's cgroup files, one
+container's read, 8 log lines: 0.1-0.6 ms), not for a slice or the whole
+backlog.
 
 Only under steady load, when the work has not run for `DeferredTimings.starved`
 because a request was always in flight, does it run regardless, for
@@ -55,12 +58,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
-
-from nri_midbatch.nri.session import Link
-from nri_midbatch.plugin.observer import Observer
 
 log = structlog.get_logger(__name__)
 
@@ -136,7 +136,20 @@ class BatchPolicy:
         return True
 
 
-class _NoLink:
+class Connection(Protocol):
+    """What the work asks of the connection it yields to, before each piece."""
+
+    @property
+    def writes(self) -> int:
+        """Writes to the peer so far on this connection."""
+        ...
+
+    def busy(self) -> bool:
+        """A request is in progress: being served, read, or on the socket."""
+        ...
+
+
+class _NoConnection:
     """Before any connection (replay, tests): never busy, nothing written."""
 
     writes = 0
@@ -145,7 +158,7 @@ class _NoLink:
         return False
 
 
-class AfterReply(Observer):
+class AfterReply:
     def __init__(
         self,
         slice_seconds: float = DEFAULT_SLICE_SECONDS,
@@ -171,17 +184,17 @@ class AfterReply(Observer):
         self._waiters: list[asyncio.Future[None]] = []
         self._policy = BatchPolicy(set_scheduler)
         #: The connection to yield to, and its writes as of the last slice.
-        self._link: Link = _NoLink()
+        self._connection: Connection = _NoConnection()
         self._writes_seen = 0
 
-    def connected(self, link: Link) -> None:
-        """Run deferred work only while `link.busy()` is false (it is asked before each piece).
+    def connected(self, connection: Connection) -> None:
+        """Run work only while `connection.busy()` is false (it is asked before each piece).
 
-        When `link.writes` has moved since the last slice, the next one gives the
+        When `connection.writes` has moved since the last slice, the next one gives the
         core away first (see the module's text).
         """
-        self._link = link
-        self._writes_seen = link.writes
+        self._connection = connection
+        self._writes_seen = connection.writes
 
     def idle(self) -> None:
         """The connection has answered the requests it was serving: work waiting for it goes on.
@@ -209,7 +222,7 @@ class AfterReply(Observer):
         self.defer(self._when_idle, work, args)
 
     def _when_idle(self, work: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        if self._link.busy():
+        if self._connection.busy():
             loop = asyncio.get_running_loop()
             loop.call_later(self._timings.recheck, self.defer_idle, work, *args)
         else:
@@ -258,12 +271,12 @@ class AfterReply(Observer):
         # of the loop, and each deferring piece would add one more: timers and
         # requests waited 5, 15, 40, then 100 ms behind them.
         self._waiting = False
-        link = self._link
-        busy = link.busy
+        connection = self._connection
+        busy = connection.busy
         if not self._first_slice:
             # Before the sleep below: waking from it must not preempt the runtime.
             self._policy.enter()
-        writes = link.writes
+        writes = connection.writes
         if writes != self._writes_seen:
             # Only between slices can a reply go out: the loop runs one thing at a time.
             self._writes_seen = writes
