@@ -20,19 +20,19 @@ work under way (a pod's cgroup files, one container's read, 8 log lines:
 0.1-0.6 ms), not for a slice or the whole backlog.
 
 Only under steady load, when the work has not run for `DeferredTimings.starved`
-because a request was always in flight, does it run regardless, for
-`DeferredTimings.run` and at least until the pieces handlers queued since the
-backlog began have run: it must keep up, or what it holds (log lines, a pod's
-view per removed sandbox) grows without end. On time alone it did not once
-the requests' pieces took more than a fifth of the time: the benchmark's
-pods, run and removed back to back, left 4.4 KB each behind, 240 MB in
-60,000 pods. Pieces queued before the backlog began (a Synchronize's) are
-not owed: they go at the pace of the time budget. So under steady load the
-queue is never longer than what began the backlog plus what the requests of
-one starved wait queued. It used to do so after any wait of
-`DeferredTimings.recheck`, and requests that came about a millisecond apart
-(the benchmark's probes, a runtime starting containers one by one) met that
-forced run, in step with it, in one case in ten.
+because a request was always in flight, does it run regardless: for
+`DeferredTimings.run`, and on until the pieces handlers queued since the
+backlog began have run (up to `MAX_OWED` of them). It must keep up, or what it
+holds (log lines, a removed sandbox's pod) grows without end: on time alone it
+fell behind once the requests' pieces took more than a fifth of the time, and
+the benchmark's pods, run and removed back to back, left about 4 KB each in
+the queue (285 MB after 110,000 of them). The pieces that began the backlog
+(a Synchronize's) are not owed and go at the pace of the time budget. So under
+steady load the queue never grows past what began the backlog plus what the
+requests of one starved wait queued. The work used to run regardless after any
+wait of `DeferredTimings.recheck`, and requests that came about a millisecond
+apart (the benchmark's probes, a runtime starting containers one by one) met
+that forced run, in step with it, in one case in ten.
 
 The other way round, the runtime must not wait for the work either. A reply
 wakes the runtime's thread, and Linux often wakes it on the core of the
@@ -77,6 +77,12 @@ DEFAULT_SLICE_SECONDS = 0.002
 #: container's three files takes 0.1 ms on a quiet node and 0.5 ms on this
 #: project's 2-core VM.
 CGROUP_READS_PER_PIECE = 1
+#: At most this many pieces are owed (see the module's text): some 30 times what the
+#: requests of one starved wait queue (a piece or two a request, at most a few dozen
+#: requests in 2 ms), and what a run under steady load may take beyond its time when a
+#: large batch (a Synchronize's on a reconnect) was queued behind a backlog: at 0.1-0.5 ms
+#: a piece, tens of milliseconds once, not the whole batch.
+MAX_OWED = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,7 +221,7 @@ class AfterReply(Observer):
         if self._next_slice is None:
             self._first_slice = True
             self._next_slice = asyncio.get_running_loop().call_soon(self._run_slice)
-        elif not self._in_slice:
+        elif not self._in_slice and self._owed < MAX_OWED:
             self._owed += 1
 
     def defer_idle(self, work: Callable[..., Any], *args: Any) -> None:

@@ -21,7 +21,7 @@ from nri_midbatch.config.model import Config
 from nri_midbatch.plugin.cgroup_writer import CgroupWriter
 from nri_midbatch.plugin.codec import pod_view
 from nri_midbatch.plugin.context import PluginContext
-from nri_midbatch.plugin.deferred import AfterReply, DeferredTimings
+from nri_midbatch.plugin.deferred import MAX_OWED, AfterReply, DeferredTimings
 from nri_midbatch.plugin.records import Records
 from nri_midbatch.rpc.connection import MuxConnection
 from nri_midbatch.rpc.service import CallContext, Method, Service
@@ -521,6 +521,23 @@ def test_under_steady_load_what_began_the_backlog_goes_at_the_time_budgets_pace(
     # 100 requests are 20 ms of the clock: under ten runs of one 1-ms piece each.
     assert 1 <= done < 10
 
+
+
+def test_a_large_batch_queued_behind_a_backlog_is_owed_only_in_part() -> None:
+    """A Synchronize on a reconnect may queue its pieces behind a backlog (a convergence pass
+    under way): a run under steady load takes at most MAX_OWED of them beyond its time."""
+    load = _SteadyLoad()
+
+    async def scenario() -> int:
+        load.after_reply.connected(Probe(lambda: True))
+        load.defer()  # the backlog
+        await asyncio.sleep(0)
+        for _ in range(1000):
+            load.defer()
+        await load.requests(12, pieces=0)  # 2.4 ms: one run under steady load
+        return load.done
+
+    assert MAX_OWED <= run(scenario()) <= MAX_OWED + 2
 
 def _policy() -> int:
     return os.sched_getscheduler(0)
