@@ -522,7 +522,6 @@ def test_under_steady_load_what_began_the_backlog_goes_at_the_time_budgets_pace(
     assert 1 <= done < 10
 
 
-
 def test_a_large_batch_queued_behind_a_backlog_is_owed_only_in_part() -> None:
     """A Synchronize on a reconnect may queue its pieces behind a backlog (a convergence pass
     under way): a run under steady load takes at most MAX_OWED of them beyond its time."""
@@ -538,6 +537,7 @@ def test_a_large_batch_queued_behind_a_backlog_is_owed_only_in_part() -> None:
         return load.done
 
     assert MAX_OWED <= run(scenario()) <= MAX_OWED + 2
+
 
 def _policy() -> int:
     return os.sched_getscheduler(0)
