@@ -77,9 +77,9 @@ DEFAULT_SLICE_SECONDS = 0.002
 #: container's three files takes 0.1 ms on a quiet node and 0.5 ms on this
 #: project's 2-core VM.
 CGROUP_READS_PER_PIECE = 1
-#: At most this many pieces are owed (see the module's text): some 30 times what the
-#: requests of one starved wait queue (a piece or two a request, at most a few dozen
-#: requests in 2 ms), and what a run under steady load may take beyond its time when a
+#: At most this many pieces are owed (see the module's text): more than the requests of
+#: one starved wait queue (a piece or two a request, a few dozen requests in 2 ms at
+#: most), and what a run under steady load may take beyond its time when a
 #: large batch (a Synchronize's on a reconnect) was queued behind a backlog: at 0.1-0.5 ms
 #: a piece, tens of milliseconds once, not the whole batch.
 MAX_OWED = 128
