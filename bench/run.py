@@ -101,6 +101,9 @@ class Options:
     quick: bool = False
     #: Serve `nri-midbatch status` at workdir/status.sock (bench/status.py).
     status_socket: bool = False
+    #: The plugin has the convergence pass: its configuration names it, and its figures are
+    #: measured. Off for code from before it (2c7d6f7), which refuses the key.
+    convergence: bool = True
 
 
 def parse_args(argv: Sequence[str] | None) -> Options:
@@ -157,6 +160,13 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         help="the plugin's command line, run as `python -m MODULE` (an earlier commit's code "
         "has its own)",
     )
+    parser.add_argument(
+        "--no-convergence",
+        dest="convergence",
+        action="store_false",
+        help="plugin code from before the convergence pass (e.g. 2c7d6f7's, which refuses the "
+        "`convergence` key): its configuration leaves the key out, no convergence figures",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = parser.parse_args(argv)
     opts = Options(
@@ -166,6 +176,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         keep=args.keep,
         plugin_module=args.plugin_module,
         plugin_path=args.plugin_path,
+        convergence=args.convergence,
     )
     if args.quick:
         opts.events, opts.memory_events = 300, 1000
@@ -378,10 +389,10 @@ class Bench:
         )
 
     def config_text(self, convergence_interval: float) -> str:
-        return (
-            f"cgroups:\n  root: {self.cgroup_root}\n"
-            f"convergence:\n  intervalSeconds: {convergence_interval}\n"
-        )
+        text = f"cgroups:\n  root: {self.cgroup_root}\n"
+        if not self.opts.convergence:
+            return text
+        return text + f"convergence:\n  intervalSeconds: {convergence_interval}\n"
 
     def launch(self, *, floor: tuple[str, ...] | None = None) -> Plugin:
         """Start the plugin and register it.
@@ -501,7 +512,8 @@ class Bench:
             self.report_launches(startups, syncs, node, self.probe(plugin, applier))
             self.report_floor(floors, heap_floors, syncs)
             self.events(plugin, rss_sync)
-            self.convergence(plugin, node, applier)
+            if self.opts.convergence:
+                self.convergence(plugin, node, applier)
             if profiler is not None:
                 profiler.send_signal(signal.SIGINT)
                 profiler.wait(60)

@@ -474,7 +474,9 @@ class MidBatchPlugin:
         if known.sandbox_of(pod.uid) is not None:
             return
         if recorded:
-            view = pod_view(pod, NativeLimits())
+            # Without the message's maps, which would keep the whole request while the
+            # piece waits (a pod's labels and annotations: kilobytes).
+            view = replace(pod_view(pod, NativeLimits()), labels={}, annotations={})
             self._ctx.after_reply.defer(self._records.sandbox_removed, view)
         if self.systemd is not None:
             self.systemd.forget_pod(pod.uid)

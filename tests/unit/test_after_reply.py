@@ -18,7 +18,7 @@ from nri_midbatch.api import ttrpc_pb2
 from nri_midbatch.cgroups.paths import CgroupDriver
 from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import Config
-from nri_midbatch.deferred import AfterReply, DeferredTimings
+from nri_midbatch.deferred import MAX_OWED, AfterReply, DeferredTimings
 from nri_midbatch.plugin.cgroup_writer import CgroupWriter
 from nri_midbatch.plugin.codec import pod_view
 from nri_midbatch.plugin.context import PluginContext
@@ -446,6 +446,97 @@ def test_under_steady_load_the_work_keeps_up_with_a_piece_per_request() -> None:
     # Each wait for the busy connection costs two questions; 200 trivial
     # pieces fit in a handful of the runs that follow a wait.
     assert asked[0] < 50
+
+
+class _SteadyLoad:
+    """A connection never idle, and a clock that only the work and the requests move.
+
+    Each piece of work takes `piece` seconds, each request `request`: the requests'
+    pieces take more than the fifth of the time a run under steady load used to get."""
+
+    def __init__(self, piece: float = 0.001, request: float = 0.0002) -> None:
+        self.now = 0.0
+        self.piece, self.request = piece, request
+        self.queued = self.done = 0
+        self.after_reply = AfterReply(
+            timings=DeferredTimings(recheck=0.0, starved=0.002, run=0.0005),
+            clock=lambda: self.now,
+            set_scheduler=lambda _thread, _policy, _param: None,  # this thread's stays
+        )
+
+    def work(self) -> None:
+        self.now += self.piece
+        self.done += 1
+
+    def defer(self) -> None:
+        self.queued += 1
+        self.after_reply.defer(self.work)
+
+    async def requests(self, count: int, pieces: int) -> int:
+        """`count` requests, each leaving `pieces`; returns the longest backlog met."""
+        longest = 0
+        for _ in range(count):
+            self.now += self.request
+            for _ in range(pieces):
+                self.defer()
+            longest = max(longest, self.queued - self.done)
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+        return longest
+
+
+def test_under_steady_load_the_backlog_stays_within_what_one_wait_queues() -> None:
+    """A request (a pod run and removed) leaves pieces that take longer than the time a run
+    under steady load gets: those runs take at least what the requests queued, so the
+    backlog (and what its pieces hold: a removed pod's view, log lines) stays bounded. On
+    time alone it grew by some 1,900 pieces in 1,000 requests."""
+    load = _SteadyLoad()
+
+    async def scenario() -> int:
+        load.after_reply.connected(Probe(lambda: True))
+        longest = await load.requests(1000, pieces=2)
+        while load.done < load.queued:  # the load goes on, with requests leaving nothing
+            await load.requests(1, pieces=0)
+        return longest
+
+    longest = run(scenario())
+    assert load.done == load.queued == 2000
+    # A starved wait is 2 ms of the clock: 10 requests, 20 pieces.
+    assert longest <= 2 * 2 * 10
+
+
+def test_under_steady_load_what_began_the_backlog_goes_at_the_time_budgets_pace() -> None:
+    """A Synchronize's pieces are queued before the load: a run under steady load does not
+    take them all at once (the requests would wait for the whole backlog), only its time."""
+    load = _SteadyLoad()
+
+    async def scenario() -> int:
+        load.after_reply.connected(Probe(lambda: True))
+        for _ in range(100):
+            load.defer()
+        await load.requests(100, pieces=0)
+        return load.done
+
+    done = run(scenario())
+    # 100 requests are 20 ms of the clock: under ten runs of one 1-ms piece each.
+    assert 1 <= done < 10
+
+
+def test_a_large_batch_queued_behind_a_backlog_is_owed_only_in_part() -> None:
+    """A Synchronize on a reconnect may queue its pieces behind a backlog (a convergence pass
+    under way): a run under steady load takes at most MAX_OWED of them beyond its time."""
+    load = _SteadyLoad()
+
+    async def scenario() -> int:
+        load.after_reply.connected(Probe(lambda: True))
+        load.defer()  # the backlog
+        await asyncio.sleep(0)
+        for _ in range(1000):
+            load.defer()
+        await load.requests(12, pieces=0)  # 2.4 ms: one run under steady load
+        return load.done
+
+    assert MAX_OWED <= run(scenario()) <= MAX_OWED + 2
 
 
 def _policy() -> int:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from bench.run import GO_OVER_FLOOR, Probe, giving_way, parse_args
+from bench.run import GO_OVER_FLOOR, Bench, Probe, giving_way, parse_args
 
 pytestmark = pytest.mark.bench
 
@@ -211,6 +211,16 @@ def test_the_benchmark_measures_the_loop_that_ships() -> None:
         dependencies = tomllib.load(f)["project"]["dependencies"]
     assert not [d for d in dependencies if d.lower().startswith("uvloop")]
     assert parse_args([]).loop == "asyncio"
+
+
+@pytest.mark.parametrize(("argv", "named"), [([], True), (["--no-convergence"], False)])
+def test_code_from_before_the_convergence_pass_gets_a_configuration_it_takes(
+    tmp_path: Path, argv: list[str], named: bool
+) -> None:
+    """2c7d6f7 refuses the `convergence` key: --no-convergence leaves it out (and its phase)."""
+    bench = Bench(parse_args(argv), tmp_path)
+    bench.listener.close()
+    assert ("convergence:" in bench.config.read_text()) is named
 
 
 def test_a_slow_probe_reports_each_side_in_milliseconds() -> None:

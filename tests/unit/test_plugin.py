@@ -42,6 +42,7 @@ from nri_midbatch.plugin.codec import NATIVE_LIMITS_ANNOTATION
 from nri_midbatch.plugin.handlers import MidBatchPlugin
 from nri_midbatch.plugin.lowering import LoweringTimings
 from nri_midbatch.plugin.observer import Observer
+from nri_midbatch.plugin.records import Records
 from nri_midbatch.policy import ContainerView, Decision, PodView, decide_container
 from nri_midbatch.policy.cpuset import RESOURCE_STATUS_ANNOTATION
 from nri_midbatch.rpc.errors import RpcError
@@ -858,6 +859,27 @@ def test_synchronize_leaves_a_pod_removed_before_its_write_alone(tree: FakeTree)
     run(scenario())
     assert tree.read(pod.linux.cgroup_parent) == BESTEFFORT
     assert (plugin.counters.pod_writes_ok, plugin.counters.pod_writes_failed) == (0, 0)
+
+
+def test_a_removed_sandboxs_record_piece_keeps_none_of_the_requests_maps(
+    tree: FakeTree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The piece waits in the work after replies, under steady load for a while: a view of
+    the message would keep the whole RemovePodSandbox request (its maps) that long."""
+    pod, _ctr, plugin = new_batch_pod(tree)
+    pod.labels["app"] = "x" * 1000
+    seen: list[PodView] = []
+    monkeypatch.setattr(Records, "sandbox_removed", lambda _records, view: seen.append(view))
+
+    async def scenario() -> None:
+        await plugin.pod_event(Event.REMOVE_POD_SANDBOX, pod)  # a pod the plugin forgot
+        await plugin.after_reply.settle()
+
+    run(scenario())
+    (view,) = seen
+    assert (view.uid, view.name, view.cgroup_parent) == (pod.uid, pod.name, pod.linux.cgroup_parent)
+    assert pod.annotations
+    assert (view.labels, view.annotations) == ({}, {})
 
 
 def fail_pod_writes(monkeypatch: pytest.MonkeyPatch, *, times: int) -> list[str]:
