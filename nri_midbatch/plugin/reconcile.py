@@ -389,11 +389,11 @@ class Reconciler:
         finally:
             if len(self._located) > len(known.pods) + len(known.containers) + _SLACK:
                 self._prune()
-        weight = container is None
-        off = drifted(reading, values, weight=weight)
+        in_container = container is not None
+        off = drifted(reading, values, container=in_container)
         if not off:
             return _Outcome.HELD
-        writer = _writer(reading, off, kubelet, weight=weight)
+        writer = _writer(reading, off, kubelet, container=in_container)
         changes = _changes(reading, values, off)
         return self._repair(pod_id, pod, container, path, values, changes, writer)
 
@@ -511,7 +511,7 @@ class Reconciler:
 
 
 def _writer(
-    reading: CgroupReading, off: tuple[str, ...], kubelet: NativeLimits, *, weight: bool
+    reading: CgroupReading, off: tuple[str, ...], kubelet: NativeLimits, *, container: bool
 ) -> Writer:
     """Kubelet's, if every field off holds kubelet's known value there; else unknown."""
     if "cpu_shares" in off and kubelet.cpu_shares is None:
@@ -519,7 +519,7 @@ def _writer(
     quota = kubelet_value(kubelet, "cpu_quota")
     assert quota is not None  # only the shares can be unknown
     theirs = CgroupValues(kubelet.cpu_shares, quota, kubelet_value(kubelet, "memory_limit"))
-    still_off = drifted(reading, theirs, weight=weight)
+    still_off = drifted(reading, theirs, container=container)
     return "unknown" if any(name in still_off for name in off) else "kubelet"
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.cgroups.values import runtime_cpu_weights
 from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import load_config_text
 from nri_midbatch.nri.events import Event
@@ -276,3 +277,36 @@ def test_a_reload_does_not_wait_for_a_whole_pass(tmp_path: Path) -> None:
         return settled_first, passing.done()
 
     assert run(scenario()) == (True, True)
+
+
+def test_a_containers_cgroup_v2_weight_is_compared_with_the_runtimes_conversions(
+    tmp_path: Path,
+) -> None:
+    """issue-34-left: a container's cpu.weight on cgroup v2 was not compared. A weight that
+    no runtime writes for the container's shares is put back; runc 1.3's is held."""
+    pod = mid_ls_pod()
+    container_path = f"{pod.cgroup_parent}/{pod.id}-app"
+
+    async def scenario() -> tuple[str, str, dict[tuple[str, str], int], list[str]]:
+        node = await node_with(tmp_path, CONTAINERD_2, Config(), pod, version=2)
+        weight_file = node.tree.directory("cpu", container_path) / "cpu.weight"
+        plugins = weight_file.read_text().strip()
+        linear, runc_1_3 = runtime_cpu_weights(1536)  # the tier's shares: 1500m of mid-cpu
+        assert int(plugins) == linear != runc_1_3
+        weight_file.write_text(f"{runc_1_3}\n")
+        await node.converge()
+        held = weight_file.read_text().strip()
+        weight_file.write_text("7\n")  # anyone else's
+        await node.converge()
+        assert node.app is not None
+        found = dict(node.app.plugin.counters.drift_found)
+        wrong = node.mismatches()
+        repaired = weight_file.read_text().strip()
+        await node.stop_plugin()
+        return held, repaired, found, [plugins, str(runc_1_3), *wrong]
+
+    held, repaired, found, (plugins, runc_1_3, *wrong) = run(scenario())
+    assert held == runc_1_3
+    assert repaired == plugins
+    assert found[("container", "unknown")] == 1
+    assert wrong == []
