@@ -11,7 +11,7 @@ kept, after the reply too.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from sys import intern
 from typing import Any
 
@@ -68,19 +68,42 @@ def told_baseline(pod: api.PodSandbox, decide: Decider, method: str) -> NativeLi
 _RUNNING_STATES = frozenset({api.CONTAINER_CREATED, api.CONTAINER_RUNNING, api.CONTAINER_PAUSED})
 
 
+class WaitingContainers:
+    """A Synchronize's running containers, waiting as views for the pods of later chunks.
+
+    Each is (pod id, view, cgroups path, whether that is the path's head, current values),
+    held in one flat list rather than a tuple each: 10,000 tuples held through a large
+    Synchronize would be allocated among the objects the plugin keeps, and leave the heap
+    fragmented for good once freed (2.8 MB of resident memory), as the decision lines would
+    (decision_log.py). Iterating yields each container's fields as one tuple, reused.
+    """
+
+    __slots__ = ("_flat",)
+
+    def __init__(self) -> None:
+        self._flat: list[Any] = []
+
+    def add(
+        self, pod_id: str, view: ContainerView, path: str, is_head: bool, current: CgroupValues
+    ) -> None:
+        self._flat += (pod_id, view, path, is_head, current)
+
+    def __iter__(self) -> Iterator[tuple[str, ContainerView, str, bool, CgroupValues]]:
+        fields = iter(self._flat)
+        return zip(fields, fields, fields, fields, fields, strict=True)
+
+    def pod_ids(self) -> set[str]:
+        """The pods with a running container."""
+        return set(self._flat[::5])
+
+
 class SyncPart:
     """What a Synchronize's chunks brought so far, without their protobuf.
 
-    Containers are held flat, `FIELDS` list slots each (pod id, view, cgroups
-    path, whether that is the path's head, current values), as the decision
-    lines are (decision_log.py). Strings shared by a pod's containers where
-    they can be (its id, the head of its containers' paths, as Known keeps
-    them): 10,000 strings held through a large Synchronize would be
-    allocated among the objects the plugin keeps, and leave the heap
-    fragmented for good once freed (2.8 MB of resident memory).
+    Strings shared by a pod's containers where they can be (its id, the head of its
+    containers' paths, as Known keeps them).
     """
 
-    FIELDS = 5
     __slots__ = (
         "budget",
         "containers",
@@ -95,7 +118,7 @@ class SyncPart:
     def __init__(self, stored: frozenset[str], bounds: Known) -> None:
         self.known = Known(max_pods=bounds.max_pods, max_containers=bounds.max_containers)
         self.known.evicted = bounds.evicted
-        self.containers: list[Any] = []
+        self.containers = WaitingContainers()
         #: Pods and containers the runtime listed, running or not.
         self.listed = [0, 0]
         #: The uids of the pods listed, forgotten past the bounds or not: their records stay.
@@ -161,12 +184,8 @@ class SynchronizePass:
                 native=shown if annotated is None else annotated,
                 native_known=annotated is not None,
             )
-            waiting += (
-                intern(container.pod_sandbox_id),
-                view,
-                *split_path(linux.cgroups_path, container.id),
-                current,
-            )
+            path, is_head = split_path(linux.cgroups_path, container.id)
+            waiting.add(intern(container.pod_sandbox_id), view, path, is_head, current)
 
     def _take_pod(self, part: SyncPart, pod: api.PodSandbox) -> None:
         """Remember a listed pod with kubelet's values: as this process knew them (under
@@ -195,8 +214,7 @@ class SynchronizePass:
         """Of a uid's sandboxes, keep the one with running containers, else the one known
         before, else the last listed; the others are dead (kubelet runs one at a time)."""
         known = part.known
-        waiting = part.containers
-        running = {waiting[i] for i in range(0, len(waiting), SyncPart.FIELDS)}
+        running = part.containers.pod_ids()
         for uid, sandboxes in part.twins.items():
             live = [s for s in sandboxes if s in known.pods]
             if not live:
@@ -243,21 +261,19 @@ class SynchronizePass:
         adjusted: dict[tuple[str, ...], int] = {}
         #: pod id -> what the decisions of its containers share (a third of each)
         classes: dict[str, PodClass | None] = {}
-        waiting = part.containers
         records = part.records
         records_kept = ctx.store.keeping
-        for i in range(0, len(waiting), SyncPart.FIELDS):
-            pod_id = pod_ids.get(waiting[i])
+        for listed_pod_id, listed, path, is_head, current in part.containers:
+            pod_id = pod_ids.get(listed_pod_id)
             if pod_id is None:
                 continue
             pod = pod_views[pod_id]
-            current: CgroupValues = waiting[i + 4]
-            annotated = waiting[i + 1].native_known  # its K from the annotation
+            annotated = listed.native_known  # its K from the annotation
             ctr_view, applied, recorded = container_at_sync(
-                previous, records.get(pod_id), waiting[i + 1], current, records_kept
+                previous, records.get(pod_id), listed, current, records_kept
             )
             ctr_id = ctr_view.id
-            known.set_split(ctr_id, pod_id, ctr_view, waiting[i + 2], waiting[i + 3])
+            known.set_split(ctr_id, pod_id, ctr_view, path, is_head)
             if annotated:
                 known.annotated.add(ctr_id)
             if recorded:
