@@ -41,18 +41,21 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Literal
 
 import structlog
 
+from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.cgroups.fs import OpenDirectories
 from nri_midbatch.cgroups.values import CgroupReading, CgroupValues, cpu_shares_to_weight, drifted
 from nri_midbatch.plugin.cgroup_writer import CgroupUnreadable, LocatedCgroups
+from nri_midbatch.plugin.codec import container_update
 from nri_midbatch.plugin.context import PluginContext
 from nri_midbatch.plugin.decisions import values_log
+from nri_midbatch.plugin.records import Records
 from nri_midbatch.policy import (
     ContainerView,
     NativeLimits,
@@ -61,8 +64,10 @@ from nri_midbatch.policy import (
     decide_container,
     decide_pod,
 )
+from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.state.baseline import kubelet_value, target
 from nri_midbatch.state.plan import Plan, split_pods
+from nri_midbatch.wire.status import Code
 
 log = structlog.get_logger(__name__)
 
@@ -78,6 +83,13 @@ PIECE_WORKLOADS = 16
 PIECE_SECONDS = 0.0005
 #: Entries of gone pods (`checks`, located files) kept before they are pruned outside a pass.
 _SLACK = 64
+
+#: The runtime's UpdateContainers, for a reload where it is safe: the updates it could not
+#: apply come back.
+UpdateContainers = Callable[[list[api.ContainerUpdate]], Awaitable[Sequence[api.ContainerUpdate]]]
+#: A container a Synchronize left as the runtime reports it (pod id, container id, values):
+#: its files are checked against those values.
+Reported = tuple[str, str, CgroupValues]
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,12 +150,21 @@ class _Walk:
     #: workloads whose files were read, and those put back
     read: int = 0
     repaired: int = 0
+    #: The Synchronize's trigger: container id -> the values the runtime reports it holds,
+    #: which the walk compares its files with (not the target: the runtime applies the
+    #: reply's updates itself); None: the target
+    reported: dict[str, CgroupValues] | None = None
+    #: Of those, the ones whose write failed, tried once more after the Synchronize's pods
+    #: (`final`: the last try)
+    again: list[tuple[str, str | None]] = field(default_factory=list)
+    final: bool = False
 
 
 class Reconciler:
     def __init__(
         self,
         ctx: PluginContext,
+        records: Records,
         timings: ConvergenceTimings = ConvergenceTimings(),
         clock: Callable[[], float] = time.time,
         on_recheck: Callable[[str, bool], None] | None = None,
@@ -151,6 +172,7 @@ class Reconciler:
         """`clock`: the wall clock of the times `status` shows. `on_recheck(pod_id, final)`:
         run first at each re-check of a pod (`final`: its last), after the reply."""
         self._ctx = ctx
+        self._records = records
         self._on_recheck = on_recheck
         self._timings = timings
         self._clock = clock
@@ -167,6 +189,18 @@ class Reconciler:
         #: known workloads
         self._located = LocatedCgroups()
         self._targets: dict[tuple[str, str | None], _Target] = {}
+        #: (path, result) -> workloads brought to a reloaded configuration
+        self.followed: dict[tuple[str, str], int] = {
+            key: 0
+            for key in (
+                ("update_containers", "ok"),
+                ("update_containers", "refused"),
+                ("cgroup_files", "ok"),
+                ("cgroup_files", "failed"),
+            )
+        }
+        #: Passes a reload started, not awaited
+        self._passes: set[asyncio.Task[None]] = set()
 
     # -- triggers ----------------------------------------------------------------
 
@@ -244,6 +278,29 @@ class Reconciler:
                 await self.converge()
                 since = loop.time()
 
+    def check_reported(self, reported: list[Reported]) -> None:
+        """The Synchronize's trigger, after its reply: containers the runtime reports at the
+        values in force (so asked for no update) whose files may not hold them.
+
+        A runtime killed while it applied an update may have stored the new resources
+        without their reaching the cgroup (containerd persists the spec first): its next
+        Synchronize reports values the files do not hold. Queued now, before the pods the
+        Synchronize writes after its reply (a pod goes down only after its containers).
+        """
+        for start in range(0, len(reported), PIECE_WORKLOADS):
+            chunk = reported[start : start + PIECE_WORKLOADS]
+            walk = _Walk(
+                deque(),
+                items=deque((pod_id, container_id) for pod_id, container_id, _ in chunk),
+                reported={container_id: values for _, container_id, values in chunk},
+            )
+            self._ctx.after_reply.defer(self._step, walk)
+
+    async def through(self) -> None:
+        """Wait for the passes reloads started (tests)."""
+        while self._passes:
+            await asyncio.gather(*self._passes)
+
     def close(self) -> None:
         """Stop: no re-check or piece of a pass runs any more (shutting down)."""
         self._closed = True
@@ -251,17 +308,122 @@ class Reconciler:
             timer.cancel()
         self._rechecks.clear()
 
-    # -- a reload's files ---------------------------------------------------------
+    # -- the reload's trigger ----------------------------------------------------------
+
+    async def reload(
+        self, plan: Plan, update_containers: UpdateContainers | None, timeout: float
+    ) -> None:
+        """Bring running workloads to a reload's `plan`, then start a pass over every one.
+
+        `update_containers`: the runtime's, where it is safe (it returns once the runtime
+        has applied the updates; `timeout` its deadline); else, and for what it refuses, the
+        cgroup files. Pods whose containers' quota rises go first, the other pods after the
+        containers. The pass (with convergence on) puts back what anyone else wrote, which no
+        plan sees: a reload that changes nothing still repairs drift.
+        """
+        if plan:
+            await self._follow(plan, update_containers, timeout)
+        ctx = self._ctx
+        if ctx.config.convergence.interval_seconds > 0 and not ctx.dry_run and not self._closed:
+            task = asyncio.create_task(self.converge())
+            self._passes.add(task)
+            task.add_done_callback(self._passes.discard)
+
+    async def _follow(
+        self, plan: Plan, update_containers: UpdateContainers | None, timeout: float
+    ) -> None:
+        if not plan.containers or update_containers is None:
+            await self._write_files(plan)
+            return
+        # Pods go up before their containers; down only after the reply to
+        # UpdateContainers, by which the runtime has applied the updates.
+        raised_first, rest_of_pods = split_pods(plan)
+        await self._write_files(Plan((), raised_first))
+        updates = [container_update(c.container.id, c.values) for c in plan.containers]
+        try:
+            # A runtime that never answers must not hold the reload, and with it the
+            # watch, for good: the call's deadline ends the wait.
+            failed = await update_containers(updates)
+        except Exception as exc:  # a lost connection must not lose the pass
+            self._count_followed("update_containers", "failed", len(updates))
+            if isinstance(exc, RpcError) and exc.code is Code.DEADLINE_EXCEEDED:
+                error = f"no answer within {timeout:g} s"
+            else:
+                error = str(exc) or type(exc).__name__
+            log.warning(
+                "UpdateContainers failed, writing cgroup files",
+                error=error,
+                containers=len(updates),
+            )
+            await self._write_files(Plan(plan.containers, rest_of_pods))
+            return
+        refused = {u.container_id for u in failed}
+        for change in plan.containers:
+            if change.container.id in refused:
+                log.warning(
+                    "runtime could not update the container, writing its cgroup files",
+                    namespace=change.pod.namespace,
+                    pod=change.pod.name,
+                    container=change.container.name,
+                )
+        self._count_followed("update_containers", "ok", len(updates) - len(refused))
+        self._count_followed("update_containers", "refused", len(refused))
+        updated = tuple(c for c in plan.containers if c.container.id not in refused)
+        self.applied(Plan(updated, ()))
+        rest = tuple(c for c in plan.containers if c.container.id in refused)
+        await self._write_files(Plan(rest, rest_of_pods))
+
+    async def _write_files(self, plan: Plan) -> None:
+        if not plan:
+            return
+        failed = await asyncio.to_thread(self.write_plan, plan)
+        failures = len(failed.containers) + len(failed.pods)
+        self.applied(plan, failed, by_files=True)
+        self._count_followed("cgroup_files", "ok", len(plan.containers) + len(plan.pods) - failures)
+        self._count_followed("cgroup_files", "failed", failures)
+        if failures:
+            log.warning("some cgroups did not take the new configuration", failures=failures)
+
+    def _count_followed(self, path: str, result: str, count: int) -> None:
+        key = (path, result)
+        self.followed[key] = self.followed.get(key, 0) + count
+
+    def applied(self, plan: Plan, failed: Plan | None = None, *, by_files: bool = False) -> None:
+        """Remember that `plan`, less `failed`, is in force, and keep the pods' records.
+
+        A change that failed stays planned: the next reload or Synchronize tries it again.
+        `by_files`: the containers' values went into their cgroup files, which the runtime
+        does not know of; their pods' records keep them, as the runtime will not report them.
+        """
+        known = self._ctx.known
+        failed_ids = set() if failed is None else {c.container.id for c in failed.containers}
+        failed_pods = set() if failed is None else {c.pod_id for c in failed.pods}
+        touched: set[str] = set()
+        for change in plan.containers:
+            entry = known.containers.get(change.container.id)
+            if change.container.id in failed_ids or entry is None:
+                continue
+            known.note_set(change.container.id, change.claimed)
+            if by_files:
+                known.recorded.add(change.container.id)
+            touched.add(entry[0])
+        for pod_change in plan.pods:
+            if pod_change.pod_id in failed_pods or pod_change.pod_id not in known.pods:
+                continue
+            known.set_applied(pod_change.pod_id, pod_change.claimed)
+            touched.add(pod_change.pod_id)
+        for pod_id in touched:
+            self._records.keep(pod_id)
 
     def write_plan(self, plan: Plan) -> Plan:
         """Bring running workloads to a reload's `plan` through their cgroup files; returns
         what failed.
 
         For runtimes whose UpdateContainers is unsafe, and for what the runtime refused.
-        Blocking file I/O: run it in a thread. The order is the pass's: a pod goes up before
-        its containers and down after them (lowering.py says why): pods whose containers'
-        quota rises first, then the containers, then the other pods and those of the first
-        that failed once more.
+        Blocking file I/O: run it in a thread (`reload` does). The order is the pass's: a pod
+        goes up before its containers and down after them (lowering.py says why): pods whose
+        containers' quota rises first, then the containers, then the other pods and those of
+        the first that failed once more.
         """
         first, last = split_pods(plan)
         retry = [
@@ -320,13 +482,22 @@ class Reconciler:
                 if item is None:
                     if walk.done is not None and not walk.done.done():
                         walk.done.set_result(None)
+                    if walk.again:
+                        # Once more after the pods the Synchronize writes after its reply,
+                        # queued before: on cgroup v1 a pod's quota that someone lowered
+                        # holds its containers' back until the pod is written.
+                        again = _Walk(deque(), items=deque(walk.again), reported=walk.reported)
+                        again.final = True
+                        self._ctx.after_reply.defer(self._step, again)
                     return
                 pod_id, container_id = item
-                outcome = self._check(pod_id, container_id, directories)
+                outcome = self._check(walk, pod_id, container_id, directories)
                 if outcome is not _Outcome.SKIPPED:
                     walk.read += 1
                     walk.repaired += outcome is _Outcome.REPAIRED
-                if container_id is None and outcome is _Outcome.FAILED and not walk.retried:
+                if outcome is _Outcome.FAILED and walk.reported is not None and not walk.final:
+                    walk.again.append(item)
+                elif container_id is None and outcome is _Outcome.FAILED and not walk.retried:
                     # Once more after its containers: they may hold it back (cgroup v1).
                     walk.retried = True
                     walk.items.append((pod_id, None))
@@ -355,7 +526,11 @@ class Reconciler:
         return walk.items.popleft()
 
     def _check(
-        self, pod_id: str, container_id: str | None, directories: OpenDirectories
+        self,
+        walk: _Walk,
+        pod_id: str,
+        container_id: str | None,
+        directories: OpenDirectories,
     ) -> _Outcome:
         ctx = self._ctx
         known = ctx.known
@@ -363,6 +538,21 @@ class Reconciler:
         if pod is None:
             return _Outcome.SKIPPED
         container: ContainerView | None = None
+        if walk.reported is not None:
+            # The Synchronize's: as the runtime reports it, whatever the plugin applied.
+            assert container_id is not None  # it reports containers only
+            entry = known.containers.get(container_id)
+            if entry is None or entry[0] != pod_id:
+                return _Outcome.SKIPPED  # removed since
+            container = entry[1]
+            return self._compare(
+                (pod_id, container_id),
+                pod,
+                container,
+                walk.reported[container_id],
+                directories,
+                final=walk.final,
+            )
         if container_id is None:
             self._note(pod_id).checked_at = self._clock()
             if pod_id not in known.pod_baseline_known:
@@ -381,6 +571,27 @@ class Reconciler:
         values = self._target(key, pod, container, applied)
         if values is None:
             return _Outcome.SKIPPED
+        return self._compare(key, pod, container, values, directories, kubelet)
+
+    def _compare(
+        self,
+        key: tuple[str, str | None],
+        pod: PodView,
+        container: ContainerView | None,
+        values: CgroupValues,
+        directories: OpenDirectories,
+        kubelet: NativeLimits | None = None,
+        *,
+        final: bool = True,
+    ) -> _Outcome:
+        """Read the workload's files, and write `values` back where they differ.
+
+        `kubelet`: its known values, to tell kubelet's write from anyone else's; None: the
+        Synchronize's trigger, which counts a repair as the runtime's report not held, and a
+        failure only if `final`."""
+        ctx = self._ctx
+        known = ctx.known
+        pod_id, container_id = key
         path = "" if container_id is None else known.cgroups_path(container_id)
         try:
             reading = self._located.read(ctx.cgroups, key, pod, container, path, directories)
@@ -393,6 +604,9 @@ class Reconciler:
         off = drifted(reading, values, container=in_container)
         if not off:
             return _Outcome.HELD
+        if kubelet is None:
+            assert container is not None
+            return self._repair_reported(pod, container, path, values, final=final)
         writer = _writer(reading, off, kubelet, container=in_container)
         changes = _changes(reading, values, off)
         return self._repair(pod_id, pod, container, path, values, changes, writer)
@@ -483,6 +697,32 @@ class Reconciler:
             **values_log(values),
         )
         return _Outcome.REPAIRED
+
+    def _repair_reported(
+        self,
+        pod: PodView,
+        container: ContainerView,
+        path: str,
+        values: CgroupValues,
+        *,
+        final: bool,
+    ) -> _Outcome:
+        counters = self._ctx.counters
+        where = {"namespace": pod.namespace, "pod": pod.name, "container": container.name}
+        reason = self._ctx.cgroups.write(pod, container, values, path).failure
+        if reason is not None and not final:
+            return _Outcome.FAILED
+        if reason is None:
+            counters.containers_repaired += 1
+            log.warning(
+                "container cgroup repaired: the runtime reported values it did not hold",
+                **where,
+                **values_log(values),
+            )
+            return _Outcome.REPAIRED
+        counters.container_repairs_failed += 1
+        log.warning("container cgroup not repaired", reason=reason, **where)
+        return _Outcome.FAILED
 
     def _prune(self) -> None:
         """Keep what is kept per workload to the known workloads."""

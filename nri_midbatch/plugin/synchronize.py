@@ -27,10 +27,10 @@ from nri_midbatch.plugin.codec import (
 from nri_midbatch.plugin.context import PluginContext
 from nri_midbatch.plugin.decision_log import DecisionLines
 from nri_midbatch.plugin.decisions import Decider
-from nri_midbatch.plugin.deferred import CGROUP_READS_PER_PIECE
 from nri_midbatch.plugin.lowering import Check, LoweringTimings, LoweringWait, Write
+from nri_midbatch.plugin.reconcile import Reconciler, Reported
 from nri_midbatch.plugin.records import Records
-from nri_midbatch.plugin.writes import Settled, Writes
+from nri_midbatch.plugin.writes import Writes
 from nri_midbatch.policy import (
     CgroupValues,
     ContainerView,
@@ -140,9 +140,11 @@ class SynchronizePass:
         decide: Decider,
         writes: Writes,
         records: Records,
+        reconcile: Reconciler,
         lowering_timings: LoweringTimings,
     ) -> None:
         self._ctx = ctx
+        self._reconcile = reconcile
         self._lowering_timings = lowering_timings
         self._decide = decide
         self._writes = writes
@@ -255,7 +257,8 @@ class SynchronizePass:
         lowered: dict[str, Check] = {}
         watch_lowering = ctx.pod_level and not ctx.dry_run
         observing = ctx.observing
-        settled: list[Settled] = []
+        #: containers the runtime reports at the values in force, whose files are checked
+        settled: list[Reported] = []
         lines = DecisionLines("Synchronize")
         #: fields set -> containers updated with them, counted once at the end
         adjusted: dict[tuple[str, ...], int] = {}
@@ -314,16 +317,13 @@ class SynchronizePass:
             else:
                 lines.unchanged()
                 if not ctx.dry_run:
-                    settled.append((pod, ctr_view, values))
+                    settled.append((pod_id, ctr_id, values))
         for fields, containers_updated in adjusted.items():
             ctx.counters.count_adjusted("Synchronize", containers_updated, fields)
         after_reply = ctx.after_reply
         lines.write_after(after_reply)
         # Before the pods: a pod goes down only after its containers.
-        for start in range(0, len(settled), CGROUP_READS_PER_PIECE):
-            after_reply.defer(
-                self._writes.repair_containers, settled[start : start + CGROUP_READS_PER_PIECE]
-            )
+        self._reconcile.check_reported(settled)
         self._pods(pod_views, raising, lowered)
         self._records.keep_after_sync(part.records, part.uids)
         # After the per-container lines: the node at a glance.
