@@ -476,6 +476,16 @@ them, which is after the plugin's own pod write, and (from kubernetes#137555) ri
 systemd) may write any file at any time. So the plugin keeps the values in force as a state,
 and brings the files back to it:
 
+- **One pass, four triggers**: the same check (each cgroup's files read, compared, and
+  written back where they differ; pods before their containers) runs after a resize, on its
+  period, after a reload and after a `Synchronize`. What differs is what it is compared
+  with and who writes: a reload first brings workloads to the new configuration (the
+  runtime's `UpdateContainers` where safe, else the files), then checks every one (with
+  `intervalSeconds` above 0), so a `SIGHUP` with the file unchanged also puts back what
+  someone else wrote; a `Synchronize` answers container updates in its reply and checks,
+  after it, the containers the runtime reports at their values against those values
+  (counted in `nri_midbatch_container_repairs_total`), a container whose pod's quota holds
+  it back (cgroup v1) once more after the pods.
 - **Shortly after a resize**: a pod whose container was resized, or that got an
   `UpdatePodSandbox`, is checked again 0.3 s and 2 s later: kubelet's write after the
   plugin's lasts that long, not until the next event.

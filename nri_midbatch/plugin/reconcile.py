@@ -1,18 +1,28 @@
-"""Convergence: the values in force are a state the plugin keeps, not a reply it once sent.
+"""One pass that brings files and runtime in line with the targets, whatever triggers it.
 
-Events are the fast path: each sets what it decides at once. This pass is what makes the
-promise hold whoever wrote last. For every pod and container the plugin has values in force
-on, it reads the cgroup files, compares them with the target (state/baseline.py's `target`:
-the tier's values under the configuration in force, kubelet's for what is given back), and
-writes back what differs. It runs
+The values in force are a state the plugin keeps, not a reply it once sent. Events are the
+fast path: each sets what it decides at once. This pass is what makes the promise hold
+whoever wrote last. For a set of workloads it reads the cgroup files, compares them with
+what they must hold, writes back what differs, and counts and logs it, pods before their
+containers and a pod whose write failed once more after them (on cgroup v1 a pod's quota
+may not go below a child's, nor a child's above its pod's). Its triggers:
 
-- every `convergence.intervalSeconds` over every known pod and container (`run`), pods
-  before their containers and a pod whose write failed once more after them (on cgroup v1 a
-  pod's quota may not go below a child's, nor a child's above its pod's);
-- shortly after a resize or an UpdatePodSandbox (`recheck_soon`), for that pod alone:
+- the period: every `convergence.intervalSeconds` over every known pod and container
+  (`run`), compared with the target (state/baseline.py's `target`: the tier's values under
+  the configuration in force, kubelet's for what is given back); only reads and repairs;
+- a resize or an UpdatePodSandbox (`recheck_soon`), for that pod alone, shortly after:
   kubelet writes the pod cgroup after the containers when a resize lowers them, and (from
   kubernetes#137555) right after UpdatePodSandbox whatever the direction, so its write
-  comes after the plugin's.
+  comes after the plugin's;
+- a reload (`reload`): its plan first (state/plan.py: what differs from what was applied),
+  through the runtime's UpdateContainers where that is safe, else the cgroup files
+  (`write_plan`): pods whose containers' quota rises first, then the containers, then the
+  other pods; what went through is applied and kept in the pods' records; then a whole
+  pass, so a reload that changes nothing still puts back what someone else wrote;
+- a Synchronize (`check_reported`): it answers container updates in its reply and writes
+  pods around it (synchronize.py, lowering.py); after the reply the containers it left
+  are compared with the values the runtime reports they hold, and a container whose write
+  failed is tried once more after the pods (a pod someone lowered holds it back on v1).
 
 A workload with a change still planned (a reload or a Synchronize not yet through: the
 target differs from what the plugin last applied) is the planned change's to write, and is
@@ -20,9 +30,6 @@ skipped; so is a pod whose kubelet values are not known for sure. A value found 
 kubelet's known one is counted as kubelet's (a resize's write after the plugin's); any
 other as unknown (an operator, an agent, another plugin, systemd). Nothing is learnt from
 what a file holds: kubelet's baseline moves only with the events that tell it.
-
-A reload's writes through the cgroup files (`write_plan`) follow the same order: pods whose
-containers go up first, then the containers, then the other pods.
 
 The checks run in pieces of the work left for after replies (plugin/deferred.py): each
 workload's three files read, and written only where they differ, up to PIECE_WORKLOADS
@@ -201,6 +208,8 @@ class Reconciler:
         }
         #: Passes a reload started, not awaited
         self._passes: set[asyncio.Task[None]] = set()
+        #: Whole passes run one at a time (a reload's after the period's, or the reverse)
+        self._passing = asyncio.Lock()
 
     # -- triggers ----------------------------------------------------------------
 
@@ -239,9 +248,15 @@ class Reconciler:
             self._ctx.after_reply.defer(self._step, _Walk(deque((pod_id,))))
 
     async def converge(self) -> None:
-        """One pass over every known pod and container; returns once it is through."""
+        """One pass over every known pod and container, after any other; returns once it is
+        through."""
         if self._ctx.dry_run or self._closed:
             return
+        async with self._passing:
+            if not self._closed:
+                await self._converge()
+
+    async def _converge(self) -> None:
         known = self._ctx.known
         for gone in [pod_id for pod_id in self.checks if pod_id not in known.pods]:
             del self.checks[gone]

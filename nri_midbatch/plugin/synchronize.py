@@ -3,9 +3,10 @@
 The runtime sends the node in chunks (`take`), then waits for one reply
 (`reply`): container updates, whose values the runtime applies after it. Pods
 are written around that: raised before the reply, lowered once their
-containers are (lowering.py), the rest right after it; containers whose files
-do not hold what the runtime reports are repaired, and every pod's record is
-kept, after the reply too.
+containers are (lowering.py), the rest right after it; the containers left as
+the runtime reports them are checked against their files by the one pass
+(reconcile.py `check_reported`), and every pod's record is kept, after the
+reply too.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """The running process: configuration, plugin, session, metrics and health.
 
 Besides keeping the session connected, the process watches its configuration
-file: a valid change applies at once and is followed by a pass that brings
-running workloads to the new values; an invalid one is logged with the field
-at fault, counted, and the previous configuration stays in force.
+file: a valid change applies at once and triggers the one pass
+(plugin/reconcile.py) that brings running workloads to the new values; an
+invalid one is logged with the field at fault, counted, and the previous
+configuration stays in force.
 
 Longer than the house's 400 lines: it composes the plugin, session, reload pass and the
 metric families, each family beside the state it reads.
