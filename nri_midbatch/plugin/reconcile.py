@@ -495,15 +495,7 @@ class Reconciler:
             for _ in range(PIECE_WORKLOADS):
                 item = self._next(walk)
                 if item is None:
-                    if walk.done is not None and not walk.done.done():
-                        walk.done.set_result(None)
-                    if walk.again:
-                        # Once more after the pods the Synchronize writes after its reply,
-                        # queued before: on cgroup v1 a pod's quota that someone lowered
-                        # holds its containers' back until the pod is written.
-                        again = _Walk(deque(), items=deque(walk.again), reported=walk.reported)
-                        again.final = True
-                        self._ctx.after_reply.defer(self._step, again)
+                    self._through(walk)
                     return
                 pod_id, container_id = item
                 outcome = self._check(walk, pod_id, container_id, directories)
@@ -520,12 +512,25 @@ class Reconciler:
                     break
         finally:
             directories.close()
-        if walk.done is None:
+        if not walk.items and not walk.pods:
+            self._through(walk)
+        elif walk.done is None:
             self._ctx.after_reply.defer(self._step, walk)
         else:
             # A turn of the loop between the pieces of a pass: whatever waits for the work
             # after replies to settle (a reload) does not wait for the whole pass.
             asyncio.get_running_loop().call_soon(self._ctx.after_reply.defer, self._step, walk)
+
+    def _through(self, walk: _Walk) -> None:
+        if walk.done is not None and not walk.done.done():
+            walk.done.set_result(None)
+        if walk.again:
+            # Once more after the pods the Synchronize writes after its reply, queued
+            # before: on cgroup v1 a pod's quota that someone lowered holds its containers'
+            # back until the pod is written.
+            again = _Walk(deque(), items=deque(walk.again), reported=walk.reported)
+            again.final = True
+            self._ctx.after_reply.defer(self._step, again)
 
     def _next(self, walk: _Walk) -> tuple[str, str | None] | None:
         """The walk's next workload (a pod before its containers); None once through."""
@@ -609,7 +614,12 @@ class Reconciler:
         pod_id, container_id = key
         path = "" if container_id is None else known.cgroups_path(container_id)
         try:
-            reading = self._located.read(ctx.cgroups, key, pod, container, path, directories)
+            if kubelet is None:
+                # Once per Synchronize: located afresh, not kept (a node's worth of entries,
+                # held for nothing with the period off).
+                reading = ctx.cgroups.read(pod, container, path)
+            else:
+                reading = self._located.read(ctx.cgroups, key, pod, container, path, directories)
         except CgroupUnreadable:
             return _Outcome.SKIPPED  # gone, or not there yet: its own events say so
         finally:

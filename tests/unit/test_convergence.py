@@ -20,7 +20,7 @@ from nri_midbatch.cgroups.values import runtime_cpu_weights
 from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import load_config_text
 from nri_midbatch.nri.events import Event
-from nri_midbatch.plugin import handlers
+from nri_midbatch.plugin import handlers, reconcile
 from nri_midbatch.plugin.handlers import MidBatchPlugin
 from nri_midbatch.policy import NativeLimits
 from nri_midbatch.process.status import _rows, _workloads
@@ -260,9 +260,12 @@ def test_update_pod_sandbox_is_refused_only_under_failure_policy_fail(
     assert plugin.counters.invalid["internal"] == 1
 
 
-def test_a_reload_does_not_wait_for_a_whole_pass(tmp_path: Path) -> None:
+def test_a_reload_does_not_wait_for_a_whole_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A reload first lets the work after replies settle: a pass yields between its pieces."""
     pod = mid_ls_pod()
+    monkeypatch.setattr(reconcile, "PIECE_WORKLOADS", 1)  # the pod, then its container
 
     async def scenario() -> tuple[bool, bool]:
         node = await node_with(tmp_path, CONTAINERD_2, Config(), pod)

@@ -1308,14 +1308,14 @@ def test_synchronize_reads_settled_containers_a_few_to_a_piece_of_work(
         queue(piece)
 
     monkeypatch.setattr(plugin.after_reply, "defer", counted)
-    real = cgroup_writer.LocatedCgroups.read
+    real = cgroups_fs.read_values
 
-    def read(located: cgroup_writer.LocatedCgroups, *args: Any) -> Any:
-        if args[3] is not None:  # a container's
+    def read(root: Path, location: CgroupLocation) -> Any:
+        if location.container_id is not None:
             pieces[-1] += 1
-        return real(located, *args)
+        return real(root, location)
 
-    monkeypatch.setattr(cgroup_writer.LocatedCgroups, "read", read)
+    monkeypatch.setattr(cgroup_writer, "read_values", read)
 
     async def scenario() -> None:
         await plugin.synchronize(pods, containers)
