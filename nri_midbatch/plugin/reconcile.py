@@ -322,6 +322,8 @@ class Reconciler:
         for timer in self._rechecks.values():
             timer.cancel()
         self._rechecks.clear()
+        for task in self._passes:
+            task.cancel()  # its walk's pieces stop: it would wait for good
 
     # -- the reload's trigger ----------------------------------------------------------
 
