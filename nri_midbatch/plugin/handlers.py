@@ -110,11 +110,14 @@ class MidBatchPlugin:
         #: The one pass that brings files and runtime in line with the targets, whatever
         #: triggers it: a reload, a Synchronize, its period (the App runs it), a resize.
         self.reconcile = Reconciler(
-            ctx, self._records, convergence_timings, on_recheck=self._on_recheck
+            ctx,
+            self._records,
+            self._writes,
+            convergence_timings,
+            lowering_timings,
+            on_recheck=self._on_recheck,
         )
-        self._sync = SynchronizePass(
-            ctx, self._decide, self._writes, self._records, self.reconcile, lowering_timings
-        )
+        self._sync = SynchronizePass(ctx, self._decide, self._writes, self._records, self.reconcile)
         #: Pods newly limited by a resize whose new limit kubelet had not yet written when
         #: read (containerd 1.7): read again at the re-checks; and pods whose lowered values
         #: cgroup v1 refused before the runtime lowered their container: written again then.

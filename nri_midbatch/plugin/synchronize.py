@@ -28,7 +28,7 @@ from nri_midbatch.plugin.codec import (
 from nri_midbatch.plugin.context import PluginContext
 from nri_midbatch.plugin.decision_log import DecisionLines
 from nri_midbatch.plugin.decisions import Decider
-from nri_midbatch.plugin.lowering import Check, LoweringTimings, LoweringWait, Write
+from nri_midbatch.plugin.lowering import Check
 from nri_midbatch.plugin.reconcile import Reconciler, Reported
 from nri_midbatch.plugin.records import Records
 from nri_midbatch.plugin.writes import Writes
@@ -142,16 +142,12 @@ class SynchronizePass:
         writes: Writes,
         records: Records,
         reconcile: Reconciler,
-        lowering_timings: LoweringTimings,
     ) -> None:
         self._ctx = ctx
         self._reconcile = reconcile
-        self._lowering_timings = lowering_timings
         self._decide = decide
         self._writes = writes
         self._records = records
-        #: The last Synchronize's pods waiting for their containers to be lowered.
-        self._lowering: LoweringWait | None = None
         #: The Synchronize being received, chunk by chunk.
         self.part: SyncPart | None = None
 
@@ -343,42 +339,10 @@ class SynchronizePass:
         raising: set[str],
         lowered: Mapping[str, Check],
     ) -> None:
-        """Decide every pod now; write its cgroup before the reply, after it, or later.
-
-        The runtime applies our container updates after the reply. A pod
-        whose containers' quota goes up is raised first, now (on cgroup v1 a
-        child's quota above its pod's is EINVAL). A pod whose containers go
-        down is written once the runtime has lowered them, as their cgroup
-        files show (lowering.py). Any other pod is written right after the
-        reply, which also keeps 0.2 ms of file I/O per pod out of the one
-        request the runtime gives 2 s for the whole node.
-        """
-        ctx, writes = self._ctx, self._writes
-        if self._lowering is not None:
-            self._lowering.cancel()
-        wait = self._lowering = LoweringWait(
-            ctx.after_reply, timings=self._lowering_timings, on_stall=self._count_unconfirmed
-        )
-        #: pod id -> its write, for the pods that wait
-        waiting: dict[str, Write] = {}
+        """Decide every pod now; the one pass writes them around the reply."""
+        targets = []
         for pod_id, view in list(pod_views.items()):
             target = self._decide.pod(pod_id, view, "Synchronize", refuse=False)
-            if target is None:
-                continue
-            if pod_id in raising and writes.pod(target, "Synchronize", refuse=False, final=False):
-                continue
-            # Not raised (or refused: it tries once more when its turn comes).
-            write = functools.partial(writes.pod_if_current, target, "Synchronize")
-            if pod_id in lowered:
-                waiting[pod_id] = write
-            else:
-                ctx.after_reply.defer(write)
-        # In the order the runtime will get to them.
-        for pod_id, check in lowered.items():
-            if pod_id in waiting:
-                view = pod_views[pod_id]
-                wait.add(f"{view.namespace}/{view.name}", check, waiting[pod_id])
-        wait.start()
-
-    def _count_unconfirmed(self, pods: int) -> None:
-        self._ctx.counters.pods_lowered_unconfirmed += pods
+            if target is not None:
+                targets.append(target)
+        self._reconcile.synchronize_pods(targets, raising, lowered)

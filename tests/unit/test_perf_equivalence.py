@@ -253,7 +253,6 @@ def test_a_split_synchronize_keeps_each_path_and_shares_a_pods_strings() -> None
     from nri_midbatch.plugin.cgroup_writer import CgroupWriter
     from nri_midbatch.plugin.context import PluginContext
     from nri_midbatch.plugin.decisions import Decider
-    from nri_midbatch.plugin.lowering import LoweringTimings
     from nri_midbatch.plugin.reconcile import Reconciler
     from nri_midbatch.plugin.records import Records
     from nri_midbatch.plugin.synchronize import SynchronizePass
@@ -288,10 +287,9 @@ def test_a_split_synchronize_keeps_each_path_and_shares_a_pods_strings() -> None
     writer = CgroupWriter(Path(settings.cgroups.root), CgroupDriver(settings.cgroups.driver))
     ctx = PluginContext(settings, settings.compile(), writer, BaselineStore(None), dry_run=True)
     records = Records(ctx)
-    reconcile = Reconciler(ctx, records)
-    sync = SynchronizePass(
-        ctx, Decider(ctx, records), Writes(ctx, records), records, reconcile, LoweringTimings()
-    )
+    writes = Writes(ctx, records)
+    reconcile = Reconciler(ctx, records, writes)
+    sync = SynchronizePass(ctx, Decider(ctx, records), writes, records, reconcile)
     sync.take([], containers, first=True)
     assert sync.part is not None
     first, second, *_ = sync.part.containers
