@@ -19,10 +19,12 @@ may not go below a child's, nor a child's above its pod's). Its triggers:
   (`write_plan`): pods whose containers' quota rises first, then the containers, then the
   other pods; what went through is applied and kept in the pods' records; then a whole
   pass, so a reload that changes nothing still puts back what someone else wrote;
-- a Synchronize (`check_reported`): it answers container updates in its reply and writes
-  pods around it (synchronize.py, lowering.py); after the reply the containers it left
-  are compared with the values the runtime reports they hold, and a container whose write
-  failed is tried once more after the pods (a pod someone lowered holds it back on v1).
+- a Synchronize: it answers container updates in its reply (synchronize.py); its pods are
+  written around the reply (`synchronize_pods`: raised before it, lowered once the runtime
+  has lowered their containers, lowering.py, the rest after it); after the reply the
+  containers it left are compared with the values the runtime reports they hold
+  (`check_reported`), and a container whose write failed is tried once more after the
+  pods (a pod someone lowered holds it back on v1).
 
 A workload with a change still planned (a reload or a Synchronize not yet through: the
 target differs from what the plugin last applied) is the planned change's to write, and is
