@@ -476,6 +476,16 @@ them, which is after the plugin's own pod write, and (from kubernetes#137555) ri
 systemd) may write any file at any time. So the plugin keeps the values in force as a state,
 and brings the files back to it:
 
+- **One pass, four triggers**: the same check (each cgroup's files read, compared, and
+  written back where they differ; pods before their containers) runs after a resize, on its
+  period, after a reload and after a `Synchronize`. What differs is what it is compared
+  with and who writes: a reload first brings workloads to the new configuration (the
+  runtime's `UpdateContainers` where safe, else the files), then checks every one (with
+  `intervalSeconds` above 0), so a `SIGHUP` with the file unchanged also puts back what
+  someone else wrote; a `Synchronize` answers container updates in its reply and checks,
+  after it, the containers the runtime reports at their values against those values
+  (counted in `nri_midbatch_container_repairs_total`), a container whose pod's quota holds
+  it back (cgroup v1) once more after the pods.
 - **Shortly after a resize**: a pod whose container was resized, or that got an
   `UpdatePodSandbox`, is checked again 0.3 s and 2 s later: kubelet's write after the
   plugin's lasts that long, not until the next event.
@@ -484,7 +494,11 @@ and brings the files back to it:
   cgroup files are read and compared with its target (the tier's values, kubelet's for
   what is given back), and what differs is written back. Pods come before their
   containers, and a pod whose write failed is tried once more after them (cgroup v1 keeps
-  a pod's quota at or above its children's). Under the systemd driver the repaired values
+  a pod's quota at or above its children's). On cgroup v2 a pod's `cpu.weight` is compared
+  with the plugin's conversion of its shares (kubelet's linear one); a container's, which
+  the runtime converted, with either conversion runtimes use (the linear one of runc up to
+  1.2, and the curve of runc 1.3 and crun, which maps 1024 shares onto 100): a weight that
+  is neither is drift, put back with the linear one. Under the systemd driver the repaired values
   are also set again as unit properties; the properties themselves are not read (setting
   them makes systemd write the files, where the pass sees any change).
 - **What counts as kubelet's write**: a value that is kubelet's known value for that pod
@@ -504,8 +518,7 @@ and brings the files back to it:
 - **Left alone**: a field the plugin never set (it may be another plugin's); a workload
   with a change still planned (a reload or a `Synchronize` not yet through: that change
   writes it); a pod whose kubelet values are not known for sure; a workload whose decision
-  fails (bad input); the cpu weight of a container on cgroup v2 (the runtime converts it
-  its own way). In `mode: observe` nothing is the plugin's, so nothing is checked.
+  fails (bad input). In `mode: observe` nothing is the plugin's, so nothing is checked.
 - **What it costs**: each workload's three files read once per pass, and written only where
   they differ. The work is done in pieces left for after replies: up to 16 workloads or
   0.5 ms a piece, so a request waits for at most one piece (about 0.5 ms, more where a

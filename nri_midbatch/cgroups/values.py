@@ -5,6 +5,7 @@ them) and so are the constants: one type and one set of limits for the whole plu
 """
 
 import functools
+import math
 import resource
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ __all__ = [
     "exceeds",
     "holds",
     "lowers",
+    "runtime_cpu_weights",
     "set_fields",
 ]
 
@@ -144,12 +146,31 @@ def holds(reading: CgroupReading, values: CgroupValues) -> bool:
     )
 
 
-def drifted(reading: CgroupReading, values: CgroupValues, *, weight: bool) -> tuple[str, ...]:
+def runtime_cpu_weights(shares: int) -> tuple[int, int]:
+    """The cgroup v2 cpu weights an OCI runtime writes for a container's `shares`.
+
+    Kubelet's linear conversion (`cpu_shares_to_weight`: runc up to 1.2, and what the plugin
+    writes), and the curve runc 1.3 and crun use (opencontainers/cgroups
+    `ConvertCPUSharesToCgroupV2Value`: 2, 1024 and 262144 shares onto weights 1, 100 and
+    10000, through `10^((l^2 + 125 l) / 612 - 7/34)` with `l = log2(shares)`, rounded up).
+    """
+    linear = cpu_shares_to_weight(shares)
+    clamped = clamp_cpu_shares(shares)
+    if clamped <= CPU_SHARES_MIN:
+        return linear, CPU_WEIGHT_MIN
+    if clamped >= CPU_SHARES_MAX:
+        return linear, CPU_WEIGHT_MAX
+    log2 = math.log2(clamped)
+    return linear, math.ceil(10 ** ((log2 * log2 + 125 * log2) / 612 - 7 / 34))
+
+
+def drifted(reading: CgroupReading, values: CgroupValues, *, container: bool) -> tuple[str, ...]:
     """The fields of `values` (those it sets) that the cgroup does not hold.
 
-    `weight`: on cgroup v2 compare the cpu weight, which the plugin converts itself (a pod's);
-    a container's weight is the runtime's conversion, which may differ, and is not compared.
-    The memory limit reads back rounded down to the page.
+    On cgroup v2 the cpu weight is compared: a pod's with the plugin's own conversion, which
+    it writes; a container's with any of the conversions runtimes write
+    (`runtime_cpu_weights`), as the runtime converted the shares it was given. The memory
+    limit reads back rounded down to the page.
     """
     off = []
     shares = values.cpu_shares
@@ -157,7 +178,10 @@ def drifted(reading: CgroupReading, values: CgroupValues, *, weight: bool) -> tu
         if reading.cpu_shares is not None:
             if reading.cpu_shares != clamp_cpu_shares(shares):
                 off.append("cpu_shares")
-        elif weight and reading.cpu_weight != cpu_shares_to_weight(shares):
+        elif container:
+            if reading.cpu_weight not in runtime_cpu_weights(shares):
+                off.append("cpu_shares")
+        elif reading.cpu_weight != cpu_shares_to_weight(shares):
             off.append("cpu_shares")
     if reading.cpu_quota != values.cpu_quota:
         off.append("cpu_quota")

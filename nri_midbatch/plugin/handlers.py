@@ -103,11 +103,17 @@ class MidBatchPlugin:
         self._records = Records(ctx)
         self._decide = Decider(ctx, self._records)
         self._writes = Writes(ctx, self._records)
-        self._sync = SynchronizePass(
-            ctx, self._decide, self._writes, self._records, lowering_timings
+        #: The one pass that brings files and runtime in line with the targets, whatever
+        #: triggers it: a reload, a Synchronize, its period (the App runs it), a resize.
+        self.reconcile = Reconciler(
+            ctx,
+            self._records,
+            self._writes,
+            convergence_timings,
+            lowering_timings,
+            on_recheck=self._on_recheck,
         )
-        #: The convergence pass and the re-checks after resizes (the App runs its period).
-        self.reconcile = Reconciler(ctx, convergence_timings, on_recheck=self._on_recheck)
+        self._sync = SynchronizePass(ctx, self._decide, self._writes, self._records, self.reconcile)
         #: Pods newly limited by a resize whose new limit kubelet had not yet written when
         #: read (containerd 1.7): read again at the re-checks; and pods whose lowered values
         #: cgroup v1 refused before the runtime lowered their container: written again then.
@@ -172,39 +178,6 @@ class MidBatchPlugin:
                     if in_tier:
                         self._records.establish_pod_baseline(pod_id, view)
         return plan(ctx.known, ctx.policy, enforce=enforce, pod_level=pod_level)
-
-    def write_plan(self, plan: Plan) -> Plan:
-        """Bring running workloads to `plan` through their cgroup files; returns what failed.
-
-        Blocking file I/O (reconcile.py): run it in a thread, then `applied` in the loop with
-        what went through.
-        """
-        return self.reconcile.write_plan(plan)
-
-    def applied(self, plan: Plan, failed: Plan | None = None, *, by_files: bool = False) -> None:
-        """Remember that `plan`, less `failed`, is in force, and keep the pods' records.
-
-        A change that failed stays planned: the next reload or Synchronize tries it again.
-        `by_files`: the containers' values went into their cgroup files, which the runtime
-        does not know of; their pods' records keep them, as the runtime will not report them.
-        """
-        known = self._ctx.known
-        failed_ids = set() if failed is None else {c.container.id for c in failed.containers}
-        failed_pods = set() if failed is None else {c.pod_id for c in failed.pods}
-        touched: set[str] = set()
-        for change in plan.containers:
-            entry = known.containers.get(change.container.id)
-            if change.container.id in failed_ids or entry is None:
-                continue
-            known.note_set(change.container.id, change.claimed, by_files=by_files)
-            touched.add(entry[0])
-        for pod_change in plan.pods:
-            if pod_change.pod_id in failed_pods or pod_change.pod_id not in known.pods:
-                continue
-            known.set_applied(pod_change.pod_id, pod_change.claimed)
-            touched.add(pod_change.pod_id)
-        for pod_id in touched:
-            self._records.keep(pod_id)
 
     def _systemd_containers(self) -> list[UnitTarget]:
         """What every known container holds of ours, for systemd's drift repair."""

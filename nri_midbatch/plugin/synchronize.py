@@ -3,21 +3,21 @@
 The runtime sends the node in chunks (`take`), then waits for one reply
 (`reply`): container updates, whose values the runtime applies after it. Pods
 are written around that: raised before the reply, lowered once their
-containers are (lowering.py), the rest right after it; containers whose files
-do not hold what the runtime reports are repaired, and every pod's record is
-kept, after the reply too.
+containers are (lowering.py), the rest right after it; the containers left as
+the runtime reports them are checked against their files by the one pass
+(reconcile.py `check_reported`), and every pod's record is kept, after the
+reply too.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from sys import intern
 from typing import Any
 
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.cgroups.values import differs, lowers, set_fields
-from nri_midbatch.deferred import CGROUP_READS_PER_PIECE
 from nri_midbatch.plugin.codec import (
     annotated_baseline,
     limits_and_values,
@@ -28,9 +28,10 @@ from nri_midbatch.plugin.codec import (
 from nri_midbatch.plugin.context import PluginContext
 from nri_midbatch.plugin.decision_log import DecisionLines
 from nri_midbatch.plugin.decisions import Decider
-from nri_midbatch.plugin.lowering import Check, LoweringTimings, LoweringWait, Write
+from nri_midbatch.plugin.lowering import Check
+from nri_midbatch.plugin.reconcile import Reconciler, Reported
 from nri_midbatch.plugin.records import Records
-from nri_midbatch.plugin.writes import Settled, Writes
+from nri_midbatch.plugin.writes import Writes
 from nri_midbatch.policy import (
     CgroupValues,
     ContainerView,
@@ -67,19 +68,42 @@ def told_baseline(pod: api.PodSandbox, decide: Decider, method: str) -> NativeLi
 _RUNNING_STATES = frozenset({api.CONTAINER_CREATED, api.CONTAINER_RUNNING, api.CONTAINER_PAUSED})
 
 
+class WaitingContainers:
+    """A Synchronize's running containers, waiting as views for the pods of later chunks.
+
+    Each is (pod id, view, cgroups path, whether that is the path's head, current values),
+    held in one flat list rather than a tuple each: 10,000 tuples held through a large
+    Synchronize would be allocated among the objects the plugin keeps, and leave the heap
+    fragmented for good once freed (2.8 MB of resident memory), as the decision lines would
+    (decision_log.py). Iterating yields each container's fields as one tuple, reused.
+    """
+
+    __slots__ = ("_flat",)
+
+    def __init__(self) -> None:
+        self._flat: list[Any] = []
+
+    def add(
+        self, pod_id: str, view: ContainerView, path: str, is_head: bool, current: CgroupValues
+    ) -> None:
+        self._flat += (pod_id, view, path, is_head, current)
+
+    def __iter__(self) -> Iterator[tuple[str, ContainerView, str, bool, CgroupValues]]:
+        fields = iter(self._flat)
+        return zip(fields, fields, fields, fields, fields, strict=True)
+
+    def pod_ids(self) -> set[str]:
+        """The pods with a running container."""
+        return set(self._flat[::5])
+
+
 class SyncPart:
     """What a Synchronize's chunks brought so far, without their protobuf.
 
-    Containers are held flat, `FIELDS` list slots each (pod id, view, cgroups
-    path, whether that is the path's head, current values), as the decision
-    lines are (decision_log.py). Strings shared by a pod's containers where
-    they can be (its id, the head of its containers' paths, as Known keeps
-    them): 10,000 strings held through a large Synchronize would be
-    allocated among the objects the plugin keeps, and leave the heap
-    fragmented for good once freed (2.8 MB of resident memory).
+    Strings shared by a pod's containers where they can be (its id, the head of its
+    containers' paths, as Known keeps them).
     """
 
-    FIELDS = 5
     __slots__ = (
         "budget",
         "containers",
@@ -94,7 +118,7 @@ class SyncPart:
     def __init__(self, stored: frozenset[str], bounds: Known) -> None:
         self.known = Known(max_pods=bounds.max_pods, max_containers=bounds.max_containers)
         self.known.evicted = bounds.evicted
-        self.containers: list[Any] = []
+        self.containers = WaitingContainers()
         #: Pods and containers the runtime listed, running or not.
         self.listed = [0, 0]
         #: The uids of the pods listed, forgotten past the bounds or not: their records stay.
@@ -116,15 +140,13 @@ class SynchronizePass:
         decide: Decider,
         writes: Writes,
         records: Records,
-        lowering_timings: LoweringTimings,
+        reconcile: Reconciler,
     ) -> None:
         self._ctx = ctx
-        self._lowering_timings = lowering_timings
+        self._reconcile = reconcile
         self._decide = decide
         self._writes = writes
         self._records = records
-        #: The last Synchronize's pods waiting for their containers to be lowered.
-        self._lowering: LoweringWait | None = None
         #: The Synchronize being received, chunk by chunk.
         self.part: SyncPart | None = None
 
@@ -160,12 +182,8 @@ class SynchronizePass:
                 native=shown if annotated is None else annotated,
                 native_known=annotated is not None,
             )
-            waiting += (
-                intern(container.pod_sandbox_id),
-                view,
-                *split_path(linux.cgroups_path, container.id),
-                current,
-            )
+            path, is_head = split_path(linux.cgroups_path, container.id)
+            waiting.add(intern(container.pod_sandbox_id), view, path, is_head, current)
 
     def _take_pod(self, part: SyncPart, pod: api.PodSandbox) -> None:
         """Remember a listed pod with kubelet's values: as this process knew them (under
@@ -189,8 +207,7 @@ class SynchronizePass:
         """Of a uid's sandboxes, keep the one with running containers, else the one known
         before, else the last listed; the others are dead (kubelet runs one at a time)."""
         known = part.known
-        waiting = part.containers
-        running = {waiting[i] for i in range(0, len(waiting), SyncPart.FIELDS)}
+        running = part.containers.pod_ids()
         for uid, sandboxes in part.twins.items():
             live = [s for s in sandboxes if s in known.pods]
             if not live:
@@ -230,30 +247,22 @@ class SynchronizePass:
         #: reply's order, has been; in the order of those last containers
         lowered: dict[str, Check] = {}
         watch_lowering = ctx.pod_level and not ctx.dry_run
-        settled: list[Settled] = []
+        #: containers the runtime reports at the values in force, whose files are checked
+        settled: list[Reported] = []
         lines = DecisionLines("Synchronize")
         #: fields set -> containers updated with them, counted once at the end
         adjusted: dict[tuple[str, ...], int] = {}
         #: pod id -> what the decisions of its containers share (a third of each)
         classes: dict[str, PodClass | None] = {}
-        waiting = part.containers
         records = part.records
         records_kept = ctx.store.keeping
-        for i in range(0, len(waiting), SyncPart.FIELDS):
-            pod_id = pod_ids.get(waiting[i])
+        for listed_pod_id, listed, path, is_head, current in part.containers:
+            pod_id = pod_ids.get(listed_pod_id)
             if pod_id is None:
                 continue
             pod = pod_views[pod_id]
-            current: CgroupValues = waiting[i + 4]
             ctr_view, applied, recorded = known.take_container(
-                previous,
-                records.get(pod_id),
-                pod_id,
-                waiting[i + 1],
-                waiting[i + 2],
-                waiting[i + 3],
-                current,
-                records_kept,
+                previous, records.get(pod_id), pod_id, listed, path, is_head, current, records_kept
             )
             ctr_id = ctr_view.id
             if pod_id in classes:
@@ -295,16 +304,13 @@ class SynchronizePass:
             else:
                 lines.unchanged()
                 if not ctx.dry_run:
-                    settled.append((pod, ctr_view, values))
+                    settled.append((pod_id, ctr_id, values))
         for fields, containers_updated in adjusted.items():
             ctx.counters.count_adjusted("Synchronize", containers_updated, fields)
         after_reply = ctx.after_reply
         lines.write_after(after_reply)
         # Before the pods: a pod goes down only after its containers.
-        for start in range(0, len(settled), CGROUP_READS_PER_PIECE):
-            after_reply.defer(
-                self._writes.repair_containers, settled[start : start + CGROUP_READS_PER_PIECE]
-            )
+        self._reconcile.check_reported(settled)
         self._pods(pod_views, raising, lowered)
         self._records.keep_after_sync(part.records, part.uids)
         # After the per-container lines: the node at a glance.
@@ -323,39 +329,10 @@ class SynchronizePass:
         raising: set[str],
         lowered: Mapping[str, Check],
     ) -> None:
-        """Decide every pod now; write its cgroup before the reply, after it, or later.
-
-        The runtime applies our container updates after the reply. A pod
-        whose containers' quota goes up is raised first, now (on cgroup v1 a
-        child's quota above its pod's is EINVAL). A pod whose containers go
-        down is written once the runtime has lowered them, as their cgroup
-        files show (lowering.py). Any other pod is written right after the
-        reply, which also keeps 0.2 ms of file I/O per pod out of the one
-        request the runtime gives 2 s for the whole node.
-        """
-        ctx, writes = self._ctx, self._writes
-        if self._lowering is not None:
-            self._lowering.cancel()
-        wait = self._lowering = LoweringWait(
-            ctx.after_reply, timings=self._lowering_timings, counters=ctx.counters
-        )
-        #: pod id -> its write, for the pods that wait
-        waiting: dict[str, Write] = {}
+        """Decide every pod now; the one pass writes them around the reply."""
+        targets = []
         for pod_id, view in list(pod_views.items()):
             target = self._decide.pod(pod_id, view, "Synchronize", refuse=False)
-            if target is None:
-                continue
-            if pod_id in raising and writes.pod(target, "Synchronize", refuse=False, final=False):
-                continue
-            # Not raised (or refused: it tries once more when its turn comes).
-            write = functools.partial(writes.pod_if_current, target, "Synchronize")
-            if pod_id in lowered:
-                waiting[pod_id] = write
-            else:
-                ctx.after_reply.defer(write)
-        # In the order the runtime will get to them.
-        for pod_id, check in lowered.items():
-            if pod_id in waiting:
-                view = pod_views[pod_id]
-                wait.add(f"{view.namespace}/{view.name}", check, waiting[pod_id])
-        wait.start()
+            if target is not None:
+                targets.append(target)
+        self._reconcile.synchronize_pods(targets, raising, lowered)

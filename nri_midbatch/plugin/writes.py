@@ -1,10 +1,10 @@
-"""Writing what was decided into cgroup files: pods, and containers the runtime cannot reach.
+"""Writing what an event decided into pod cgroup files.
 
 NRI cannot adjust a pod sandbox, so every pod value an event decides is written
-here. Containers are written here only when the runtime reports values their
-files do not hold (`repair_containers`); a reload's files and the convergence
-pass are reconcile.py's. Each write is logged with its pod and container and
-counted; the failure policy decides whether a failed pod write refuses the call.
+here; containers the runtime cannot reach (a reload's files, a Synchronize's
+containers whose files do not hold what the runtime reports, drift) are the one
+pass's (reconcile.py). Each write is logged with its pod and counted; the
+failure policy decides whether a failed pod write refuses the call.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import structlog
 
-from nri_midbatch.cgroups.values import exceeds, holds
+from nri_midbatch.cgroups.values import exceeds
 from nri_midbatch.plugin.cgroup_writer import CgroupUnreadable
 from nri_midbatch.plugin.context import PluginContext
 from nri_midbatch.plugin.decisions import PodTarget, values_log
@@ -23,9 +23,6 @@ from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.wire.status import Code
 
 log = structlog.get_logger(__name__)
-
-#: A container the runtime reports at its values, to check against its files.
-Settled = tuple[PodView, ContainerView, CgroupValues]
 
 
 class Writes:
@@ -90,38 +87,6 @@ class Writes:
             log.debug("container cgroup not readable", error=str(exc), container=container.name)
             return True
         return not exceeds(now, values)
-
-    def repair_containers(self, settled: list[Settled]) -> None:
-        """Write the cgroup files of containers the runtime says hold their values but do not.
-
-        A runtime killed while it applied an update may have stored the new
-        resources without their reaching the cgroup (containerd persists the
-        spec first): its next Synchronize reports values the files do not
-        hold, and asks for no update. Read after the reply, a slice at a time.
-        """
-        ctx = self._ctx
-        for pod, container, values in settled:
-            if container.id not in ctx.known.containers:
-                continue  # removed since
-            cgroups_path = ctx.known.cgroups_path(container.id)
-            try:
-                now = ctx.cgroups.read(pod, container, cgroups_path)
-            except CgroupUnreadable:
-                continue  # gone, or not ours to read: nothing to repair here
-            if holds(now, values):
-                continue
-            where = {"namespace": pod.namespace, "pod": pod.name, "container": container.name}
-            reason = ctx.cgroups.write(pod, container, values, cgroups_path).failure
-            if reason is None:
-                ctx.counters.containers_repaired += 1
-                log.warning(
-                    "container cgroup repaired: the runtime reported values it did not hold",
-                    **where,
-                    **values_log(values),
-                )
-                continue
-            ctx.counters.container_repairs_failed += 1
-            log.warning("container cgroup not repaired", reason=reason, **where)
 
     def _pod_failed(self, method: str, where: Mapping[str, str], reason: str, refuse: bool) -> None:
         self._ctx.counters.pod_writes_failed += 1

@@ -1,9 +1,10 @@
 """The running process: configuration, plugin, session, metrics and health.
 
 Besides keeping the session connected, the process watches its configuration
-file: a valid change applies at once and is followed by a pass that brings
-running workloads to the new values; an invalid one is logged with the field
-at fault, counted, and the previous configuration stays in force.
+file: a valid change applies at once and triggers the one pass
+(plugin/reconcile.py) that brings running workloads to the new values; an
+invalid one is logged with the field at fault, counted, and the previous
+configuration stays in force.
 
 Longer than the house's 400 lines: it composes the plugin, session and reload pass, and
 names every owner of counts the metrics read (`counted`).
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -30,7 +32,6 @@ from nri_midbatch.nri.version import Version
 from nri_midbatch.obs.health import HealthServer
 from nri_midbatch.obs.logging import set_level
 from nri_midbatch.obs.metrics import Metrics
-from nri_midbatch.plugin.codec import container_update
 from nri_midbatch.plugin.handlers import MidBatchPlugin
 from nri_midbatch.plugin.lowering import LoweringTimings
 from nri_midbatch.plugin.observer import AfterReplyListener, Observer
@@ -40,10 +41,7 @@ from nri_midbatch.process.reload import FileWatch
 from nri_midbatch.process.session_watch import SessionWatch
 from nri_midbatch.process.status import StatusServer
 from nri_midbatch.recording.writer import Recorder
-from nri_midbatch.rpc.errors import RpcError
-from nri_midbatch.state.plan import Plan, split_pods
 from nri_midbatch.state.store import BaselineStore
-from nri_midbatch.wire.status import Code
 
 __all__ = ["App"]
 
@@ -120,16 +118,6 @@ class App:
         if metrics_address:
             self._bind_metrics()
         self.reloads: dict[str, int] = {}
-        #: (path, result) -> workloads brought to a reloaded configuration
-        self.followed: dict[tuple[str, str], int] = {
-            key: 0
-            for key in (
-                ("update_containers", "ok"),
-                ("update_containers", "refused"),
-                ("cgroup_files", "ok"),
-                ("cgroup_files", "failed"),
-            )
-        }
         self.config_path = config_path
         self._watch = FileWatch(config_path) if config_path else None
         self._reload_interval = reload_interval
@@ -274,7 +262,8 @@ class App:
 
     def counter_families(self) -> Iterator[CounterFamily]:
         """The App's own: reloads (with the drop-ins the runtime sent that the plugin
-        refused), their writes, and the metrics address's bind failures."""
+        refused), and the metrics address's bind failures (a reload's writes are the
+        one pass's to count)."""
         yield family(
             "nri_midbatch_config_reloads",
             "Configuration reloads, by result",
@@ -284,12 +273,6 @@ class App:
                 ("rejected_from_runtime",): self.plugin.counters.config_rejected,
             },
             zeros=[(result,) for result in RELOAD_RESULTS],
-        )
-        yield family(
-            "nri_midbatch_reload_writes",
-            "Containers and pods brought to a reloaded configuration, by path and result",
-            ("path", "result"),
-            self.followed,
         )
         yield single(
             "nri_midbatch_metrics_bind_failures",
@@ -354,79 +337,26 @@ class App:
         plan = self.plugin.catch_up() if unchanged else self.plugin.reconfigure(config)
         if unchanged and not plan:
             self._count_reload("unchanged")
-            return
-        self._count_reload("unchanged" if unchanged else "applied")
-        log.info(
-            "configuration reloaded" if not unchanged else "configuration unchanged, catching up",
-            reason=reason,
-            mode=config.mode,
-            containers_to_update=len(plan.containers),
-            pods_to_update=len(plan.pods),
+        else:
+            self._count_reload("unchanged" if unchanged else "applied")
+            log.info(
+                "configuration reloaded"
+                if not unchanged
+                else "configuration unchanged, catching up",
+                reason=reason,
+                mode=config.mode,
+                containers_to_update=len(plan.containers),
+                pods_to_update=len(plan.pods),
+            )
+        # The reload's trigger of the one pass (plugin/reconcile.py): the plan, then a check
+        # of every workload.
+        runtime = self.plugin.runtime
+        safe = runtime is not None and runtime.update_containers_safe
+        timeout = self._update_containers_timeout
+        update = (
+            functools.partial(self.session.update_containers, timeout=timeout) if safe else None
         )
-        if plan:
-            await self._follow(plan)
+        await self.plugin.reconcile.reload(plan, update, timeout)
 
     def _count_reload(self, result: str) -> None:
         self.reloads[result] = self.reloads.get(result, 0) + 1
-
-    async def _follow(self, plan: Plan) -> None:
-        """Bring running workloads to a new configuration's values."""
-        runtime = self.plugin.runtime
-        if plan.containers and runtime is not None and runtime.update_containers_safe:
-            # Pods go up before their containers; down only after the reply to
-            # UpdateContainers, by which the runtime has applied the updates.
-            raised_first, rest_of_pods = split_pods(plan)
-            raised = Plan((), raised_first)
-            await self._write_files(raised)
-            updates = [container_update(c.container.id, c.values) for c in plan.containers]
-            try:
-                # A runtime that never answers must not hold the reload, and with
-                # it the watch, for good: the call's deadline ends the wait.
-                failed = await self.session.update_containers(
-                    updates, timeout=self._update_containers_timeout
-                )
-            except Exception as exc:  # a lost connection must not lose the pass
-                self._count_followed("update_containers", "failed", len(updates))
-                if isinstance(exc, RpcError) and exc.code is Code.DEADLINE_EXCEEDED:
-                    error = f"no answer within {self._update_containers_timeout:g} s"
-                else:
-                    error = str(exc) or type(exc).__name__
-                log.warning(
-                    "UpdateContainers failed, writing cgroup files",
-                    error=error,
-                    containers=len(updates),
-                )
-                await self._write_files(Plan(plan.containers, rest_of_pods))
-                return
-            refused = {u.container_id for u in failed}
-            for change in plan.containers:
-                if change.container.id in refused:
-                    log.warning(
-                        "runtime could not update the container, writing its cgroup files",
-                        namespace=change.pod.namespace,
-                        pod=change.pod.name,
-                        container=change.container.name,
-                    )
-            self._count_followed("update_containers", "ok", len(updates) - len(refused))
-            self._count_followed("update_containers", "refused", len(refused))
-            updated = tuple(c for c in plan.containers if c.container.id not in refused)
-            self.plugin.applied(Plan(updated, ()))
-            rest = tuple(c for c in plan.containers if c.container.id in refused)
-            await self._write_files(Plan(rest, rest_of_pods))
-            return
-        await self._write_files(plan)
-
-    async def _write_files(self, plan: Plan) -> None:
-        if not plan:
-            return
-        failed = await asyncio.to_thread(self.plugin.write_plan, plan)
-        failures = len(failed.containers) + len(failed.pods)
-        self.plugin.applied(plan, failed, by_files=True)
-        self._count_followed("cgroup_files", "ok", len(plan.containers) + len(plan.pods) - failures)
-        self._count_followed("cgroup_files", "failed", failures)
-        if failures:
-            log.warning("some cgroups did not take the new configuration", failures=failures)
-
-    def _count_followed(self, path: str, result: str, count: int) -> None:
-        key = (path, result)
-        self.followed[key] = self.followed.get(key, 0) + count

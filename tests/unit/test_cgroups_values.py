@@ -9,6 +9,7 @@ from nri_midbatch.cgroups.values import (
     check_writable,
     clamp_cpu_shares,
     cpu_shares_to_weight,
+    runtime_cpu_weights,
 )
 from nri_midbatch.policy import calculate
 
@@ -69,3 +70,28 @@ def test_values_accept_unlimited() -> None:
 def test_one_value_type_and_one_set_of_limits_for_policy_and_cgroups() -> None:
     for name in ("CgroupValues", "UNLIMITED", "CPU_SHARES_MIN", "CPU_SHARES_MAX"):
         assert getattr(cgroup_values, name) is getattr(calculate, name), name
+
+
+@pytest.mark.parametrize(
+    ("shares", "weights"),
+    [
+        # The ends and kubelet's default, where runc 1.3's curve is pinned: 1, 100, 10000.
+        (2, (1, 1)),
+        (1024, (39, 100)),
+        (262144, (10000, 10000)),
+        # Out of range: as the runtime clamps.
+        (0, (1, 1)),
+        (10**9, (10000, 10000)),
+        # l = 11: 10^((121 + 1375) / 612 - 7/34) = 10^2.2386... = 173.2..., rounded up.
+        (2048, (79, 174)),
+    ],
+)
+def test_runtime_cpu_weights(shares: int, weights: tuple[int, int]) -> None:
+    assert runtime_cpu_weights(shares) == weights
+
+
+@given(st.integers(min_value=2, max_value=262143))
+def test_runtime_cpu_weights_are_in_range_and_monotonic(shares: int) -> None:
+    low, high = runtime_cpu_weights(shares), runtime_cpu_weights(shares + 1)
+    assert all(1 <= w <= 10000 for w in low)
+    assert low[0] <= high[0] and low[1] <= high[1]

@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.cgroups.values import runtime_cpu_weights
 from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import load_config_text
 from nri_midbatch.nri.events import Event
-from nri_midbatch.plugin import handlers
+from nri_midbatch.plugin import handlers, reconcile
 from nri_midbatch.plugin.handlers import MidBatchPlugin
 from nri_midbatch.policy import NativeLimits
 from nri_midbatch.process.status import _rows, _workloads
@@ -259,9 +260,12 @@ def test_update_pod_sandbox_is_refused_only_under_failure_policy_fail(
     assert plugin.counters.invalid["internal"] == 1
 
 
-def test_a_reload_does_not_wait_for_a_whole_pass(tmp_path: Path) -> None:
+def test_a_reload_does_not_wait_for_a_whole_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A reload first lets the work after replies settle: a pass yields between its pieces."""
     pod = mid_ls_pod()
+    monkeypatch.setattr(reconcile, "PIECE_WORKLOADS", 1)  # the pod, then its container
 
     async def scenario() -> tuple[bool, bool]:
         node = await node_with(tmp_path, CONTAINERD_2, Config(), pod)
@@ -276,3 +280,104 @@ def test_a_reload_does_not_wait_for_a_whole_pass(tmp_path: Path) -> None:
         return settled_first, passing.done()
 
     assert run(scenario()) == (True, True)
+
+
+def test_a_containers_cgroup_v2_weight_is_compared_with_the_runtimes_conversions(
+    tmp_path: Path,
+) -> None:
+    """issue-34-left: a container's cpu.weight on cgroup v2 was not compared. A weight that
+    no runtime writes for the container's shares is put back; runc 1.3's is held."""
+    pod = mid_ls_pod()
+    container_path = f"{pod.cgroup_parent}/{pod.id}-app"
+
+    async def scenario() -> tuple[str, str, dict[tuple[str, str], int], list[str]]:
+        node = await node_with(tmp_path, CONTAINERD_2, Config(), pod, version=2)
+        weight_file = node.tree.directory("cpu", container_path) / "cpu.weight"
+        plugins = weight_file.read_text().strip()
+        linear, runc_1_3 = runtime_cpu_weights(1536)  # the tier's shares: 1500m of mid-cpu
+        assert int(plugins) == linear != runc_1_3
+        weight_file.write_text(f"{runc_1_3}\n")
+        await node.converge()
+        held = weight_file.read_text().strip()
+        weight_file.write_text("7\n")  # anyone else's
+        await node.converge()
+        assert node.app is not None
+        found = dict(node.app.plugin.counters.drift_found)
+        wrong = node.mismatches()
+        repaired = weight_file.read_text().strip()
+        await node.stop_plugin()
+        return held, repaired, found, [plugins, str(runc_1_3), *wrong]
+
+    held, repaired, found, (plugins, runc_1_3, *wrong) = run(scenario())
+    assert held == runc_1_3
+    assert repaired == plugins
+    assert found[("container", "unknown")] == 1
+    assert wrong == []
+
+
+async def run_trigger(node: HistoryNode, trigger: str) -> None:
+    """Run the one pass (plugin/reconcile.py) through one of its triggers."""
+    assert node.app is not None
+    if trigger == "period":
+        await node.converge()
+    elif trigger == "synchronize":
+        await node.synchronize()
+    else:  # a SIGHUP with the file unchanged
+        await node.reload(node.config)
+        await node.app.plugin.reconcile.through()
+        await node.settle()
+
+
+TRIGGERS = ("period", "synchronize", "reload")
+
+
+@pytest.mark.parametrize("version", [1, 2], ids=["cgroup-v1", "cgroup-v2"])
+def test_the_same_drift_is_repaired_the_same_way_whichever_trigger_runs_the_pass(
+    tmp_path: Path, version: int
+) -> None:
+    """Issue 34 item 5: the reload, the Synchronize and the period run one pass. Before, a
+    SIGHUP with the file unchanged left anyone else's write in place (defect 1)."""
+    pod = mid_ls_pod()
+    container_path = f"{pod.cgroup_parent}/{pod.id}-app"
+
+    async def scenario(trigger: str) -> tuple[Values, Values, list[str], list[str]]:
+        node = await node_with(tmp_path / trigger, CONTAINERD_2, Config(), pod, version)
+        node.foreign_write(pod.cgroup_parent, Values(2048, 300_000, 4096 * MI), ("quota",))
+        node.foreign_write(container_path, Values(2048, 300_000, 4096 * MI), ("quota", "memory"))
+        drifting = node.mismatches()
+        await run_trigger(node, trigger)
+        files = node.tree.read(pod.cgroup_parent), node.tree.read(container_path)
+        wrong = node.mismatches()
+        await node.stop_plugin()
+        return *files, drifting, wrong
+
+    outcomes = {trigger: run(scenario(trigger)) for trigger in TRIGGERS}
+    for trigger, (_, _, drifting, wrong) in outcomes.items():
+        assert {w.split(":")[0] for w in drifting} == {"pod mid", "container mid-app"}, trigger
+        assert wrong == [], trigger
+    assert len({(pod_files, ctr_files) for pod_files, ctr_files, _, _ in outcomes.values()}) == 1
+
+
+@pytest.mark.parametrize("trigger", TRIGGERS)
+def test_each_trigger_raises_a_pod_before_its_container_on_cgroup_v1(
+    tmp_path: Path, trigger: str
+) -> None:
+    """Someone lowered a container's quota, then its pod's: cgroup v1 (the fake tree as the
+    kernel) refuses the container's quota back above its pod's until the pod is raised."""
+    pod = mid_ls_pod()
+    container_path = f"{pod.cgroup_parent}/{pod.id}-app"
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        node = await node_with(tmp_path, CONTAINERD_2, Config(), pod, 1)
+        low = Values(2048, 10_000, 4096 * MI)
+        node.foreign_write(container_path, low, ("quota",))
+        node.foreign_write(pod.cgroup_parent, low, ("quota",))
+        drifting = node.mismatches()
+        await run_trigger(node, trigger)
+        wrong = node.mismatches()
+        await node.stop_plugin()
+        return drifting, wrong
+
+    drifting, wrong = run(scenario())
+    assert {w.split(":")[0] for w in drifting} == {"pod mid", "container mid-app"}
+    assert wrong == []

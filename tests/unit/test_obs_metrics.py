@@ -245,7 +245,7 @@ class _GrowsWhileIterated(dict[Any, int]):
         ),
         ("app", "reloads", {"applied": 2}, "invalid", "config_reloads", {"result": "applied"}),
         (
-            "app",
+            "reconcile",
             "followed",
             {("cgroup_files", "ok"): 2},
             ("cgroup_files", "failed"),
@@ -264,7 +264,8 @@ def test_a_scrape_survives_a_counter_that_grows_meanwhile(
 ) -> None:
     """The server's thread reads the plugin's counters while the loop adds a key to one."""
     app = App(load_startup_settings(None), name="midbatch", idx="10", config_path=None)
-    target = app.plugin.counters if owner == "counters" else app
+    owners = {"counters": app.plugin.counters, "reconcile": app.plugin.reconcile}
+    target = owners.get(owner, app)
     setattr(target, attribute, _GrowsWhileIterated(counts, key))
     scrape = Scrape(generate_latest(app.metrics.registry).decode())
     assert scrape.value(f"nri_midbatch_{family}_total", **labels) == 2

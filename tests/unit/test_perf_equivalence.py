@@ -253,7 +253,7 @@ def test_a_split_synchronize_keeps_each_path_and_shares_a_pods_strings() -> None
     from nri_midbatch.plugin.cgroup_writer import CgroupWriter
     from nri_midbatch.plugin.context import PluginContext
     from nri_midbatch.plugin.decisions import Decider
-    from nri_midbatch.plugin.lowering import LoweringTimings
+    from nri_midbatch.plugin.reconcile import Reconciler
     from nri_midbatch.plugin.records import Records
     from nri_midbatch.plugin.synchronize import SynchronizePass
     from nri_midbatch.plugin.writes import Writes
@@ -287,13 +287,13 @@ def test_a_split_synchronize_keeps_each_path_and_shares_a_pods_strings() -> None
     writer = CgroupWriter(Path(settings.cgroups.root), CgroupDriver(settings.cgroups.driver))
     ctx = PluginContext(settings, settings.compile(), writer, BaselineStore(None), dry_run=True)
     records = Records(ctx)
-    sync = SynchronizePass(
-        ctx, Decider(ctx, records), Writes(ctx, records), records, LoweringTimings()
-    )
+    writes = Writes(ctx, records)
+    reconcile = Reconciler(ctx, records, writes)
+    sync = SynchronizePass(ctx, Decider(ctx, records), writes, records, reconcile)
     sync.take([], containers, first=True)
     assert sync.part is not None
-    waiting = sync.part.containers
-    assert waiting[0] is waiting[5] and waiting[2] is waiting[7]
+    first, second, *_ = sync.part.containers
+    assert first[0] is second[0] and first[2] is second[2]
 
     async def last_chunk_and_reply() -> None:  # the reply leaves work for after it
         sync.take([pod], [], first=False)

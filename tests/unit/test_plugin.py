@@ -32,11 +32,10 @@ from nri_midbatch.cgroups.report import FileFailure, WriteReport
 from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import Config, load_config_text
 from nri_midbatch.config.settings import Settings
-from nri_midbatch.deferred import CGROUP_READS_PER_PIECE
 from nri_midbatch.nri.events import Event
 from nri_midbatch.nri.session import Session
 from nri_midbatch.nri.testing import LoopbackRuntime
-from nri_midbatch.plugin import cgroup_writer
+from nri_midbatch.plugin import cgroup_writer, reconcile
 from nri_midbatch.plugin import decisions as decisions_module
 from nri_midbatch.plugin.codec import NATIVE_LIMITS_ANNOTATION
 from nri_midbatch.plugin.handlers import MidBatchPlugin
@@ -1303,7 +1302,8 @@ def test_synchronize_leaves_containers_that_hold_their_values_alone(tree: FakeTr
 def test_synchronize_reads_settled_containers_a_few_to_a_piece_of_work(
     tree: FakeTree, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A request arriving while a node's containers are checked waits for a few reads only."""
+    """A request arriving while a node's containers are checked waits for a piece of the
+    pass only (plugin/reconcile.py: PIECE_WORKLOADS, or PIECE_SECONDS)."""
     pods, containers = [], []
     for n in range(10):
         pod = batch_pod(f"batch-{n}")
@@ -1317,6 +1317,7 @@ def test_synchronize_reads_settled_containers_a_few_to_a_piece_of_work(
         pods.append(pod)
         containers.append(ctr)
     plugin = MidBatchPlugin(make_config(tree))
+    monkeypatch.setattr(reconcile, "PIECE_WORKLOADS", 3)
     #: Container cgroups read in each piece of work after the reply.
     pieces: list[int] = []
     queue = plugin.after_reply.defer
@@ -1344,7 +1345,7 @@ def test_synchronize_reads_settled_containers_a_few_to_a_piece_of_work(
 
     run(scenario())
     assert sum(pieces) == 10
-    assert max(pieces) == CGROUP_READS_PER_PIECE
+    assert max(pieces) <= 3  # fewer where a piece ran out of time first
 
 
 def test_a_pod_cgroup_that_already_holds_its_values_is_logged_at_debug(tree: FakeTree) -> None:
