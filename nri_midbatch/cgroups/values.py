@@ -29,7 +29,6 @@ __all__ = [
     "differs",
     "drifted",
     "exceeds",
-    "holds",
     "lowers",
     "runtime_cpu_weights",
     "set_fields",
@@ -118,30 +117,6 @@ def lowers(current: CgroupValues, new: CgroupValues) -> bool:
             memory is not None
             and current.memory_limit is not None
             and _above(current.memory_limit, memory)
-        )
-    )
-
-
-def holds(reading: CgroupReading, values: CgroupValues) -> bool:
-    """Whether a container's cgroup holds `values`, as far as it can be compared.
-
-    The memory limit reads back rounded down to the page; cgroup v2 holds a
-    weight, converted by the runtime its own way, which is not compared.
-    """
-    memory = values.memory_limit  # None (a quota-only tier): not ours to compare
-    memory_held = (
-        memory is None
-        or reading.memory_limit == memory
-        or (memory != UNLIMITED and 0 <= memory - reading.memory_limit < _PAGE_SIZE)
-    )
-    shares = reading.cpu_shares
-    return (
-        memory_held
-        and reading.cpu_quota == values.cpu_quota
-        and (
-            shares is None
-            or values.cpu_shares is None
-            or shares == clamp_cpu_shares(values.cpu_shares)
         )
     )
 

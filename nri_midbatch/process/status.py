@@ -42,7 +42,7 @@ from typing import Any
 
 import structlog
 
-from nri_midbatch.cgroups.values import holds
+from nri_midbatch.cgroups.values import drifted
 from nri_midbatch.plugin.cgroup_writer import CgroupUnreadable
 from nri_midbatch.plugin.handlers import MidBatchPlugin
 from nri_midbatch.plugin.reconcile import PodCheck
@@ -158,7 +158,9 @@ def _workloads(plugin: MidBatchPlugin, rows: Iterable[_Row]) -> Iterator[dict[st
                 "cpu_quota": reading.cpu_quota,
                 "memory_limit": reading.memory_limit,
             }
-            drift = row.target is not None and not holds(reading, row.target)
+            drift = row.target is not None and bool(
+                drifted(reading, row.target, container=row.container is not None)
+            )
             unreadable = None
         yield (
             {
