@@ -51,8 +51,10 @@ import structlog
 from nri_midbatch.cgroups.fs import OpenDirectories
 from nri_midbatch.cgroups.values import CgroupReading, CgroupValues, cpu_shares_to_weight, drifted
 from nri_midbatch.counts import CounterFamily, single
+from nri_midbatch.deferred import AfterReply
 from nri_midbatch.plugin.cgroup_writer import CgroupUnreadable, LocatedCgroups
-from nri_midbatch.plugin.context import PluginContext
+from nri_midbatch.plugin.context import Live
+from nri_midbatch.plugin.counters import Counters
 from nri_midbatch.plugin.decisions import values_log
 from nri_midbatch.policy import (
     ContainerView,
@@ -144,14 +146,22 @@ class _Walk:
 class Reconciler:
     def __init__(
         self,
-        ctx: PluginContext,
+        live: Live,
+        counters: Counters,
+        after_reply: AfterReply,
         timings: ConvergenceTimings = ConvergenceTimings(),
         clock: Callable[[], float] = time.time,
         on_recheck: Callable[[str, bool], None] | None = None,
+        *,
+        dry_run: bool = False,
     ) -> None:
         """`clock`: the wall clock of the times `status` shows. `on_recheck(pod_id, final)`:
-        run first at each re-check of a pod (`final`: its last), after the reply."""
-        self._ctx = ctx
+        run first at each re-check of a pod (`final`: its last), after the reply. `dry_run`:
+        no check nor write (replay, audits)."""
+        self._live = live
+        self._counters = counters
+        self._after_reply = after_reply
+        self._dry_run = dry_run
         self._on_recheck = on_recheck
         self._timings = timings
         self._clock = clock
@@ -180,7 +190,7 @@ class Reconciler:
 
     def recheck_soon(self, pod_id: str) -> None:
         """Check the pod and its containers again after each of `ConvergenceTimings.rechecks`."""
-        if self._ctx.dry_run or self._closed:
+        if self._dry_run or self._closed:
             return
         loop = asyncio.get_running_loop()
         for delay in self._timings.rechecks:
@@ -204,26 +214,26 @@ class Reconciler:
         pod_id, delay = key
         if self._on_recheck is not None and not self._closed:
             final = delay == max(self._timings.rechecks)
-            self._ctx.after_reply.defer(self._on_recheck, pod_id, final)
+            self._after_reply.defer(self._on_recheck, pod_id, final)
         self.check_pod(pod_id)
 
     def check_pod(self, pod_id: str) -> None:
         """Check the pod and its containers after the current reply, a piece at a time."""
         if not self._closed:
-            self._ctx.after_reply.defer(self._step, _Walk(deque((pod_id,))))
+            self._after_reply.defer(self._step, _Walk(deque((pod_id,))))
 
     async def converge(self) -> None:
         """One pass over every known pod and container; returns once it is through."""
-        if self._ctx.dry_run or self._closed:
+        if self._dry_run or self._closed:
             return
-        known = self._ctx.known
+        known = self._live.known
         for gone in [pod_id for pod_id in self.checks if pod_id not in known.pods]:
             del self.checks[gone]
         self._prune()
         done = asyncio.get_running_loop().create_future()
         walk = _Walk(deque(known.pods), done)
         started, cpu = time.perf_counter(), time.process_time()
-        self._ctx.after_reply.defer(self._step, walk)
+        self._after_reply.defer(self._step, walk)
         await done
         self.passes += 1
         # Its cost, for operators and `make bench`: three files per workload read.
@@ -244,10 +254,10 @@ class Reconciler:
         loop = asyncio.get_running_loop()
         since = loop.time()
         while True:
-            interval = self._ctx.config.convergence.interval_seconds
+            interval = self._live.in_force.config.convergence.interval_seconds
             wait = IDLE_SECONDS if interval <= 0 else since + interval - loop.time()
             await asyncio.sleep(min(max(wait, 0.0), IDLE_SECONDS))
-            interval = self._ctx.config.convergence.interval_seconds
+            interval = self._live.in_force.config.convergence.interval_seconds
             if interval > 0 and loop.time() >= since + interval:
                 await self.converge()
                 since = loop.time()
@@ -303,7 +313,7 @@ class Reconciler:
         where = {"namespace": pod.namespace, "pod": pod.name}
         if container is not None:
             where["container"] = container.name
-        reason = self._ctx.cgroups.write(pod, container, values, cgroups_path).failure
+        reason = self._live.in_force.cgroups.write(pod, container, values, cgroups_path).failure
         if reason is None:
             log.info("cgroup set for new configuration", **where, **values_log(values))
             return True
@@ -343,15 +353,15 @@ class Reconciler:
         finally:
             directories.close()
         if walk.done is None:
-            self._ctx.after_reply.defer(self._step, walk)
+            self._after_reply.defer(self._step, walk)
         else:
             # A turn of the loop between the pieces of a pass: whatever waits for the work
             # after replies to settle (a reload) does not wait for the whole pass.
-            asyncio.get_running_loop().call_soon(self._ctx.after_reply.defer, self._step, walk)
+            asyncio.get_running_loop().call_soon(self._after_reply.defer, self._step, walk)
 
     def _next(self, walk: _Walk) -> tuple[str, str | None] | None:
         """The walk's next workload (a pod before its containers); None once through."""
-        known = self._ctx.known
+        known = self._live.known
         while not walk.items:
             if not walk.pods:
                 return None
@@ -365,8 +375,8 @@ class Reconciler:
     def _check(
         self, pod_id: str, container_id: str | None, directories: OpenDirectories
     ) -> _Outcome:
-        ctx = self._ctx
-        known = ctx.known
+        in_force = self._live.in_force
+        known = self._live.known
         pod = known.pods.get(pod_id)
         if pod is None:
             return _Outcome.SKIPPED
@@ -391,7 +401,7 @@ class Reconciler:
             return _Outcome.SKIPPED
         path = "" if container_id is None else known.cgroups_path(container_id)
         try:
-            reading = self._located.read(ctx.cgroups, key, pod, container, path, directories)
+            reading = self._located.read(in_force.cgroups, key, pod, container, path, directories)
         except CgroupUnreadable:
             return _Outcome.SKIPPED  # gone, or not there yet: its own events say so
         finally:
@@ -418,9 +428,9 @@ class Reconciler:
         Kept per workload while the policy, the views (kubelet's values among them) and what
         was applied stay the same: a reload compiles another policy, an event replaces a view.
         """
-        ctx = self._ctx
-        policy = ctx.policy
-        enforce = ctx.config.enforces(pod=container is None)
+        in_force = self._live.in_force
+        policy = in_force.policy
+        enforce = in_force.config.enforces(pod=container is None)
         kept = self._targets.get(key)
         if (
             kept is not None
@@ -458,11 +468,11 @@ class Reconciler:
         changes: dict[str, list[int | None]],
         writer: Writer,
     ) -> _Outcome:
-        ctx = self._ctx
+        in_force = self._live.in_force
         level: Level = "pod" if container is None else "container"
-        counters = ctx.counters
+        counters = self._counters
         counters.drift_found[level, writer] += 1
-        failure = ctx.cgroups.write(pod, container, values, path).failure
+        failure = in_force.cgroups.write(pod, container, values, path).failure
         where = {"namespace": pod.namespace, "pod": pod.name}
         if container is not None:
             where["container"] = container.name
@@ -500,7 +510,7 @@ class Reconciler:
 
     def _is_known(self, key: tuple[str, str | None]) -> bool:
         """Whether the workload (a pod's sandbox id, and a container's id or None) is known."""
-        known = self._ctx.known
+        known = self._live.known
         pod_id, container_id = key
         if container_id is None:
             return pod_id in known.pods
@@ -510,7 +520,7 @@ class Reconciler:
     def _note(self, pod_id: str) -> PodCheck:
         check = self.checks.get(pod_id)
         if check is None:
-            known = self._ctx.known
+            known = self._live.known
             if len(self.checks) > len(known.pods) + _SLACK:  # passes off: prune here too
                 for gone in [p for p in self.checks if p not in known.pods]:
                     del self.checks[gone]
