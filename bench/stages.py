@@ -146,7 +146,7 @@ class _Plugin:
         _run(self.service.around(_nothing, request, ctx))
         times["call"].append(time.perf_counter_ns() - started)
 
-        known = plugin.known
+        known = plugin.live.known
         started = time.perf_counter_ns()
         view = known.pods.get(pod.id)
         if view is None:

@@ -28,7 +28,6 @@ from nri_midbatch.config.validator import load_settings_text
 from nri_midbatch.deferred import AfterReply
 from nri_midbatch.nri.events import Event, handles
 from nri_midbatch.nri.session import RuntimeInfo
-from nri_midbatch.plugin.cgroup_writer import CgroupWriter
 from nri_midbatch.plugin.codec import (
     NATIVE_LIMITS_ANNOTATION,
     container_update,
@@ -49,7 +48,7 @@ from nri_midbatch.plugin.reconcile import ConvergenceTimings, Reconciler
 from nri_midbatch.plugin.records import Records
 from nri_midbatch.plugin.synchronize import SynchronizePass, told_baseline
 from nri_midbatch.plugin.writes import Writes
-from nri_midbatch.policy import NativeLimits, PodView, Policy, QoSClass, decide_pod
+from nri_midbatch.policy import NativeLimits, PodView, QoSClass, decide_pod
 from nri_midbatch.policy.classify import qos_from_cgroup_parent
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.state.baseline import newly_limited, told_pod_baseline
@@ -129,24 +128,6 @@ class MidBatchPlugin:
         #: read (containerd 1.7): read again at the re-checks; and pods whose lowered values
         #: cgroup v1 refused before the runtime lowered their container: written again then.
         self._awaiting_kubelet: set[str] = set()
-
-    # What the App, the status endpoint and tests read of the plugin.
-
-    @property
-    def config(self) -> Settings:
-        return self.live.in_force.config
-
-    @property
-    def policy(self) -> Policy:
-        return self.live.in_force.policy
-
-    @property
-    def known(self) -> Known:
-        return self.live.known
-
-    @property
-    def cgroups(self) -> CgroupWriter:
-        return self.live.in_force.cgroups
 
     def _apply_config(self, config: Settings) -> None:
         """Put `config` in force, with the policy and the writer it implies."""
