@@ -147,7 +147,7 @@ class _Plugin:
         _run(self.service.around(_nothing, request, ctx))
         times["call"].append(self.clock() - started)
 
-        known = plugin.known
+        known = plugin.live.known
         started = self.clock()
         view = known.pods.get(pod.id)
         if view is None:

@@ -1,44 +1,40 @@
-"""What the handlers, the Synchronize pass, the decisions and the writers share.
+"""What a reload and a Synchronize replace: the configuration in force, what the plugin knows.
 
-One per plugin. A reload replaces the configuration and what is compiled from
-it, a Synchronize replaces `known`: every room of the plugin reads them here,
-so none keeps a copy that could go stale.
+Everything else a room of the plugin uses (the counters, the record store, the work
+after replies, the observers) is given to it, by name, when it is made. These two are
+replaced while the plugin runs: a reload (or the runtime's Configure) puts a new
+`InForce` in force whole, a Synchronize puts a new `Known` in place. Each room asks
+`Live` for them at each use, so none keeps a copy that could go stale.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from nri_midbatch.cgroups.paths import CgroupDriver
 from nri_midbatch.cgroups.systemd import SystemdUnits
 from nri_midbatch.config.settings import Settings
-from nri_midbatch.deferred import AfterReply
 from nri_midbatch.plugin.cgroup_writer import CgroupWriter
-from nri_midbatch.plugin.counters import Counters
-from nri_midbatch.plugin.observer import Observer
 from nri_midbatch.policy import Policy
 from nri_midbatch.state.known import Known
-from nri_midbatch.state.store import BaselineStore
 
 
-@dataclass
-class PluginContext:
+@dataclass(frozen=True, slots=True)
+class InForce:
+    """A configuration, the policy compiled from it and the cgroup writer it implies."""
+
     config: Settings
     policy: Policy
     cgroups: CgroupWriter
-    store: BaselineStore
-    #: Decide pod-level values but write no cgroup file (replay, audits).
-    dry_run: bool = False
-    #: Told of every decision, e.g. to record it with the call.
-    observers: tuple[Observer, ...] = ()
-    known: Known = field(default_factory=Known)
-    counters: Counters = field(default_factory=Counters)
-    #: Log lines, Synchronize's pod cgroups and records, once the runtime has its reply.
-    after_reply: AfterReply = field(default_factory=AfterReply)
 
-    def __post_init__(self) -> None:
-        self.counters.tiers = tuple(tier.name for tier in self.config.tiers)
+    @classmethod
+    def of(cls, config: Settings, runtime: str, systemd: SystemdUnits | None) -> InForce:
+        return cls(config, config.compile(), writer_for(config, runtime, systemd))
+
+    def for_runtime(self, runtime: str) -> InForce:
+        """The same, its writer naming cgroups as `runtime` does."""
+        return replace(self, cgroups=replace(self.cgroups, runtime=runtime))
 
     @property
     def observing(self) -> bool:
@@ -54,12 +50,15 @@ class PluginContext:
     def pod_level(self) -> bool:
         return self.config.cgroups.pod_level
 
-    def configure(self, config: Settings, runtime: str, systemd: SystemdUnits | None) -> None:
-        """Put `config` in force, with the writer it implies."""
-        self.config = config
-        self.counters.tiers = tuple(tier.name for tier in config.tiers)
-        self.policy = config.compile()
-        self.cgroups = writer_for(config, runtime, systemd)
+
+@dataclass(slots=True)
+class Live:
+    """The one owner of what is replaced while the plugin runs (one per plugin)."""
+
+    #: Replaced whole by a reload, the runtime's Configure, and the runtime's name.
+    in_force: InForce
+    #: Replaced by each Synchronize (plugin/synchronize.py).
+    known: Known
 
 
 def writer_for(config: Settings, runtime: str, systemd: SystemdUnits | None) -> CgroupWriter:

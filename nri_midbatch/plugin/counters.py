@@ -49,7 +49,7 @@ class Counters:
     #: (level, result) -> values decided but not set in observe mode; result: whether
     #: they differ from what the container or pod has ("differs", "same", "unknown")
     observed: dict[tuple[str, str], int] = field(default_factory=dict)
-    #: The configuration's tiers: their decisions are shown from 0 (PluginContext sets them).
+    #: The configuration's tiers, set by the plugin with each: their decisions are shown from 0.
     tiers: tuple[str, ...] = ()
 
     def count_decision(self, decision: Decision) -> None:

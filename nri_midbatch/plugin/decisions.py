@@ -8,16 +8,17 @@ instead (`observed`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import structlog
 
 from nri_midbatch.cgroups.values import cpu_shares_to_weight, set_fields
 from nri_midbatch.plugin.cgroup_writer import CgroupUnreadable
-from nri_midbatch.plugin.context import PluginContext
-from nri_midbatch.plugin.counters import RUNTIME_VALUES
+from nri_midbatch.plugin.context import Live
+from nri_midbatch.plugin.counters import RUNTIME_VALUES, Counters
 from nri_midbatch.plugin.decision_log import DecisionLines
+from nri_midbatch.plugin.observer import Observer
 from nri_midbatch.plugin.records import Records
 from nri_midbatch.policy import (
     CgroupValues,
@@ -52,9 +53,21 @@ class PodTarget:
 
 
 class Decider:
-    def __init__(self, ctx: PluginContext, records: Records) -> None:
-        self._ctx = ctx
+    def __init__(
+        self,
+        live: Live,
+        records: Records,
+        counters: Counters,
+        observers: Sequence[Observer],
+        *,
+        dry_run: bool,
+    ) -> None:
+        """observers: told of every decision. dry_run: read no cgroup (replay, audits)."""
+        self._live = live
         self._records = records
+        self._counters = counters
+        self._observers = tuple(observers)
+        self._dry_run = dry_run
 
     def container(
         self,
@@ -81,21 +94,21 @@ class Decider:
         updating one container, running one pod) may be refused: an error from
         Synchronize would cost every pod on the node its plugin.
         """
-        ctx = self._ctx
+        in_force = self._live.in_force
         try:
-            decision = decide_container(pod, container, ctx.policy, pod_class)
+            decision = decide_container(pod, container, in_force.policy, pod_class)
         except Exception as exc:
             where = {"namespace": pod.namespace, "pod": pod.name, "container": container.name}
             self._failed(exc, lines.method, where, refuse)
             return None
-        ctx.counters.count_decision(decision)
-        for observer in ctx.observers:
+        self._counters.count_decision(decision)
+        for observer in self._observers:
             observer.decided(pod, container, decision)
         if decision.error is not None:
             where = {"namespace": pod.namespace, "pod": pod.name, "container": container.name}
             self._invalid(decision, lines.method, where, refuse)
             return None
-        enforce = ctx.config.enforces(pod=False)
+        enforce = in_force.config.enforces(pod=False)
         if decision.values is None:
             # Untouched workloads are the common case: visible at debug only
             # (SIGUSR1), with the trace that says why.
@@ -114,7 +127,7 @@ class Decider:
         is reported with the container it came from.
         """
         try:
-            return classify_pod(pod, self._ctx.policy)
+            return classify_pod(pod, self._live.in_force.policy)
         except Exception:
             return None
 
@@ -125,28 +138,28 @@ class Decider:
         kubelet's for what the plugin gives back. In observe mode the tier's values are only
         reported.
         """
-        ctx = self._ctx
+        in_force = self._live.in_force
         where = {"namespace": pod.namespace, "pod": pod.name}
         try:
-            decision = decide_pod(pod, ctx.policy)
+            decision = decide_pod(pod, in_force.policy)
             # A pod in a tier needs kubelet's values: to bound the tier's, or to scale them.
-            if decision.tier is not None and not ctx.known.baseline_known(pod_id):
+            if decision.tier is not None and not self._live.known.baseline_known(pod_id):
                 pod = self._records.establish_pod_baseline(pod_id, pod)
-                decision = decide_pod(pod, ctx.policy)
+                decision = decide_pod(pod, in_force.policy)
         except Exception as exc:
             self._failed(exc, method, where, refuse)
             return None
-        ctx.counters.count_decision(decision)
-        for observer in ctx.observers:
+        self._counters.count_decision(decision)
+        for observer in self._observers:
             observer.decided(pod, None, decision)
         if decision.error is not None:
             self._invalid(decision, method, where, refuse)
             return None
-        if ctx.observing and ctx.pod_level and decision.values is not None:
+        if in_force.observing and in_force.pod_level and decision.values is not None:
             self.observed(method, pod, None, decision.values, self._pod_now(pod, decision.values))
-        enforce = ctx.config.enforces(pod=True)
+        enforce = in_force.config.enforces(pod=True)
         values, claimed = target(
-            decision, ctx.known.applied.get(pod_id), pod.native, enforce=enforce
+            decision, self._live.known.applied.get(pod_id), pod.native, enforce=enforce
         )
         if values is None:
             return None
@@ -162,7 +175,7 @@ class Decider:
         why = unholdable_kubelet(native)
         if why is None:
             return True
-        self._ctx.counters.count_invalid(RUNTIME_VALUES)
+        self._counters.count_invalid(RUNTIME_VALUES)
         log.warning(
             "kubelet's values from the runtime refused: no cgroup file holds them",
             method=method,
@@ -185,7 +198,7 @@ class Decider:
         result = "unknown" if changes is None else "differs" if changes else "same"
         level = "pod" if container is None else "container"
         key = (level, result)
-        observed = self._ctx.counters.observed
+        observed = self._counters.observed
         observed[key] = observed.get(key, 0) + 1
         where = {"namespace": pod.namespace, "pod": pod.name}
         if container is not None:
@@ -202,11 +215,11 @@ class Decider:
 
     def _pod_now(self, pod: PodView, values: CgroupValues) -> CgroupValues | None:
         """What the pod cgroup holds now, for observe mode's comparison; None: unreadable."""
-        ctx = self._ctx
-        if ctx.dry_run:
+        in_force = self._live.in_force
+        if self._dry_run:
             return None
         try:
-            now = ctx.cgroups.read(pod)
+            now = in_force.cgroups.read(pod)
         except CgroupUnreadable:
             return None
         shares = now.cpu_shares
@@ -221,13 +234,13 @@ class Decider:
 
         Under Ignore the workload is left alone rather than its creation made to fail.
         """
-        ctx = self._ctx
-        ctx.counters.count_invalid("internal")
+        in_force = self._live.in_force
+        self._counters.count_invalid("internal")
         log.error(
             "decision failed, refusing it" if refuse else "decision failed, left untouched",
             method=method,
             error=f"{type(exc).__name__}: {exc}",
-            failure_policy=ctx.config.failure_policy,
+            failure_policy=in_force.config.failure_policy,
             exc_info=exc,
             **where,
         )
@@ -237,13 +250,13 @@ class Decider:
     def _invalid(
         self, decision: Decision, method: str, where: Mapping[str, str], refuse: bool
     ) -> None:
-        ctx = self._ctx
-        ctx.counters.count_invalid(decision.error_kind or "invalid")
+        in_force = self._live.in_force
+        self._counters.count_invalid(decision.error_kind or "invalid")
         log.warning(
             "invalid input, refusing it" if refuse else "invalid input, left untouched",
             method=method,
             reason=decision.error,
-            failure_policy=ctx.config.failure_policy,
+            failure_policy=in_force.config.failure_policy,
             **where,
         )
         if refuse:

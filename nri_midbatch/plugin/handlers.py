@@ -6,7 +6,8 @@ with container adjustments or updates; pod values go to their cgroup files
 (writes.py; NRI cannot adjust a pod sandbox). The Synchronize pass has its
 own room (synchronize.py). Kubelet's baseline is state/known.py's: the handlers
 tell it what happened through its named methods (records.py reads the cgroups
-and record files it needs); what they share is the plugin's context (context.py).
+and record files it needs). Each room is given what it uses when it is made; what
+reloads and Synchronizes replace it asks `live` for (context.py).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from nri_midbatch.config.validator import load_settings_text
 from nri_midbatch.deferred import AfterReply
 from nri_midbatch.nri.events import Event, handles
 from nri_midbatch.nri.session import RuntimeInfo
-from nri_midbatch.plugin.cgroup_writer import CgroupWriter
 from nri_midbatch.plugin.codec import (
     NATIVE_LIMITS_ANNOTATION,
     container_update,
@@ -38,7 +38,7 @@ from nri_midbatch.plugin.codec import (
     pod_view,
     set_resources,
 )
-from nri_midbatch.plugin.context import PluginContext, writer_for
+from nri_midbatch.plugin.context import InForce, Live
 from nri_midbatch.plugin.counters import Counters
 from nri_midbatch.plugin.decision_log import DecisionLines
 from nri_midbatch.plugin.decisions import Decider, PodTarget
@@ -48,7 +48,7 @@ from nri_midbatch.plugin.reconcile import ConvergenceTimings, Reconciler
 from nri_midbatch.plugin.records import Records
 from nri_midbatch.plugin.synchronize import SynchronizePass, told_baseline
 from nri_midbatch.plugin.writes import Writes
-from nri_midbatch.policy import NativeLimits, PodView, Policy, QoSClass, decide_pod
+from nri_midbatch.policy import NativeLimits, PodView, QoSClass, decide_pod
 from nri_midbatch.policy.classify import qos_from_cgroup_parent
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.state.baseline import newly_limited, told_pod_baseline
@@ -91,66 +91,53 @@ class MidBatchPlugin:
             if CgroupDriver(config.cgroups.driver) is CgroupDriver.SYSTEMD and not dry_run
             else None
         )
-        self._ctx = ctx = PluginContext(
-            config,
-            config.compile(),
-            writer_for(config, "", self.systemd),
-            store if store is not None and not dry_run else BaselineStore(None),
-            dry_run=dry_run,
-            observers=tuple(observers),
-            after_reply=AfterReply() if after_reply is None else after_reply,
-        )
-        self._records = Records(ctx)
-        self._decide = Decider(ctx, self._records)
-        self._writes = Writes(ctx, self._records)
+        #: The configuration in force and what the plugin knows: replaced while it runs, by
+        #: reloads and Synchronizes; the state `status` shows.
+        self.live = live = Live(InForce.of(config, "", self.systemd), Known())
+        #: What the plugin counts, for the metrics.
+        self.counters = counters = Counters()
+        counters.tiers = tuple(tier.name for tier in config.tiers)
+        #: Where kubelet's values are kept across restarts.
+        self.store = store if store is not None and not dry_run else BaselineStore(None)
+        #: The work left for after replies (the status endpoint's too).
+        self.after_reply = AfterReply() if after_reply is None else after_reply
+        self._records = Records(live, self.store, self.after_reply, dry_run=dry_run)
+        self._decide = Decider(live, self._records, counters, observers, dry_run=dry_run)
+        self._writes = Writes(live, self._records, counters, dry_run=dry_run)
         #: The one pass that brings files and runtime in line with the targets, whatever
         #: triggers it: a reload, a Synchronize, its period (the App runs it), a resize.
         self.reconcile = Reconciler(
-            ctx,
+            live,
+            counters,
+            self.after_reply,
             self._records,
             self._writes,
             convergence_timings,
             lowering_timings,
             on_recheck=self._on_recheck,
+            dry_run=dry_run,
         )
-        self._sync = SynchronizePass(ctx, self._decide, self._writes, self._records, self.reconcile)
+        self._sync = SynchronizePass(
+            live,
+            self.store,
+            counters,
+            self.after_reply,
+            self._decide,
+            self._writes,
+            self._records,
+            self.reconcile,
+            dry_run=dry_run,
+        )
         #: Pods newly limited by a resize whose new limit kubelet had not yet written when
         #: read (containerd 1.7): read again at the re-checks; and pods whose lowered values
         #: cgroup v1 refused before the runtime lowered their container: written again then.
         self._awaiting_kubelet: set[str] = set()
 
-    # What the App, the status endpoint and tests read of the plugin.
-
-    @property
-    def config(self) -> Settings:
-        return self._ctx.config
-
-    @property
-    def policy(self) -> Policy:
-        return self._ctx.policy
-
-    @property
-    def known(self) -> Known:
-        return self._ctx.known
-
-    @property
-    def counters(self) -> Counters:
-        return self._ctx.counters
-
-    @property
-    def store(self) -> BaselineStore:
-        return self._ctx.store
-
-    @property
-    def cgroups(self) -> CgroupWriter:
-        return self._ctx.cgroups
-
-    @property
-    def after_reply(self) -> AfterReply:
-        return self._ctx.after_reply
-
     def _apply_config(self, config: Settings) -> None:
-        self._ctx.configure(config, "" if self.runtime is None else self.runtime.name, self.systemd)
+        """Put `config` in force, with the policy and the writer it implies."""
+        runtime = "" if self.runtime is None else self.runtime.name
+        self.live.in_force = InForce.of(config, runtime, self.systemd)
+        self.counters.tiers = tuple(tier.name for tier in config.tiers)
 
     def reconfigure(self, config: Settings) -> Plan:
         """Switch to `config`; returns what running workloads need to follow it.
@@ -166,22 +153,22 @@ class MidBatchPlugin:
 
     def catch_up(self) -> Plan:
         """What running workloads need to hold what the configuration in force gives them."""
-        ctx = self._ctx
-        enforce, pod_level = not ctx.observing, ctx.pod_level
+        in_force = self.live.in_force
+        enforce, pod_level = not in_force.observing, in_force.pod_level
         if enforce and pod_level:
-            for pod_id, view in list(ctx.known.pods.items()):
-                if not ctx.known.baseline_known(pod_id):
+            for pod_id, view in list(self.live.known.pods.items()):
+                if not self.live.known.baseline_known(pod_id):
                     try:
-                        in_tier = decide_pod(view, ctx.policy).tier is not None
+                        in_tier = decide_pod(view, in_force.policy).tier is not None
                     except Exception:  # the plan reports bad input
                         continue
                     if in_tier:
                         self._records.establish_pod_baseline(pod_id, view)
-        return plan(ctx.known, ctx.policy, enforce=enforce, pod_level=pod_level)
+        return plan(self.live.known, in_force.policy, enforce=enforce, pod_level=pod_level)
 
     def _systemd_containers(self) -> list[UnitTarget]:
         """What every known container holds of ours, for systemd's drift repair."""
-        known = self._ctx.known
+        known = self.live.known
         targets = []
         for container_id, values in list(known.applied.items()):
             entry = known.containers.get(container_id)
@@ -189,15 +176,14 @@ class MidBatchPlugin:
             if entry is None or pod is None:
                 continue
             path = known.cgroups_path(container_id)
-            targets.append(self._ctx.cgroups.unit_target(pod, entry[1], values, path))
+            targets.append(self.live.in_force.cgroups.unit_target(pod, entry[1], values, path))
         return targets
 
     # -- session hooks -------------------------------------------------------
 
     async def configure(self, config: str, runtime: RuntimeInfo) -> None:
-        ctx = self._ctx
         self.runtime = runtime
-        ctx.cgroups = replace(ctx.cgroups, runtime=runtime.name)
+        self.live.in_force = self.live.in_force.for_runtime(runtime.name)
         if not config.strip():
             return
         # Pre-launched plugins get their drop-in file here. A bad one must not
@@ -207,13 +193,13 @@ class MidBatchPlugin:
             settings = await asyncio.to_thread(load_settings_text, config, "NRI Configure")
             self._apply_config(settings)
         except ConfigError as exc:
-            ctx.counters.config_rejected += 1
+            self.counters.config_rejected += 1
             log.error("configuration from the runtime rejected", error=str(exc))
             return
         log.info(
             "configuration applied",
             source="NRI Configure",
-            failure_policy=ctx.config.failure_policy,
+            failure_policy=self.live.in_force.config.failure_policy,
         )
 
     def synchronize_part(
@@ -233,8 +219,8 @@ class MidBatchPlugin:
         self, pod: api.PodSandbox, container: api.Container
     ) -> api.CreateContainerResponse:
         pod_id = pod.id
-        ctx = self._ctx
-        known = ctx.known
+        in_force = self.live.in_force
+        known = self.live.known
         view = known.pods.get(pod_id)
         if view is None:
             # A pod the plugin forgot past its bounds, or never heard of: its pod values
@@ -246,14 +232,14 @@ class MidBatchPlugin:
         lines = DecisionLines("CreateContainer")
         current = current_values(container.linux.resources)
         decided = self._decide.container(
-            view, ctr_view, lines, refuse=ctx.fail, applied=None, current=current
+            view, ctr_view, lines, refuse=in_force.fail, applied=None, current=current
         )
-        lines.write_after(ctx.after_reply)
+        lines.write_after(self.after_reply)
         if decided is None or decided.values is None:
             return api.CreateContainerResponse()
         values = decided.values
         known.adjusted_at_creation(ctr_view.id, values)
-        ctx.counters.count_adjusted("CreateContainer", fields=set_fields(values))
+        self.counters.count_adjusted("CreateContainer", fields=set_fields(values))
         response = api.CreateContainerResponse()
         adjust = response.adjust
         adjust.annotations[NATIVE_LIMITS_ANNOTATION] = encode_native_limits(ctr_view.native)
@@ -268,8 +254,8 @@ class MidBatchPlugin:
         # silently dropped by the runtime (koordlet's NRI bug). The requested
         # resources are kubelet's new values: a resize moves the baseline, of
         # the container and of its pod.
-        ctx = self._ctx
-        known, container_id = ctx.known, container.id
+        in_force = self.live.in_force
+        known, container_id = self.live.known, container.id
         ctr_view = container_view(container, resources)
         entry = known.containers.get(container_id)
         view = known.pods.get(pod.id)
@@ -289,11 +275,11 @@ class MidBatchPlugin:
             view if moved is None else moved,
             ctr_view,
             lines,
-            refuse=ctx.fail,
+            refuse=in_force.fail,
             applied=known.applied.get(container_id),
             current=current_values(resources),
         )
-        lines.write_after(ctx.after_reply)
+        lines.write_after(self.after_reply)
         if decided is None:
             return []
         if entry is not None:
@@ -305,7 +291,7 @@ class MidBatchPlugin:
         if decided.values is None:
             return []
         if decided.claimed is not None:
-            ctx.counters.count_adjusted("UpdateContainer", fields=set_fields(decided.values))
+            self.counters.count_adjusted("UpdateContainer", fields=set_fields(decided.values))
         return [container_update(container_id, decided.values)]
 
     def _follow_resize(self, pod_id: str, view: PodView) -> None:
@@ -315,24 +301,24 @@ class MidBatchPlugin:
         old pod quota); lowered after it, once the runtime has applied the container's update.
         The pod's record keeps the new baselines.
         """
-        ctx = self._ctx
-        if ctx.pod_level and not ctx.known.baseline_known(pod_id):
-            ctx.after_reply.defer(self._follow_resize_later, pod_id)
-        elif ctx.pod_level:
+        in_force = self.live.in_force
+        if in_force.pod_level and not self.live.known.baseline_known(pod_id):
+            self.after_reply.defer(self._follow_resize_later, pod_id)
+        elif in_force.pod_level:
             target = self._decide.pod(pod_id, view, "UpdateContainer", refuse=False)
             if target is not None:
-                before = quota_in_force(ctx.known.applied.get(pod_id), view.native)
+                before = quota_in_force(self.live.known.applied.get(pod_id), view.native)
                 if raises_quota(before, target.values.cpu_quota):
                     self._writes.pod(target, "UpdateContainer", refuse=False)
                 else:
-                    ctx.after_reply.defer(self._lower_pod, pod_id, target)
+                    self.after_reply.defer(self._lower_pod, pod_id, target)
         self._records.keep_later(pod_id)
 
     def _lower_pod(self, pod_id: str, target: PodTarget) -> None:
         """A resized pod's lowered values, after the reply. On cgroup v1 a pod's quota may
         not go below a child's, and the runtime lowers the container only after our reply:
         refused then, the write is tried again at the pod's re-checks."""
-        if self._ctx.known.pods.get(pod_id) is not target.pod:
+        if self.live.known.pods.get(pod_id) is not target.pod:
             return  # removed, or a newer Synchronize took over
         if not self._writes.pod(target, "UpdateContainer", refuse=False, final=False):
             self._awaiting_kubelet.add(pod_id)
@@ -344,7 +330,7 @@ class MidBatchPlugin:
         read that still finds the pod unlimited where kubelet's formula limits it came before
         kubelet's write, and is tried again at the pod's re-checks (`final`: the last one).
         """
-        known = self._ctx.known
+        known = self.live.known
         view = known.pods.get(pod_id)
         if view is None:
             self._awaiting_kubelet.discard(pod_id)
@@ -379,21 +365,23 @@ class MidBatchPlugin:
         except RpcError:
             raise  # the failure policy's own refusal
         except Exception as exc:
-            self._ctx.counters.count_invalid("internal")
+            self.counters.count_invalid("internal")
             log.error(
-                "UpdatePodSandbox failed" if self._ctx.fail else "UpdatePodSandbox failed, ignored",
+                "UpdatePodSandbox failed"
+                if self.live.in_force.fail
+                else "UpdatePodSandbox failed, ignored",
                 namespace=pod.namespace,
                 pod=pod.name,
                 error=f"{type(exc).__name__}: {exc}",
                 exc_info=exc,
             )
-            if self._ctx.fail:
+            if self.live.in_force.fail:
                 raise RpcError(Code.INTERNAL, f"nri-midbatch: UpdatePodSandbox: {exc}") from None
 
     def _update_pod_sandbox(
         self, pod: api.PodSandbox, overhead: api.LinuxResources, resources: api.LinuxResources
     ) -> None:
-        known = self._ctx.known
+        known = self.live.known
         view = known.pods.get(pod.id)
         if view is None:
             return
@@ -440,7 +428,7 @@ class MidBatchPlugin:
         It does when the plugin knows another sandbox of its uid (kubelet ran a new one in
         the pod's cgroup, and removes the old one later), or may yet (records.py).
         """
-        known = self._ctx.known
+        known = self.live.known
         # A sandbox the plugin forgot past its bounds may have left a record.
         recorded = pod.id not in known.pods or known.record_of(pod.id) is not None
         known.remove_pod(pod.id)
@@ -450,7 +438,7 @@ class MidBatchPlugin:
             # Without the message's maps, which would keep the whole request while the
             # piece waits (a pod's labels and annotations: kilobytes).
             view = replace(pod_view(pod, NativeLimits()), labels={}, annotations={})
-            self._ctx.after_reply.defer(self._records.sandbox_removed, view)
+            self.after_reply.defer(self._records.sandbox_removed, view)
         if self.systemd is not None:
             self.systemd.forget_pod(pod.uid)
 
@@ -468,19 +456,19 @@ class MidBatchPlugin:
     def _set_met_pod(self, pod_id: str, view: PodView, method: str) -> None:
         """A sandbox just met: its pod's values, unless pod level is off and the plugin set
         none there under an older sandbox (those are given back)."""
-        ctx = self._ctx
-        if not ctx.pod_level and pod_id not in ctx.known.applied:
+        in_force = self.live.in_force
+        if not in_force.pod_level and pod_id not in self.live.known.applied:
             return
-        target = self._decide.pod(pod_id, view, method, refuse=ctx.fail)
+        target = self._decide.pod(pod_id, view, method, refuse=in_force.fail)
         if target is not None:
-            self._writes.pod(target, method, refuse=ctx.fail)
+            self._writes.pod(target, method, refuse=in_force.fail)
 
     @handles(Event.REMOVE_CONTAINER)
     async def container_event(
         self, event: Event, pod: api.PodSandbox, container: api.Container
     ) -> None:
         if event == Event.REMOVE_CONTAINER:
-            known = self._ctx.known
+            known = self.live.known
             recorded = known.is_recorded(container.id)
             known.forget_container(container.id)
             if recorded:

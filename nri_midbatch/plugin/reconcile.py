@@ -62,9 +62,11 @@ from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.cgroups.fs import OpenDirectories
 from nri_midbatch.cgroups.values import CgroupReading, CgroupValues, cpu_shares_to_weight, drifted
 from nri_midbatch.counts import CounterFamily, family, single
+from nri_midbatch.deferred import AfterReply
 from nri_midbatch.plugin.cgroup_writer import CgroupUnreadable, LocatedCgroups
 from nri_midbatch.plugin.codec import container_update
-from nri_midbatch.plugin.context import PluginContext
+from nri_midbatch.plugin.context import Live
+from nri_midbatch.plugin.counters import Counters
 from nri_midbatch.plugin.decisions import PodTarget, values_log
 from nri_midbatch.plugin.lowering import Check, LoweringTimings, LoweringWait, Write
 from nri_midbatch.plugin.records import Records
@@ -176,20 +178,27 @@ class _Walk:
 class Reconciler:
     def __init__(
         self,
-        ctx: PluginContext,
+        live: Live,
+        counters: Counters,
+        after_reply: AfterReply,
         records: Records,
         writes: Writes,
         timings: ConvergenceTimings = ConvergenceTimings(),
         lowering_timings: LoweringTimings = LoweringTimings(),
         clock: Callable[[], float] = time.time,
         on_recheck: Callable[[str, bool], None] | None = None,
+        *,
+        dry_run: bool = False,
     ) -> None:
         """`writes`: the pods' writes (a Synchronize's, decided around its reply).
         `lowering_timings`: a Synchronize's wait for the runtime to lower containers
         (lowering.py). `clock`: the wall clock of the times `status` shows.
         `on_recheck(pod_id, final)`: run first at each re-check of a pod (`final`: its last),
-        after the reply."""
-        self._ctx = ctx
+        after the reply. `dry_run`: no check nor write (replay, audits)."""
+        self._live = live
+        self._counters = counters
+        self._after_reply = after_reply
+        self._dry_run = dry_run
         self._records = records
         self._writes = writes
         self._lowering_timings = lowering_timings
@@ -243,7 +252,7 @@ class Reconciler:
 
     def recheck_soon(self, pod_id: str) -> None:
         """Check the pod and its containers again after each of `ConvergenceTimings.rechecks`."""
-        if self._ctx.dry_run or self._closed:
+        if self._dry_run or self._closed:
             return
         loop = asyncio.get_running_loop()
         for delay in self._timings.rechecks:
@@ -267,32 +276,32 @@ class Reconciler:
         pod_id, delay = key
         if self._on_recheck is not None and not self._closed:
             final = delay == max(self._timings.rechecks)
-            self._ctx.after_reply.defer(self._on_recheck, pod_id, final)
+            self._after_reply.defer(self._on_recheck, pod_id, final)
         self.check_pod(pod_id)
 
     def check_pod(self, pod_id: str) -> None:
         """Check the pod and its containers after the current reply, a piece at a time."""
         if not self._closed:
-            self._ctx.after_reply.defer(self._step, _Walk(deque((pod_id,))))
+            self._after_reply.defer(self._step, _Walk(deque((pod_id,))))
 
     async def converge(self) -> None:
         """One pass over every known pod and container, after any other; returns once it is
         through."""
-        if self._ctx.dry_run or self._closed:
+        if self._dry_run or self._closed:
             return
         async with self._passing:
             if not self._closed:
                 await self._converge()
 
     async def _converge(self) -> None:
-        known = self._ctx.known
+        known = self._live.known
         for gone in [pod_id for pod_id in self.checks if pod_id not in known.pods]:
             del self.checks[gone]
         self._prune()
         done = asyncio.get_running_loop().create_future()
         walk = _Walk(deque(known.pods), done)
         started, cpu = time.perf_counter(), time.process_time()
-        self._ctx.after_reply.defer(self._step, walk)
+        self._after_reply.defer(self._step, walk)
         await done
         self.passes += 1
         # Its cost, for operators and `make bench`: three files per workload read.
@@ -313,10 +322,10 @@ class Reconciler:
         loop = asyncio.get_running_loop()
         since = loop.time()
         while True:
-            interval = self._ctx.config.convergence.interval_seconds
+            interval = self._live.in_force.config.convergence.interval_seconds
             wait = IDLE_SECONDS if interval <= 0 else since + interval - loop.time()
             await asyncio.sleep(min(max(wait, 0.0), IDLE_SECONDS))
-            interval = self._ctx.config.convergence.interval_seconds
+            interval = self._live.in_force.config.convergence.interval_seconds
             if interval > 0 and loop.time() >= since + interval:
                 await self.converge()
                 since = loop.time()
@@ -337,7 +346,7 @@ class Reconciler:
                 items=deque((pod_id, container_id) for pod_id, container_id, _ in chunk),
                 reported={container_id: values for _, container_id, values in chunk},
             )
-            self._ctx.after_reply.defer(self._step, walk)
+            self._after_reply.defer(self._step, walk)
 
     def synchronize_pods(
         self, targets: Sequence[PodTarget], raising: set[str], lowered: Mapping[str, Check]
@@ -354,11 +363,11 @@ class Reconciler:
         0.2 ms of file I/O per pod out of the one request the runtime gives 2 s for the
         whole node.
         """
-        ctx, writes = self._ctx, self._writes
+        writes = self._writes
         if self._lowering is not None:
             self._lowering.cancel()  # a newer Synchronize decides every pod anew
         wait = self._lowering = LoweringWait(
-            ctx.after_reply, timings=self._lowering_timings, counters=ctx.counters
+            self._after_reply, timings=self._lowering_timings, counters=self._counters
         )
         #: pod id -> its pod and its write, for the pods that wait
         waiting: dict[str, tuple[PodView, Write]] = {}
@@ -370,7 +379,7 @@ class Reconciler:
             if pod_id in lowered:
                 waiting[pod_id] = decided.pod, write
             else:
-                ctx.after_reply.defer(write)
+                self._after_reply.defer(write)
         # In the order the runtime will get to them.
         for pod_id, check in lowered.items():
             if pod_id in waiting:
@@ -407,8 +416,8 @@ class Reconciler:
         """
         if plan:
             await self._follow(plan, update_containers, timeout)
-        ctx = self._ctx
-        if ctx.config.convergence.interval_seconds > 0 and not ctx.dry_run and not self._closed:
+        interval = self._live.in_force.config.convergence.interval_seconds
+        if interval > 0 and not self._dry_run and not self._closed:
             task = asyncio.create_task(self.converge())
             self._passes.add(task)
             task.add_done_callback(self._passes.discard)
@@ -479,7 +488,7 @@ class Reconciler:
         `by_files`: the containers' values went into their cgroup files, which the runtime
         does not know of; their pods' records keep them, as the runtime will not report them.
         """
-        known = self._ctx.known
+        known = self._live.known
         failed_ids = set() if failed is None else {c.container.id for c in failed.containers}
         failed_pods = set() if failed is None else {c.pod_id for c in failed.pods}
         touched: set[str] = set()
@@ -539,7 +548,7 @@ class Reconciler:
         where = {"namespace": pod.namespace, "pod": pod.name}
         if container is not None:
             where["container"] = container.name
-        reason = self._ctx.cgroups.write(pod, container, values, cgroups_path).failure
+        reason = self._live.in_force.cgroups.write(pod, container, values, cgroups_path).failure
         if reason is None:
             log.info("cgroup set for new configuration", **where, **values_log(values))
             return True
@@ -582,11 +591,11 @@ class Reconciler:
         if not walk.items and not walk.pods:
             self._through(walk)
         elif walk.done is None:
-            self._ctx.after_reply.defer(self._step, walk)
+            self._after_reply.defer(self._step, walk)
         else:
             # A turn of the loop between the pieces of a pass: whatever waits for the work
             # after replies to settle (a reload) does not wait for the whole pass.
-            asyncio.get_running_loop().call_soon(self._ctx.after_reply.defer, self._step, walk)
+            asyncio.get_running_loop().call_soon(self._after_reply.defer, self._step, walk)
 
     def _through(self, walk: _Walk) -> None:
         if walk.done is not None and not walk.done.done():
@@ -597,11 +606,11 @@ class Reconciler:
             # back until the pod is written.
             again = _Walk(deque(), items=deque(walk.again), reported=walk.reported)
             again.final = True
-            self._ctx.after_reply.defer(self._step, again)
+            self._after_reply.defer(self._step, again)
 
     def _next(self, walk: _Walk) -> tuple[str, str | None] | None:
         """The walk's next workload (a pod before its containers); None once through."""
-        known = self._ctx.known
+        known = self._live.known
         while not walk.items:
             if not walk.pods:
                 return None
@@ -619,8 +628,7 @@ class Reconciler:
         container_id: str | None,
         directories: OpenDirectories,
     ) -> _Outcome:
-        ctx = self._ctx
-        known = ctx.known
+        known = self._live.known
         pod = known.pods.get(pod_id)
         if pod is None:
             return _Outcome.SKIPPED
@@ -676,17 +684,19 @@ class Reconciler:
         `kubelet`: its known values, to tell kubelet's write from anyone else's; None: the
         Synchronize's trigger, which counts a repair as the runtime's report not held, and a
         failure only if `final`."""
-        ctx = self._ctx
-        known = ctx.known
+        in_force = self._live.in_force
+        known = self._live.known
         pod_id, container_id = key
         path = "" if container_id is None else known.cgroups_path(container_id)
         try:
             if kubelet is None:
                 # Once per Synchronize: located afresh, not kept (a node's worth of entries,
                 # held for nothing with the period off).
-                reading = ctx.cgroups.read(pod, container, path)
+                reading = in_force.cgroups.read(pod, container, path)
             else:
-                reading = self._located.read(ctx.cgroups, key, pod, container, path, directories)
+                reading = self._located.read(
+                    in_force.cgroups, key, pod, container, path, directories
+                )
         except CgroupUnreadable:
             return _Outcome.SKIPPED  # gone, or not there yet: its own events say so
         finally:
@@ -716,9 +726,9 @@ class Reconciler:
         Kept per workload while the policy, the views (kubelet's values among them) and what
         was applied stay the same: a reload compiles another policy, an event replaces a view.
         """
-        ctx = self._ctx
-        policy = ctx.policy
-        enforce = ctx.config.enforces(pod=container is None)
+        in_force = self._live.in_force
+        policy = in_force.policy
+        enforce = in_force.config.enforces(pod=container is None)
         kept = self._targets.get(key)
         if (
             kept is not None
@@ -756,11 +766,11 @@ class Reconciler:
         changes: dict[str, list[int | None]],
         writer: Writer,
     ) -> _Outcome:
-        ctx = self._ctx
+        in_force = self._live.in_force
         level: Level = "pod" if container is None else "container"
-        counters = ctx.counters
+        counters = self._counters
         counters.drift_found[level, writer] += 1
-        failure = ctx.cgroups.write(pod, container, values, path).failure
+        failure = in_force.cgroups.write(pod, container, values, path).failure
         where = {"namespace": pod.namespace, "pod": pod.name}
         if container is not None:
             where["container"] = container.name
@@ -799,9 +809,9 @@ class Reconciler:
         *,
         final: bool,
     ) -> _Outcome:
-        counters = self._ctx.counters
+        counters = self._counters
         where = {"namespace": pod.namespace, "pod": pod.name, "container": container.name}
-        reason = self._ctx.cgroups.write(pod, container, values, path).failure
+        reason = self._live.in_force.cgroups.write(pod, container, values, path).failure
         if reason is not None and not final:
             return _Outcome.FAILED
         if reason is None:
@@ -824,7 +834,7 @@ class Reconciler:
 
     def _is_known(self, key: tuple[str, str | None]) -> bool:
         """Whether the workload (a pod's sandbox id, and a container's id or None) is known."""
-        known = self._ctx.known
+        known = self._live.known
         pod_id, container_id = key
         if container_id is None:
             return pod_id in known.pods
@@ -834,7 +844,7 @@ class Reconciler:
     def _note(self, pod_id: str) -> PodCheck:
         check = self.checks.get(pod_id)
         if check is None:
-            known = self._ctx.known
+            known = self._live.known
             if len(self.checks) > len(known.pods) + _SLACK:  # passes off: prune here too
                 for gone in [p for p in self.checks if p not in known.pods]:
                     del self.checks[gone]

@@ -31,10 +31,11 @@ from dataclasses import replace
 import structlog
 
 from nri_midbatch.cgroups.values import baseline_of
+from nri_midbatch.deferred import AfterReply
 from nri_midbatch.plugin.cgroup_writer import CgroupUnreadable
-from nri_midbatch.plugin.context import PluginContext
+from nri_midbatch.plugin.context import Live
 from nri_midbatch.policy import PodView
-from nri_midbatch.state.store import PodRecord
+from nri_midbatch.state.store import BaselineStore, PodRecord
 
 log = structlog.get_logger(__name__)
 
@@ -49,8 +50,14 @@ MAX_PARKED = 256
 
 
 class Records:
-    def __init__(self, ctx: PluginContext) -> None:
-        self._ctx = ctx
+    def __init__(
+        self, live: Live, store: BaselineStore, after_reply: AfterReply, *, dry_run: bool
+    ) -> None:
+        """dry_run: read no cgroup (replay, audits)."""
+        self._live = live
+        self._store = store
+        self._after_reply = after_reply
+        self._dry_run = dry_run
         #: uids of parked records, oldest first
         self._parked: dict[str, None] = {}
 
@@ -58,12 +65,11 @@ class Records:
         """Remember a sandbox the plugin does not know, its pod's baseline restored from the
         sandbox of its uid the plugin knows or from its record (Known.meet_pod); returns the
         view kept."""
-        ctx = self._ctx
         self._parked.pop(view.uid, None)
-        return ctx.known.meet_pod(pod_id, view, told=told, load=self._load)
+        return self._live.known.meet_pod(pod_id, view, told=told, load=self._load)
 
     def _load(self, uid: str) -> PodRecord | None:
-        store = self._ctx.store
+        store = self._store
         return store.load(uid) if store.keeping else None
 
     def sandbox_removed(self, pod: PodView) -> None:
@@ -72,21 +78,21 @@ class Records:
         It does in a sandbox the plugin knows; or, while its cgroup stays, in one kubelet
         may still run: the record is parked then. Run after the reply.
         """
-        ctx = self._ctx
-        if not ctx.store.keeping or ctx.known.sandbox_of(pod.uid) is not None:
+        store, known = self._store, self._live.known
+        if not store.keeping or known.sandbox_of(pod.uid) is not None:
             return
         try:
-            ctx.cgroups.read(pod)
+            self._live.in_force.cgroups.read(pod)
         except CgroupUnreadable:
-            ctx.store.remove(pod.uid)
+            store.remove(pod.uid)
             return
         self._parked.pop(pod.uid, None)  # to the back
         self._parked[pod.uid] = None
         while len(self._parked) > MAX_PARKED:
             oldest = next(iter(self._parked))
             del self._parked[oldest]
-            if ctx.known.sandbox_of(oldest) is None:
-                ctx.store.remove(oldest)
+            if known.sandbox_of(oldest) is None:
+                store.remove(oldest)
 
     def establish_pod_baseline(self, pod_id: str, view: PodView) -> PodView:
         """The pod with kubelet's values read from its cgroup, which the plugin has not written.
@@ -95,24 +101,23 @@ class Records:
         its record nor its QoS told (containerd 1.7 sends no pod resources). A replay reads
         nothing; an unreadable cgroup leaves the view as it is, and its write says why.
         """
-        ctx = self._ctx
-        if ctx.dry_run:
+        if self._dry_run:
             return view
         try:
-            reading = ctx.cgroups.read(view)
+            reading = self._live.in_force.cgroups.read(view)
         except CgroupUnreadable as exc:
             log.debug("pod cgroup not readable", error=str(exc), pod=view.name)
             return view
         kept = replace(view, native=baseline_of(reading, view.native))
-        ctx.known.learn_pod_baseline(pod_id, kept)
+        self._live.known.learn_pod_baseline(pod_id, kept)
         return kept
 
     def keep(self, pod_id: str, before: PodRecord | bool | None = True) -> None:
         """Write (or remove) the pod's record; `before`: what it held, True if not known."""
-        store = self._ctx.store
+        store = self._store
         if not store.keeping:
             return
-        change = self._ctx.known.record_change(pod_id, before)
+        change = self._live.known.record_change(pod_id, before)
         if change is None:
             return
         uid, record = change
@@ -123,7 +128,7 @@ class Records:
 
     def keep_later(self, pod_id: str) -> None:
         """The pod's record, once the runtime has the reply."""
-        self._ctx.after_reply.defer(self.keep, pod_id)
+        self._after_reply.defer(self.keep, pod_id)
 
     def keep_after_sync(self, loaded: Mapping[str, PodRecord], listed: AbstractSet[str]) -> None:
         """After a Synchronize, a slice at a time: every pod's record, then none of the gone.
@@ -131,25 +136,24 @@ class Records:
         `listed`: the uids of the pods the runtime listed. Their records stay, those of pods
         forgotten to stay within Known's bounds too: met again, they are restored from them.
         """
-        ctx = self._ctx
-        if not ctx.store.keeping:
+        if not self._store.keeping:
             return
-        pod_ids = list(ctx.known.pods)
+        pod_ids = list(self._live.known.pods)
         for start in range(0, len(pod_ids), RECORDS_PER_PIECE):
-            ctx.after_reply.defer(
+            self._after_reply.defer(
                 self._keep_all, pod_ids[start : start + RECORDS_PER_PIECE], loaded
             )
-        ctx.after_reply.defer(self._prune, listed)
+        self._after_reply.defer(self._prune, listed)
 
     def _keep_all(self, pod_ids: Sequence[str], loaded: Mapping[str, PodRecord]) -> None:
         for pod_id in pod_ids:
             self.keep(pod_id, loaded.get(pod_id))
 
     def _prune(self, listed: AbstractSet[str]) -> None:
-        ctx = self._ctx
+        live = self._live
         self._prune_piece(
-            ctx.store.pruning(
-                lambda: {pod.uid for pod in ctx.known.pods.values()}.union(listed, self._parked)
+            self._store.pruning(
+                lambda: {pod.uid for pod in live.known.pods.values()}.union(listed, self._parked)
             )
         )
 
@@ -157,4 +161,4 @@ class Records:
         """One slice of the directory (store.PRUNE_PER_PIECE entries), the next queued behind
         whatever came meanwhile: 30,000 stale records made one piece of 1.15 s."""
         if next(pruning, None) is not None:
-            self._ctx.after_reply.defer(self._prune_piece, pruning)
+            self._after_reply.defer(self._prune_piece, pruning)

@@ -18,6 +18,7 @@ from typing import Any
 
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.cgroups.values import differs, lowers, set_fields
+from nri_midbatch.deferred import AfterReply
 from nri_midbatch.plugin.codec import (
     annotated_baseline,
     limits_and_values,
@@ -25,7 +26,8 @@ from nri_midbatch.plugin.codec import (
     runtime_pod_baseline,
     set_resources,
 )
-from nri_midbatch.plugin.context import PluginContext
+from nri_midbatch.plugin.context import Live
+from nri_midbatch.plugin.counters import Counters
 from nri_midbatch.plugin.decision_log import DecisionLines
 from nri_midbatch.plugin.decisions import Decider
 from nri_midbatch.plugin.lowering import Check
@@ -43,7 +45,7 @@ from nri_midbatch.policy import (
 from nri_midbatch.policy.classify import qos_from_cgroup_parent
 from nri_midbatch.state.known import Known, split_path
 from nri_midbatch.state.plan import raises_quota
-from nri_midbatch.state.store import PodRecord, ReadBudget
+from nri_midbatch.state.store import BaselineStore, PodRecord, ReadBudget
 
 #: Kubelet's cgroup for a BestEffort pod: the least shares, no quota, no memory limit.
 BESTEFFORT_POD = NativeLimits(cpu_shares=2)
@@ -136,13 +138,23 @@ class SyncPart:
 class SynchronizePass:
     def __init__(
         self,
-        ctx: PluginContext,
+        live: Live,
+        store: BaselineStore,
+        counters: Counters,
+        after_reply: AfterReply,
         decide: Decider,
         writes: Writes,
         records: Records,
         reconcile: Reconciler,
+        *,
+        dry_run: bool,
     ) -> None:
-        self._ctx = ctx
+        """dry_run: write no cgroup file (replay, audits)."""
+        self._live = live
+        self._store = store
+        self._counters = counters
+        self._after_reply = after_reply
+        self._dry_run = dry_run
         self._reconcile = reconcile
         self._decide = decide
         self._writes = writes
@@ -158,9 +170,8 @@ class SynchronizePass:
         Pods go into the Known that `reply` installs; running containers
         wait, as views with their current values, for the pods of later chunks.
         """
-        ctx = self._ctx
         if first or self.part is None:
-            self.part = SyncPart(ctx.store.uids(), ctx.known)
+            self.part = SyncPart(self._store.uids(), self._live.known)
         part = self.part
         part.listed[0] += len(pods)
         part.listed[1] += len(containers)
@@ -189,7 +200,7 @@ class SynchronizePass:
         """Remember a listed pod with kubelet's values: as this process knew them (under
         this sandbox or another of its uid), as its record keeps them, as the runtime tells
         them, or as its QoS class fixes them."""
-        previous, known, pod_id, uid = self._ctx.known, part.known, pod.id, pod.uid
+        previous, known, pod_id, uid = self._live.known, part.known, pod.id, pod.uid
         kept = previous.kept_for(pod_id, uid)
         if kept is None and (record := self._record(part, pod)) is not None:
             kept = record.pod
@@ -222,18 +233,18 @@ class SynchronizePass:
         """The pod's record, if it has one; kept with the part for its containers."""
         if pod.uid not in part.stored:
             return None
-        record = self._ctx.store.load(pod.uid, part.budget)
+        record = self._store.load(pod.uid, part.budget)
         if record is not None:
             part.records[pod.id] = record
         return record
 
     def reply(self) -> api.SynchronizeResponse:
         """The container updates for everything `take` took in; pods written around them."""
-        ctx, decide = self._ctx, self._decide
+        in_force, decide = self._live.in_force, self._decide
         part, self.part = self.part, None
         assert part is not None  # take made it
         # What this process knew (a runtime restart): more recent than any record.
-        previous, ctx.known = ctx.known, part.known
+        previous, self._live.known = self._live.known, part.known
         known = part.known
         if part.twins:
             self._one_sandbox_each(part, previous)
@@ -246,7 +257,7 @@ class SynchronizePass:
         #: pod id -> whether the last of its containers being lowered, in the
         #: reply's order, has been; in the order of those last containers
         lowered: dict[str, Check] = {}
-        watch_lowering = ctx.pod_level and not ctx.dry_run
+        watch_lowering = in_force.pod_level and not self._dry_run
         #: containers the runtime reports at the values in force, whose files are checked
         settled: list[Reported] = []
         lines = DecisionLines("Synchronize")
@@ -255,7 +266,7 @@ class SynchronizePass:
         #: pod id -> what the decisions of its containers share (a third of each)
         classes: dict[str, PodClass | None] = {}
         records = part.records
-        records_kept = ctx.store.keeping
+        records_kept = self._store.keeping
         for listed_pod_id, listed, path, is_head, current in part.containers:
             pod_id = pod_ids.get(listed_pod_id)
             if pod_id is None:
@@ -303,11 +314,11 @@ class SynchronizePass:
                     )
             else:
                 lines.unchanged()
-                if not ctx.dry_run:
+                if not self._dry_run:
                     settled.append((pod_id, ctr_id, values))
         for fields, containers_updated in adjusted.items():
-            ctx.counters.count_adjusted("Synchronize", containers_updated, fields)
-        after_reply = ctx.after_reply
+            self._counters.count_adjusted("Synchronize", containers_updated, fields)
+        after_reply = self._after_reply
         lines.write_after(after_reply)
         # Before the pods: a pod goes down only after its containers.
         self._reconcile.check_reported(settled)

@@ -39,7 +39,7 @@ from nri_midbatch.plugin.reconcile import ConvergenceTimings
 from nri_midbatch.process.metrics import Gathered, ModeCollector
 from nri_midbatch.process.reload import FileWatch
 from nri_midbatch.process.session_watch import SessionWatch
-from nri_midbatch.process.status import StatusServer
+from nri_midbatch.process.status import StatusServer, StatusSource
 from nri_midbatch.recording.writer import Recorder
 from nri_midbatch.state.store import BaselineStore
 
@@ -89,7 +89,8 @@ class App:
         # Pod cgroups and log lines left for after a reply wait while a request
         # is in progress (until the connection is idle again), and give the
         # runtime its turn after our writes: the work hears the session.
-        after_reply = AfterReply(timings=deferred_timings)
+        self._after_reply = after_reply = AfterReply(timings=deferred_timings)
+        self._store = store = BaselineStore(state_dir)
         observers: list[Observer] = [SessionWatch(self.metrics), AfterReplyListener(after_reply)]
         if recorder is not None:
             observers.append(recorder)
@@ -97,7 +98,7 @@ class App:
             config,
             observers=observers,
             after_reply=after_reply,
-            store=BaselineStore(state_dir),
+            store=store,
             lowering_timings=lowering_timings,
             convergence_timings=convergence_timings,
         )
@@ -109,7 +110,8 @@ class App:
             registration_timeout=registration_timeout,
         )
         self.metrics.add_collector(Gathered(self.counted))
-        self.metrics.add_collector(ModeCollector(lambda: str(self.plugin.config.mode)))
+        live = self.plugin.live
+        self.metrics.add_collector(ModeCollector(lambda: str(live.in_force.config.mode)))
         self.health: HealthServer | None = None
         self._metrics_address = metrics_address
         self._metrics_retry_seconds = metrics_retry_seconds
@@ -127,10 +129,12 @@ class App:
         self._prelaunched = False
         self._syncs_seen = 0
         self._stop = asyncio.Event()
+        #: What `nri-midbatch status` shows.
+        self.status_source = StatusSource(live, self.plugin.reconcile, store.keeping, after_reply)
         self._status = (
             None
             if status_socket is None
-            else StatusServer(self.plugin, status_socket, self.readiness)
+            else StatusServer(self.status_source, status_socket, self.readiness)
         )
         #: Reload requests made, and those a pass has read the file for; one pass at a time.
         self._reloads_asked = 0
@@ -194,7 +198,7 @@ class App:
             # Log lines and pod cgroups still queued behind replies are not lost.
             # Pods still waiting for their containers to be lowered are not:
             # the next Synchronize decides them anew.
-            if self.plugin.after_reply.flush():
+            if self._after_reply.flush():
                 log.warning("pods waiting for their containers to be lowered abandoned at shutdown")
             if self.health is not None:
                 self.health.stop()
@@ -251,8 +255,8 @@ class App:
         the one list the metrics read (process/metrics.py)."""
         plugin = self.plugin
         yield plugin.counters
-        yield plugin.known
-        yield plugin.store
+        yield plugin.live.known
+        yield self._store
         yield plugin.reconcile
         yield self
         yield self.session
@@ -332,8 +336,8 @@ class App:
             return
         # A Synchronize's pod writes still pending were decided under the old
         # configuration: let them land first, for the plan to follow them.
-        await self.plugin.after_reply.settle()
-        unchanged = config == self.plugin.config
+        await self._after_reply.settle()
+        unchanged = config == self.plugin.live.in_force.config
         plan = self.plugin.catch_up() if unchanged else self.plugin.reconfigure(config)
         if unchanged and not plan:
             self._count_reload("unchanged")

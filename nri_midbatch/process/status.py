@@ -43,9 +43,10 @@ from typing import Any
 import structlog
 
 from nri_midbatch.cgroups.values import drifted
+from nri_midbatch.deferred import AfterReply
 from nri_midbatch.plugin.cgroup_writer import CgroupUnreadable
-from nri_midbatch.plugin.handlers import MidBatchPlugin
-from nri_midbatch.plugin.reconcile import PodCheck
+from nri_midbatch.plugin.context import Live
+from nri_midbatch.plugin.reconcile import PodCheck, Reconciler
 from nri_midbatch.policy import (
     CgroupValues,
     ContainerView,
@@ -56,7 +57,7 @@ from nri_midbatch.policy import (
 )
 from nri_midbatch.state.baseline import target as target_of
 
-__all__ = ["StatusLimits", "StatusServer", "status_document"]
+__all__ = ["StatusLimits", "StatusServer", "StatusSource", "status_document"]
 
 log = structlog.get_logger(__name__)
 
@@ -65,6 +66,20 @@ FORMAT = 1
 #: descriptors, say): the connection stays in the backlog meanwhile.
 ACCEPT_RETRY_SECONDS = 1.0
 _COMPACT = (",", ":")
+
+
+@dataclass(frozen=True, slots=True)
+class StatusSource:
+    """What status reads of the plugin, each thing by its name."""
+
+    #: The configuration in force and what the plugin knows.
+    live: Live
+    #: The convergence pass: when it last checked each pod, and what it found.
+    convergence: Reconciler
+    #: Whether pod records are kept (a state directory).
+    records_kept: bool
+    #: Where status's work waits its turn behind the runtime's requests.
+    after_reply: AfterReply
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,10 +115,10 @@ class _Row:
     check: PodCheck | None = None
 
 
-def _rows(plugin: MidBatchPlugin, pod_ids: Iterable[str]) -> list[_Row]:
+def _rows(live: Live, convergence: Reconciler, pod_ids: Iterable[str]) -> list[_Row]:
     """What the plugin remembers and targets now of these pods (those it still knows), their
     containers after each: taken in the loop, where it changes."""
-    known, policy, config = plugin.known, plugin.policy, plugin.config
+    known, policy, config = live.known, live.in_force.policy, live.in_force.config
     rows = []
     for pod_id in pod_ids:
         pod = known.pods.get(pod_id)
@@ -112,7 +127,7 @@ def _rows(plugin: MidBatchPlugin, pod_ids: Iterable[str]) -> list[_Row]:
         decision = decide_pod(pod, policy)
         applied = known.applied.get(pod_id)
         target = target_of(decision, applied, pod.native, enforce=config.enforces(pod=True)).values
-        check = plugin.reconcile.checks.get(pod_id)
+        check = convergence.checks.get(pod_id)
         rows.append(_Row(pod_id, pod, None, "", decision.tier, pod.native, target, applied, check))
         for container_id in known.containers_of(pod_id):
             container = known.containers[container_id][1]
@@ -128,27 +143,28 @@ def _rows(plugin: MidBatchPlugin, pod_ids: Iterable[str]) -> list[_Row]:
     return rows
 
 
-def status_document(plugin: MidBatchPlugin, readiness: str | None = None) -> dict[str, Any]:
+def status_document(live: Live, records_kept: bool, readiness: str | None = None) -> dict[str, Any]:
     """The document's fields but its workloads, which follow them (`_workloads`).
 
+    records_kept: whether the plugin keeps pod records (a state directory).
     readiness: what /readyz says (`ok`, `not registered with a runtime`, ...), None unknown.
     """
     return {
         "format": FORMAT,
-        "mode": str(plugin.config.mode),
-        "keeping_records": plugin.store.keeping,
+        "mode": str(live.in_force.config.mode),
+        "keeping_records": records_kept,
         "readiness": readiness,
     }
 
 
-def _workloads(plugin: MidBatchPlugin, rows: Iterable[_Row]) -> Iterator[dict[str, Any]]:
+def _workloads(live: Live, rows: Iterable[_Row]) -> Iterator[dict[str, Any]]:
     """The rows with what each cgroup holds now, one read for each row taken."""
     for row in rows:
         now: dict[str, int | None] | None
         drift: bool | None
         unreadable: str | None
         try:
-            reading = plugin.cgroups.read(row.pod, row.container, row.cgroups_path)
+            reading = live.in_force.cgroups.read(row.pod, row.container, row.cgroups_path)
         except CgroupUnreadable as exc:
             now, drift, unreadable = None, None, str(exc)
         else:
@@ -233,20 +249,20 @@ class _Answer:
 
     def __init__(
         self,
-        plugin: MidBatchPlugin,
+        source: StatusSource,
         limits: StatusLimits,
         rows_until: float,
         readiness: str | None = None,
     ) -> None:
-        self._plugin = plugin
+        self._source = source
         self._readiness = readiness
         self._limits = limits
         self._rows_until = rows_until
         #: The pods known when the answer began: those gone by their turn are left out.
-        self._pods = deque(plugin.known.pods)
+        self._pods = deque(source.live.known.pods)
         #: The rows of the pod under way not yet made.
         self._pod_rows: deque[_Row] = deque()
-        self._made = _workloads(plugin, self._pending_rows())
+        self._made = _workloads(source.live, self._pending_rows())
         self._bytes = 0
         self._chunk: list[bytes] = []
         self._chunk_bytes = 0
@@ -254,7 +270,9 @@ class _Answer:
         self.done = False
 
     def head(self) -> bytes:
-        fields = json.dumps(status_document(self._plugin, self._readiness), separators=_COMPACT)
+        source = self._source
+        document = status_document(source.live, source.records_kept, self._readiness)
+        fields = json.dumps(document, separators=_COMPACT)
         return f'{fields[:-1]},"workloads":['.encode()
 
     def tail(self) -> bytes:
@@ -266,12 +284,13 @@ class _Answer:
         Cancel the future to stop: the work after replies sees it and makes no more.
         """
         future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        self._plugin.after_reply.defer_idle(self._piece, future)
+        self._source.after_reply.defer_idle(self._piece, future)
         return future
 
     def _pending_rows(self) -> Iterator[_Row]:
         while self._pods:
-            self._pod_rows.extend(_rows(self._plugin, (self._pods.popleft(),)))
+            pod_id = self._pods.popleft()
+            self._pod_rows.extend(_rows(self._source.live, self._source.convergence, (pod_id,)))
             while self._pod_rows:
                 yield self._pod_rows.popleft()
 
@@ -298,7 +317,7 @@ class _Answer:
             future.set_result(b"".join(self._chunk))
             self._chunk, self._chunk_bytes = [], 0
         else:
-            self._plugin.after_reply.defer_idle(self._piece, future)
+            self._source.after_reply.defer_idle(self._piece, future)
 
     def _add(self, data: bytes) -> None:
         if self._bytes:
@@ -309,7 +328,7 @@ class _Answer:
 
     def _stop(self) -> None:
         """No more workloads: those not made are counted, the pods still known."""
-        known = self._plugin.known
+        known = self._source.live.known
         self.omitted += len(self._pod_rows) + sum(
             1 + len(known.containers_of(pod_id)) for pod_id in self._pods if pod_id in known.pods
         )
@@ -321,13 +340,13 @@ class StatusServer:
 
     def __init__(
         self,
-        plugin: MidBatchPlugin,
+        source: StatusSource,
         path: Path,
         readiness: Callable[[], tuple[bool, str]] | None = None,
         *,
         limits: StatusLimits = StatusLimits(),
     ) -> None:
-        self._plugin = plugin
+        self._source = source
         self.path = path
         #: The App's readiness: whether a runtime is there to have told the plugin anything.
         self._readiness = readiness
@@ -437,7 +456,7 @@ class StatusServer:
     async def _answer(self, writer: asyncio.StreamWriter) -> None:
         loop = asyncio.get_running_loop()
         ready = None if self._readiness is None else self._readiness()[1]
-        answer = _Answer(self._plugin, self._limits, loop.time() + self._limits.rows_seconds, ready)
+        answer = _Answer(self._source, self._limits, loop.time() + self._limits.rows_seconds, ready)
         # Nothing is made for a client that has gone: the first write tells.
         writer.write(answer.head())
         await writer.drain()

@@ -389,7 +389,7 @@ class HistoryNode:
     async def start_plugin(self) -> None:
         self.app = new_app(self.config_path, self.state_dir)
         if self.max_pods is not None:
-            self.app.plugin.known.max_pods = self.max_pods
+            self.app.plugin.live.known.max_pods = self.max_pods
         await self.containerd.connect(self.app)
         await self.settle()
 
@@ -644,10 +644,10 @@ def bound_the_table(node: HistoryNode, max_pods: int) -> None:
     """Make the bound on the pods the plugin remembers small, from now on and after restarts."""
     assert node.app is not None
     node.max_pods = max_pods
-    node.app.plugin.known.max_pods = max_pods
+    node.app.plugin.live.known.max_pods = max_pods
 
 
 def remembered(node: HistoryNode) -> set[str]:
     """The sandbox ids the plugin remembers now."""
     assert node.app is not None
-    return set(node.app.plugin.known.pods)
+    return set(node.app.plugin.live.known.pods)

@@ -21,10 +21,11 @@ from nri_midbatch.config.model import Config
 from nri_midbatch.deferred import MAX_OWED, AfterReply, DeferredTimings
 from nri_midbatch.plugin.cgroup_writer import CgroupWriter
 from nri_midbatch.plugin.codec import pod_view
-from nri_midbatch.plugin.context import PluginContext
+from nri_midbatch.plugin.context import InForce, Live
 from nri_midbatch.plugin.records import Records
 from nri_midbatch.rpc.connection import MuxConnection
 from nri_midbatch.rpc.service import CallContext, Method, Service
+from nri_midbatch.state.known import Known
 from nri_midbatch.state.store import BaselineStore
 from nri_midbatch.wire.mux import frame_message
 from nri_midbatch.wire.ttrpc import MessageType, encode_message
@@ -641,13 +642,12 @@ def test_pod_records_after_a_synchronize_are_written_one_a_piece(tmp_path: Path)
     settings = settings_of(Config())
     writer = CgroupWriter(Path(settings.cgroups.root), CgroupDriver(settings.cgroups.driver))
     after = Pieces()
-    ctx = PluginContext(
-        settings, settings.compile(), writer, BaselineStore(tmp_path), after_reply=after
-    )
+    live = Live(InForce(settings, settings.compile(), writer), Known())
     pod_ids = [f"s-{i}" for i in range(40)]
     for pod_id in pod_ids:
-        ctx.known.add_pod(pod_id, pod_view(api.PodSandbox(id=pod_id, uid=f"u-{pod_id}")))
-    Records(ctx).keep_after_sync({}, frozenset(f"u-{pod_id}" for pod_id in pod_ids))
+        live.known.add_pod(pod_id, pod_view(api.PodSandbox(id=pod_id, uid=f"u-{pod_id}")))
+    records = Records(live, BaselineStore(tmp_path), after, dry_run=False)
+    records.keep_after_sync({}, frozenset(f"u-{pod_id}" for pod_id in pod_ids))
     written = [piece[1] for piece in after.pieces if piece[0] == "_keep_all"]
     assert [pod_id for piece in written for pod_id in piece] == pod_ids
     assert max(len(piece) for piece in written) == 1

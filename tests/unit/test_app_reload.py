@@ -92,7 +92,7 @@ def test_file_change_brings_containers_and_pods_to_the_new_values(tmp_path: Path
     assert node.app.plugin.reconcile.followed[("cgroup_files", "ok")] == 2
     assert node.app.plugin.reconcile.followed[("update_containers", "ok")] == 0
     assert node.tree.read(parent, gone.id) == LINGERING
-    assert node.app.plugin.config.rules.cpu_normalization_ratio == 2.0
+    assert node.app.plugin.live.in_force.config.rules.cpu_normalization_ratio == 2.0
     assert reloads_metric(node.app)["applied"] == 1
 
 
@@ -108,13 +108,13 @@ def test_invalid_file_keeps_the_values_counts_and_names_the_field(tmp_path: Path
             node.tree.write(parent, APP_VALUES, live.id)
             await node.create(pod, live)
             before = node.tree.snapshot()
-            config = node.app.plugin.config
+            config = node.app.plugin.live.in_force.config
 
             # A misspelt key: the whole file is refused, nothing half-applied.
             node.rewrite(rules={"cpuNormalisationRatio": 2.0})
             assert await node.watched_reload() == "file changed"
             assert node.app.reloads == {"invalid": 1}
-            assert node.app.plugin.config is config
+            assert node.app.plugin.live.in_force.config is config
             assert node.tree.snapshot() == before
             assert reloads_metric(node.app)["invalid"] == 1
 
@@ -259,7 +259,7 @@ def test_sighup_with_an_unchanged_file_counts_unchanged_and_touches_nothing(
             node.tree.write(parent, APP_VALUES, live.id)
             await node.create(pod, live)
             before = node.tree.snapshot()
-            config = node.app.plugin.config
+            config = node.app.plugin.live.in_force.config
 
             await node.app.reload("SIGHUP")
             # Rewritten with the same content (a ConfigMap resync): still unchanged.
@@ -267,7 +267,7 @@ def test_sighup_with_an_unchanged_file_counts_unchanged_and_touches_nothing(
             await node.app.reload("SIGHUP")
 
             assert node.app.reloads == {"unchanged": 2}
-            assert node.app.plugin.config is config
+            assert node.app.plugin.live.in_force.config is config
             assert node.runtime.record.updates == []
             assert node.tree.snapshot() == before
             assert reloads_metric(node.app)["unchanged"] == 2
@@ -488,11 +488,11 @@ def test_a_broken_file_is_refused_and_the_watch_goes_on(tmp_path: Path, how: str
             node.tree.write(parent, BESTEFFORT)
             await node.state_change(api.RUN_POD_SANDBOX, pod)
             node.tree.write(parent, APP_VALUES, live.id)
-            config = node.app.plugin.config
+            config = node.app.plugin.live.in_force.config
 
             reason = _break(node.config_path, how)
             await until(lambda: node.app.reloads.get("invalid") == 1, "refusal counted")
-            assert node.app.plugin.config is config
+            assert node.app.plugin.live.in_force.config is config
             assert reloads_metric(node.app)["invalid"] == 1
             # Events are still served under the previous configuration.
             await node.create(pod, live)
@@ -576,7 +576,7 @@ def test_an_error_of_the_plugins_own_is_counted_and_the_watch_goes_on(
             assert reloads_metric(node.app)["failed"] == 1
             node.rewrite(rules={"cpuNormalizationRatio": 4.0})
             await until(lambda: node.app.reloads.get("applied") == 1, "next change applied")
-            assert node.app.plugin.config.rules.cpu_normalization_ratio == 4.0
+            assert node.app.plugin.live.in_force.config.rules.cpu_normalization_ratio == 4.0
 
     with capture_logs() as captured:
         run(scenario(), timeout=30)
@@ -677,7 +677,7 @@ def test_a_reload_into_observe_gives_kubelets_values_back(tmp_path: Path) -> Non
             # do, as nothing is the plugin's any more.
             await node.app.reload("after the pass")
             assert node.app.reloads.get("unchanged") == 1
-            assert node.app.plugin.known.applied == {}
+            assert node.app.plugin.live.known.applied == {}
             return node
 
     node = run(scenario())

@@ -173,8 +173,8 @@ page = generate_latest(app.metrics.registry)
 print(json.dumps({{
     "loaded": sorted(m for m in sys.modules if m.split(".")[0] in NOT_LOADED
                      or m == "nri_midbatch.config.model"),
-    "settings": type(app.plugin.config) is Settings,
-    "mode": app.plugin.config.mode,
+    "settings": type(app.plugin.live.in_force.config) is Settings,
+    "mode": app.plugin.live.in_force.config.mode,
     "reloads": app.reloads,
     "mode_on_page": 'nri_midbatch_mode{{mode="observe"}} 1.0' in page.decode(),
 }}))

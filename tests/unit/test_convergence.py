@@ -192,7 +192,11 @@ def test_a_foreign_write_to_a_pod_and_a_container_is_put_back_counted_and_shown(
         assert node.app is not None
         plugin = node.app.plugin
         document: dict[str, object] = {
-            "workloads": list(_workloads(plugin, _rows(plugin, list(plugin.known.pods))))
+            "workloads": list(
+                _workloads(
+                    plugin.live, _rows(plugin.live, plugin.reconcile, plugin.live.known.pods)
+                )
+            )
         }
         wrong = node.mismatches()
         await node.stop_plugin()

@@ -64,7 +64,7 @@ def kept(node: HistoryNode) -> tuple[set[tuple[str, str | None]], set[tuple[str,
 
 def known_keys(node: HistoryNode) -> set[tuple[str, str | None]]:
     assert node.app is not None
-    known = node.app.plugin.known
+    known = node.app.plugin.live.known
     pods: set[tuple[str, str | None]] = {(pod_id, None) for pod_id in known.pods}
     return pods | {(pod_id, cid) for cid, (pod_id, _) in known.containers.items()}
 

@@ -112,7 +112,7 @@ def test_a_restart_under_a_looser_configuration_gives_kubelet_s_values_back(
             assert update.container_id == kept.id
             assert update.linux.resources.cpu.quota.value == 150_000
             # Given back: nothing of it is the plugin's now, and the record says so.
-            assert node.app.plugin.known.applied == {}
+            assert node.app.plugin.live.known.applied == {}
             assert list(state.iterdir()) == []
 
     kept = run(first_life())

@@ -250,13 +250,16 @@ def test_a_split_synchronize_keeps_each_path_and_shares_a_pods_strings() -> None
     from nri_midbatch.cgroups.paths import CgroupDriver
     from nri_midbatch.config.compile import settings_of
     from nri_midbatch.config.model import Config
+    from nri_midbatch.deferred import AfterReply
     from nri_midbatch.plugin.cgroup_writer import CgroupWriter
-    from nri_midbatch.plugin.context import PluginContext
+    from nri_midbatch.plugin.context import InForce, Live
+    from nri_midbatch.plugin.counters import Counters
     from nri_midbatch.plugin.decisions import Decider
     from nri_midbatch.plugin.reconcile import Reconciler
     from nri_midbatch.plugin.records import Records
     from nri_midbatch.plugin.synchronize import SynchronizePass
     from nri_midbatch.plugin.writes import Writes
+    from nri_midbatch.state.known import Known
     from nri_midbatch.state.store import BaselineStore
 
     parent = "kubepods-besteffort-podu1.slice"
@@ -285,11 +288,22 @@ def test_a_split_synchronize_keeps_each_path_and_shares_a_pods_strings() -> None
     )
     settings = settings_of(Config())
     writer = CgroupWriter(Path(settings.cgroups.root), CgroupDriver(settings.cgroups.driver))
-    ctx = PluginContext(settings, settings.compile(), writer, BaselineStore(None), dry_run=True)
-    records = Records(ctx)
-    writes = Writes(ctx, records)
-    reconcile = Reconciler(ctx, records, writes)
-    sync = SynchronizePass(ctx, Decider(ctx, records), writes, records, reconcile)
+    live = Live(InForce(settings, settings.compile(), writer), Known())
+    store, counters, after_reply = BaselineStore(None), Counters(), AfterReply()
+    records = Records(live, store, after_reply, dry_run=True)
+    writes = Writes(live, records, counters, dry_run=True)
+    reconcile = Reconciler(live, counters, after_reply, records, writes, dry_run=True)
+    sync = SynchronizePass(
+        live,
+        store,
+        counters,
+        after_reply,
+        Decider(live, records, counters, (), dry_run=True),
+        writes,
+        records,
+        reconcile,
+        dry_run=True,
+    )
     sync.take([], containers, first=True)
     assert sync.part is not None
     first, second, *_ = sync.part.containers
@@ -300,7 +314,7 @@ def test_a_split_synchronize_keeps_each_path_and_shares_a_pods_strings() -> None
         sync.reply()
 
     asyncio.run(last_chunk_and_reply())
-    assert {cid: ctx.known.cgroups_path(cid) for cid in paths} == paths
+    assert {cid: live.known.cgroups_path(cid) for cid in paths} == paths
 
 
 # -- the decision log line ----------------------------------------------------

@@ -541,7 +541,10 @@ def test_synchronize_decides_each_container_as_it_would_be_decided_alone(
     plugin = MidBatchPlugin(make_config(tree), dry_run=True, observers=[Decisions()])
     run(plugin.synchronize(pods[::-1], containers[::-1]))  # pods' containers apart
     assert len(decided) == len(containers)
-    alone = [decide_container(pod, container, plugin.policy) for pod, container, _ in decided]
+    alone = [
+        decide_container(pod, container, plugin.live.in_force.policy)
+        for pod, container, _ in decided
+    ]
     assert alone == [decision for _, _, decision in decided]
     # Every kind of outcome was among them: values, none, an error, the cpuset's quota.
     by_id = {container.id: decision for _, container, decision in decided}
@@ -1123,7 +1126,7 @@ def test_configure_with_a_drop_in_config_replaces_the_config(tree: FakeTree) -> 
     async def scenario() -> None:
         async with connected(make_config(tree), config_text=drop_in) as c:
             assert c.configured.events == EXPECTED_EVENTS_V010
-            assert c.plugin.config.rules.cpu_normalization_ratio == Fraction("1.2")
+            assert c.plugin.live.in_force.config.rules.cpu_normalization_ratio == Fraction("1.2")
             assert c.plugin.counters.config_rejected == 0
             reply = await c.create(pod, ctr)
             # ceil(50000 / 1.2); shares 2 (no request), memory unlimited (no limit).
@@ -1142,7 +1145,7 @@ def test_configure_with_an_invalid_config_keeps_the_previous_one(tree: FakeTree)
             # Configure still succeeds, with our events.
             assert c.configured.events == EXPECTED_EVENTS_V010
             assert c.plugin.counters.config_rejected == 1
-            assert c.plugin.config is startup
+            assert c.plugin.live.in_force.config is startup
             reply = await c.create(pod, ctr)
             assert values_of(reply.adjust.linux.resources) == (2, 25_000, -1)
 
@@ -1160,7 +1163,7 @@ def test_configure_with_a_hostile_drop_in_keeps_the_previous_config(
         async with connected(startup, config_text=text) as c:
             assert c.configured.events == EXPECTED_EVENTS_V010
             assert c.plugin.counters.config_rejected == 1
-            assert c.plugin.config is startup
+            assert c.plugin.live.in_force.config is startup
 
     with structlog.testing.capture_logs() as logs:
         run(scenario())

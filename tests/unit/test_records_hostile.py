@@ -153,7 +153,7 @@ def test_an_update_pod_sandbox_summed_past_64_bits_is_refused(tmp_path: Path) ->
             await node.app.plugin.after_reply.settle()
             assert node.tree.read(parent).quota == 55000
             assert node.app.plugin.counters.invalid == {"runtime_values": 1}
-            assert node.app.plugin.known.pods["web"].native.cpu_quota == 110_000
+            assert node.app.plugin.live.known.pods["web"].native.cpu_quota == 110_000
 
     run(scenario())
 

@@ -51,7 +51,7 @@ async def serving(
     tmp_path: Path, limits: StatusLimits, pods: int = PODS
 ) -> AsyncIterator[tuple[Node, StatusServer]]:
     async with running_node(tmp_path, synchronized=node_of(pods)) as node:
-        server = StatusServer(node.app.plugin, tmp_path / "status.sock", limits=limits)
+        server = StatusServer(node.app.status_source, tmp_path / "status.sock", limits=limits)
         await server.start()
         try:
             yield node, server
@@ -88,7 +88,7 @@ class Reads:
             self.in_threads += threading.current_thread() is not threading.main_thread()
             return read(writer, *args)
 
-        assert isinstance(node.app.plugin.cgroups, CgroupWriter)
+        assert isinstance(node.app.plugin.live.in_force.cgroups, CgroupWriter)
         monkeypatch.setattr(CgroupWriter, "read", counted)
 
 
@@ -255,8 +255,8 @@ def test_a_second_plugin_leaves_a_served_socket_alone(tmp_path: Path, path: Path
 
     async def scenario() -> None:
         async with running_node(tmp_path) as node:
-            first = StatusServer(node.app.plugin, path)
-            second = StatusServer(node.app.plugin, path)
+            first = StatusServer(node.app.status_source, path)
+            second = StatusServer(node.app.status_source, path)
             await first.start()
             with pytest.raises(OSError, match="another process serves"):
                 await second.start()
@@ -282,7 +282,7 @@ def test_a_stale_socket_is_replaced_and_a_file_that_is_no_socket_is_kept(
             dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             dead.bind(str(path))
             dead.close()  # a dead plugin's: refuses connections
-            server = StatusServer(node.app.plugin, path)
+            server = StatusServer(node.app.status_source, path)
             await server.start()
             assert json.loads(await asyncio.to_thread(read_answer, path))["format"] == 1
             await server.close()
@@ -332,7 +332,7 @@ def test_an_accept_that_fails_leaves_the_connection_waiting(
 
             monkeypatch.setattr(loop, "sock_accept", failing)
             monkeypatch.setattr("nri_midbatch.process.status.ACCEPT_RETRY_SECONDS", 0.0)
-            server = StatusServer(node.app.plugin, tmp_path / "status.sock")
+            server = StatusServer(node.app.status_source, tmp_path / "status.sock")
             with capture_logs() as logs:
                 await server.start()
                 try:
