@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nri_midbatch.cgroups.fs import KERNEL_FILES, CgroupFiles
 from nri_midbatch.cgroups.paths import CgroupDriver
 from nri_midbatch.cgroups.systemd import SystemdUnits
 from nri_midbatch.config.settings import Settings
@@ -55,12 +56,22 @@ class PluginContext:
         """Put `config` in force, with the writer it implies."""
         self.config = config
         self.policy = config.compile()
-        self.cgroups = writer_for(config, runtime, systemd)
+        self.cgroups = writer_for(config, runtime, systemd, self.cgroups.files)
 
 
-def writer_for(config: Settings, runtime: str, systemd: SystemdUnits | None) -> CgroupWriter:
+def writer_for(
+    config: Settings,
+    runtime: str,
+    systemd: SystemdUnits | None,
+    files: CgroupFiles = KERNEL_FILES,
+) -> CgroupWriter:
     """The cgroup writer of a configuration: its root and driver, the runtime's naming."""
     cgroups = config.cgroups
     return CgroupWriter(
-        Path(cgroups.root), CgroupDriver(cgroups.driver), runtime, systemd, cgroups.kubelet_root
+        Path(cgroups.root),
+        CgroupDriver(cgroups.driver),
+        runtime,
+        systemd,
+        cgroups.kubelet_root,
+        files,
     )

@@ -18,6 +18,7 @@ from pathlib import Path
 import structlog
 
 from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.cgroups.fs import KERNEL_FILES, CgroupFiles
 from nri_midbatch.cgroups.paths import CgroupDriver
 from nri_midbatch.cgroups.systemd import SystemdUnits, UnitTarget
 from nri_midbatch.cgroups.values import set_fields
@@ -75,6 +76,7 @@ class MidBatchPlugin:
         store: BaselineStore | None = None,
         lowering_timings: LoweringTimings = LoweringTimings(),
         convergence_timings: ConvergenceTimings = ConvergenceTimings(),
+        cgroup_files: CgroupFiles = KERNEL_FILES,
     ) -> None:
         """dry_run: decide pod-level values but write no cgroup file (replay, audits).
 
@@ -85,7 +87,8 @@ class MidBatchPlugin:
         yields to the runtime's requests. By default one of the plugin's own, which never
         waits (replay, tests). `lowering_timings`: a Synchronize's wait for the runtime to
         lower containers (plugin/lowering.py). `convergence_timings`: when a resized pod is
-        checked again (plugin/reconcile.py).
+        checked again (plugin/reconcile.py). `cgroup_files`: what reads and writes the
+        cgroup files (cgroups/fs.py), the kernel's unless a test gives its own.
         """
         self.runtime: RuntimeInfo | None = None
         #: Under the systemd driver, the units that hold our values (its task
@@ -98,7 +101,7 @@ class MidBatchPlugin:
         self._ctx = ctx = PluginContext(
             config,
             config.compile(),
-            writer_for(config, "", self.systemd),
+            writer_for(config, "", self.systemd, cgroup_files),
             store if store is not None and not dry_run else BaselineStore(None),
             dry_run=dry_run,
             observers=tuple(observers),

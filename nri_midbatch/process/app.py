@@ -21,6 +21,7 @@ import structlog
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from nri_midbatch.cgroups.fs import KERNEL_FILES, CgroupFiles
 from nri_midbatch.cgroups.systemd import LEVELS
 from nri_midbatch.cgroups.values import VALUE_FIELDS
 from nri_midbatch.config.settings import ConfigError, Settings
@@ -87,11 +88,12 @@ class App:
         deferred_timings: DeferredTimings = DeferredTimings(),
         lowering_timings: LoweringTimings = LoweringTimings(),
         convergence_timings: ConvergenceTimings = ConvergenceTimings(),
+        cgroup_files: CgroupFiles = KERNEL_FILES,
     ) -> None:
         """metrics_retry_seconds: the wait before a taken metrics address is tried again.
 
         deferred_timings: those of the work left for after replies (plugin/deferred.py);
-        lowering_timings, convergence_timings: the plugin's (MidBatchPlugin).
+        lowering_timings, convergence_timings, cgroup_files: the plugin's (MidBatchPlugin).
         """
         self.metrics = Metrics()
         self.recorder = recorder
@@ -109,6 +111,7 @@ class App:
             store=BaselineStore(state_dir),
             lowering_timings=lowering_timings,
             convergence_timings=convergence_timings,
+            cgroup_files=cgroup_files,
         )
         self.session = Session(
             self.plugin,

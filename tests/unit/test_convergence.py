@@ -25,7 +25,7 @@ from nri_midbatch.policy import NativeLimits
 from nri_midbatch.process.status import _rows, _workloads
 from nri_midbatch.rpc.errors import RpcError
 from tests import factory
-from tests.fake_cgroups import FakeTree
+from tests.fake_cgroups import KERNEL_RULES, FakeTree
 from tests.oracle.model import MI, Config, ContainerModel, Extended, Kind, Native, PodModel
 from tests.oracle.targets import Values, kubelet_pod
 
@@ -237,7 +237,8 @@ def test_update_pod_sandbox_is_refused_only_under_failure_policy_fail(
     """From kubernetes#137555 an error from UpdatePodSandbox blocks kubelet's resize."""
     tree = FakeTree(tmp_path / "cgroup")
     document = {"cgroups": {"root": str(tree.root)}, "failurePolicy": policy}
-    plugin = MidBatchPlugin(settings_of(load_config_text(json.dumps(document), "test")))
+    settings = settings_of(load_config_text(json.dumps(document), "test"))
+    plugin = MidBatchPlugin(settings, cgroup_files=KERNEL_RULES)
     sandbox = factory.pod("mid", qos="LS", priority="koord-mid", annotation=factory.mid_spec())
     tree.write(sandbox.linux.cgroup_parent, Values(1024, 200_000, 1024 * MI))
 
