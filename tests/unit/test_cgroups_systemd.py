@@ -56,14 +56,9 @@ SCOPE = "cri-containerd-c1.scope"
 KUBELET_BESTEFFORT = Held(1, INFINITY, INFINITY)
 
 
-def batch_pod(cpu_limit: str, cgroup_parent: str = SLICE, uid: str = "uid_batch") -> api.PodSandbox:
-    return factory.batch_pod(
-        name="batch",
-        uid=uid,
-        namespace="jobs",
-        cgroup_parent=cgroup_parent,
-        annotation=batch_spec(app=("250", cpu_limit, "256Mi")),
-    )
+#: The batch pod's "app" container: request 250m, memory 256Mi, the cpu limit as named.
+APP_1K = batch_spec(app=("250", "1k", "256Mi"))
+APP_375 = batch_spec(app=("250", "375", "256Mi"))
 
 
 def app_container() -> api.Container:
@@ -146,7 +141,16 @@ def test_pod_values_are_held_by_systemd_and_survive_its_reload(
 
     async def scenario() -> None:
         async with serve_manager(bus, manager), running(units):
-            await plugin.pod_event(Event.RUN_POD_SANDBOX, batch_pod("1k"))
+            await plugin.pod_event(
+                Event.RUN_POD_SANDBOX,
+                factory.batch_pod(
+                    name="batch",
+                    uid="uid_batch",
+                    namespace="jobs",
+                    cgroup_parent=SLICE,
+                    annotation=APP_1K,
+                ),
+            )
             await manager.wait_calls(1)
             manager.daemon_reload()
 
@@ -169,7 +173,12 @@ def test_a_reload_that_changes_values_is_repaired_and_counted(
     manager = FakeManager()
     manager.add_unit(SLICE, root / SLICE_DIR, KUBELET_BESTEFFORT)
     plugin, units = systemd_plugin(root)
-    pod, ctr = batch_pod("375"), app_container()
+    pod, ctr = (
+        factory.batch_pod(
+            name="batch", uid="uid_batch", namespace="jobs", cgroup_parent=SLICE, annotation=APP_375
+        ),
+        app_container(),
+    )
     exact = Values(10, 37500, 256 * MI)
 
     async def scenario() -> None:
@@ -228,11 +237,27 @@ def test_units_outside_kubepods_are_neither_set_nor_written(
             with capture_logs() as logs:
                 for i, parent in enumerate(FOREIGN_UNITS):
                     await plugin.pod_event(
-                        Event.RUN_POD_SANDBOX, batch_pod("375", parent, uid=f"uid{i}")
+                        Event.RUN_POD_SANDBOX,
+                        factory.batch_pod(
+                            name="batch",
+                            uid=f"uid{i}",
+                            namespace="jobs",
+                            cgroup_parent=parent,
+                            annotation=APP_375,
+                        ),
                     )
             # Units are set in the order they were queued: once the kubepods
             # pod's is, any before it would have been too.
-            await plugin.pod_event(Event.RUN_POD_SANDBOX, batch_pod("375"))
+            await plugin.pod_event(
+                Event.RUN_POD_SANDBOX,
+                factory.batch_pod(
+                    name="batch",
+                    uid="uid_batch",
+                    namespace="jobs",
+                    cgroup_parent=SLICE,
+                    annotation=APP_375,
+                ),
+            )
             await manager.wait_calls(1)
         refused = [entry for entry in logs if entry["event"] == "pod cgroup not set"]
         assert [(e["namespace"], e["pod"]) for e in refused] == [("jobs", "batch")] * 6
@@ -369,7 +394,16 @@ def test_without_dbus_the_files_are_written_and_the_failure_counted(
         async with running(units):
             while units.unreachable == 0:
                 await asyncio.sleep(0.01)
-            await plugin.pod_event(Event.RUN_POD_SANDBOX, batch_pod("375"))
+            await plugin.pod_event(
+                Event.RUN_POD_SANDBOX,
+                factory.batch_pod(
+                    name="batch",
+                    uid="uid_batch",
+                    namespace="jobs",
+                    cgroup_parent=SLICE,
+                    annotation=APP_375,
+                ),
+            )
 
     run(scenario(), timeout=20)
     assert tree.read(SLICE_DIR) == Values(10, 37500, 256 * MI)
@@ -390,7 +424,16 @@ def test_values_queued_while_dbus_is_away_reach_systemd_once_it_is_back(
         async with running(units):
             while units.unreachable == 0:
                 await asyncio.sleep(0.01)
-            await plugin.pod_event(Event.RUN_POD_SANDBOX, batch_pod("375"))
+            await plugin.pod_event(
+                Event.RUN_POD_SANDBOX,
+                factory.batch_pod(
+                    name="batch",
+                    uid="uid_batch",
+                    namespace="jobs",
+                    cgroup_parent=SLICE,
+                    annotation=APP_375,
+                ),
+            )
             with private_bus(address):
                 async with serve_manager(address, manager):
                     await manager.wait_calls(1)  # after the next attempt, RETRY_MIN later
