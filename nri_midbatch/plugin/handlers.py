@@ -94,7 +94,7 @@ class MidBatchPlugin:
         #: Under the systemd driver, the units that hold our values (its task
         #: is the App's to run); chosen at start, as the driver of a node is.
         self.systemd = (
-            SystemdUnits(Path(config.cgroups.root), self._systemd_containers)
+            SystemdUnits(Path(config.cgroups.root), self._systemd_containers, files=cgroup_files)
             if CgroupDriver(config.cgroups.driver) is CgroupDriver.SYSTEMD and not dry_run
             else None
         )
