@@ -40,7 +40,8 @@ def test_a_taken_metrics_address_is_logged_counted_and_bound_once_free() -> None
         assert error["event"] == "cannot serve metrics, retrying"
         assert error["address"] == f"127.0.0.1:{port}"
         async with app._services():
-            # Retried while the port is taken, and still not serving.
+            # Retried while the port is taken, and still not serving. The App retries on its
+            # own timer and tells nothing but these counts: asked again until they show.
             async with asyncio.timeout(STEP_TIMEOUT):
                 while app.metrics_bind_failures < 2:
                     await asyncio.sleep(0.01)

@@ -289,8 +289,7 @@ PROMPT = RepairTimings(quiet=0.01, longest=1.0)
 async def settled(manager: FakeManager) -> None:
     """The slice set once, and the plugin subscribed to `manager`'s signals."""
     await manager.wait_calls(1)
-    while manager.subscribers == 0:
-        await asyncio.sleep(0.01)
+    await manager.wait_subscribers(1)
 
 
 EXACT = Values(10, 37500, 256 * MI)
@@ -372,8 +371,7 @@ def test_a_restarted_systemd_is_followed_to_its_new_bus_name(
             async with serve_manager(bus, first):
                 await settled(first)
             async with serve_manager(bus, second):
-                while second.subscribers == 0:  # subscribed anew, on the same connection
-                    await asyncio.sleep(0.01)
+                await second.wait_subscribers(1)  # subscribed anew, on the same connection
                 second.daemon_reload()  # taken: from the name's new owner
                 while units.repair_passes == 0:
                     await asyncio.sleep(0.01)
