@@ -193,6 +193,11 @@ class SystemdUnits:
             (level, result): 0 for level in LEVELS for result in ("ok", "failed")
         }
 
+    @property
+    def held(self) -> tuple[int, int]:
+        """Pods remembered, and unit sets queued, now: what pods make it hold."""
+        return len(self._pods), len(self._pending)
+
     # -- from the plugin (any thread) ----------------------------------------
 
     def hold(self, target: UnitTarget) -> None:

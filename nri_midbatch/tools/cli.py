@@ -123,7 +123,9 @@ def _plugin_idx(value: str) -> str:
 _DEFAULT = "(default %(default)s)"
 
 
-def _parser() -> argparse.ArgumentParser:
+def command_line() -> argparse.ArgumentParser:
+    """The parser of the command line (the docs, manifests and packaging are checked against
+    its options)."""
     parser = argparse.ArgumentParser(
         prog="nri-midbatch",
         description="NRI plugin setting cgroup values for Koordinator batch and mid-tier pods.",
@@ -316,7 +318,7 @@ def _non_negative_int(value: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
+    parser = command_line()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv and early_signals.runs_plugin(argv, os.environ):
         # The runtime execs a pre-launched plugin without arguments.

@@ -491,13 +491,13 @@ def test_what_is_remembered_is_bounded_by_the_pods_known(root: Path) -> None:
         units.hold(UnitTarget(container, values, f"u{i}", "ns", f"p{i}", "app"))
         # A newer value for the same unit replaces the queued one.
         units.hold(UnitTarget(pod, values, f"u{i}", "ns", f"p{i}"))
-    assert len(units._pending) == 2000 and len(units._pods) == 1000
+    assert units.held == (1000, 2000)
     for i in range(500):
         units.forget_container(f"u{i}", f"c{i}")
-    assert len(units._pending) == 1500
+    assert units.held == (1000, 1500)
     for i in range(1000):
         units.forget_pod(f"u{i}")
-    assert units._pending == {} and units._pods == {}
+    assert units.held == (0, 0)
 
 
 def test_the_cgroupfs_path_never_loads_dbus_fast() -> None:

@@ -255,7 +255,7 @@ def test_webhook_refuses_a_negative_or_huge_shutdown_delay(
 
 def test_webhook_takes_a_shutdown_delay_of_zero() -> None:
     argv = ["webhook", "--shutdown-delay", "0", "--tls-cert", "c", "--tls-key", "k"]
-    args = nri_midbatch.tools.cli._parser().parse_args(argv)
+    args = nri_midbatch.tools.cli.command_line().parse_args(argv)
     assert args.shutdown_delay == 0.0
 
 
@@ -457,7 +457,7 @@ def test_prelaunched_process_registers_configures_and_exits_on_close(
 
 
 def _subcommands() -> dict[str, argparse.ArgumentParser]:
-    parser = nri_midbatch.tools.cli._parser()
+    parser = nri_midbatch.tools.cli.command_line()
     (commands,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     return dict(commands.choices)
 
