@@ -177,7 +177,8 @@ async def _nothing() -> AsyncIterator[None]:
 
 
 async def until(condition: Callable[[], bool], what: str, timeout: float = STEP_TIMEOUT) -> None:
-    """Poll for a state that no single reload pass announces (a count, a refusal)."""
+    """Poll for a state that no event announces: the App's counts (a reload that no single
+    pass announces, a refusal), SystemdUnits' counts, files written in a thread."""
     async with asyncio.timeout(timeout):
         while not condition():
             await asyncio.sleep(POLL)

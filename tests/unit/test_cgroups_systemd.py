@@ -38,6 +38,7 @@ from tests.factory import MI, batch_spec
 from tests.fake_cgroups import BESTEFFORT, FakeTree
 from tests.oracle.targets import Values
 
+from .app_node import until
 from .fake_systemd import (
     FakeManager,
     Held,
@@ -196,8 +197,9 @@ def test_a_reload_that_changes_values_is_repaired_and_counted(
             manager.daemon_reload()
             # Repaired: each unit's files put back, the scope also set anew.
             # (The slice is set anew only if its first set had completed.)
-            while units.drift_repaired != {"pod": 1, "container": 1}:
-                await asyncio.sleep(0.01)
+            await until(
+                lambda: units.drift_repaired == {"pod": 1, "container": 1}, "both units repaired"
+            )
             await manager.wait_unit_calls(SCOPE, 1)
 
     run(scenario(), timeout=20)
@@ -296,8 +298,7 @@ EXACT = Values(10, 37500, 256 * MI)
 
 
 async def until_exact(tree: FakeTree) -> None:
-    while tree.read(SLICE_DIR) != EXACT:
-        await asyncio.sleep(0.01)
+    await until(lambda: tree.read(SLICE_DIR) == EXACT, "the slice's files put back")
 
 
 def test_reloading_signals_count_only_from_systemds_own_bus_name(
@@ -325,8 +326,7 @@ def test_reloading_signals_count_only_from_systemds_own_bus_name(
             finally:
                 spoofer.disconnect()
             manager.daemon_reload()  # files back to whole percent, then Reloading(false)
-            while units.repair_passes == 0:
-                await asyncio.sleep(0.01)
+            await until(lambda: units.repair_passes > 0, "a repair pass")
             await until_exact(tree)
 
     run(scenario(), timeout=20)
@@ -347,8 +347,7 @@ def test_a_burst_of_reloads_gives_one_repair_pass_after_it(
             with capture_logs() as logs:
                 for _ in range(30):
                     manager.daemon_reload()
-                while units.repair_passes == 0:
-                    await asyncio.sleep(0.01)
+                await until(lambda: units.repair_passes > 0, "a repair pass")
                 assert units.reloads == 30  # all of them before the pass
                 await until_exact(tree)
             passes = [e for e in logs if e["event"].startswith("systemd reloaded")]
@@ -373,8 +372,7 @@ def test_a_restarted_systemd_is_followed_to_its_new_bus_name(
             async with serve_manager(bus, second):
                 await second.wait_subscribers(1)  # subscribed anew, on the same connection
                 second.daemon_reload()  # taken: from the name's new owner
-                while units.repair_passes == 0:
-                    await asyncio.sleep(0.01)
+                await until(lambda: units.repair_passes > 0, "a repair pass")
                 await until_exact(tree)
 
     run(scenario(), timeout=20)
@@ -390,8 +388,7 @@ def test_without_dbus_the_files_are_written_and_the_failure_counted(
 
     async def scenario() -> None:
         async with running(units):
-            while units.unreachable == 0:
-                await asyncio.sleep(0.01)
+            await until(lambda: units.unreachable > 0, "systemd found unreachable")
             await plugin.pod_event(
                 Event.RUN_POD_SANDBOX,
                 factory.batch_pod(
@@ -420,8 +417,7 @@ def test_values_queued_while_dbus_is_away_reach_systemd_once_it_is_back(
 
     async def scenario() -> None:
         async with running(units):
-            while units.unreachable == 0:
-                await asyncio.sleep(0.01)
+            await until(lambda: units.unreachable > 0, "systemd found unreachable")
             await plugin.pod_event(
                 Event.RUN_POD_SANDBOX,
                 factory.batch_pod(
@@ -464,8 +460,10 @@ def test_a_refused_call_is_counted_and_the_next_unit_still_set(
             failed = plugin.write_plan(Plan((change,), (PodChange(pod, change.values),)))
             assert failed == Plan((), ())
             sets = units.property_sets
-            while sets[("container", "ok")] == 0 or sets[("pod", "failed")] == 0:
-                await asyncio.sleep(0.01)
+            await until(
+                lambda: sets[("container", "ok")] > 0 and sets[("pod", "failed")] > 0,
+                "both units set",
+            )
 
     run(scenario(), timeout=20)
     assert manager.calls == [
