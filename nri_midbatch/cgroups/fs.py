@@ -67,8 +67,8 @@ def apply_values(
     Raises CgroupPathError, before touching any file, if any target path is
     refused. Read and write errors do not raise: each file is attempted and
     its outcome (written with old and new text, unchanged, or failed with the
-    errno) goes into the report. `write` writes one file (`write_file` if None; a test's
-    `CgroupFiles` gives its own).
+    errno) goes into the report. `write` writes one file: `CgroupFiles.apply_values` passes
+    its `write_file`; None is the plain write.
     """
     write_file = _write if write is None else write
     relpath, named = location.relpath(), location.named
@@ -401,8 +401,8 @@ def _open_at(dir_fd: int, name: str, flags: int) -> int:
 
 
 class CgroupFiles:
-    """The file operations the cgroup writer (plugin/cgroup_writer.py) uses: these, on the
-    files under its root.
+    """The file operations the cgroup writer (plugin/cgroup_writer.py) and the systemd
+    driver's repairs (cgroups/systemd.py) use: these, on the files under their root.
 
     The writer's seam for tests: a test hands the writer (through `MidBatchPlugin` or `App`,
     `cgroup_files=`) a subclass that refuses a write as a kernel would, fails one, or counts

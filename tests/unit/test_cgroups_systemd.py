@@ -60,6 +60,8 @@ KUBELET_BESTEFFORT = Held(1, INFINITY, INFINITY)
 #: The batch pod's "app" container: request 250m, memory 256Mi, the cpu limit as named.
 APP_1K = batch_spec(app=("250", "1k", "256Mi"))
 APP_375 = batch_spec(app=("250", "375", "256Mi"))
+#: The batch pod of jobs/batch in SLICE, as `factory.batch_pod` takes it.
+JOBS_BATCH = {"name": "batch", "uid": "uid_batch", "namespace": "jobs", "cgroup_parent": SLICE}
 
 
 def app_container() -> api.Container:
@@ -144,13 +146,7 @@ def test_pod_values_are_held_by_systemd_and_survive_its_reload(
         async with serve_manager(bus, manager), running(units):
             await plugin.pod_event(
                 Event.RUN_POD_SANDBOX,
-                factory.batch_pod(
-                    name="batch",
-                    uid="uid_batch",
-                    namespace="jobs",
-                    cgroup_parent=SLICE,
-                    annotation=APP_1K,
-                ),
+                factory.batch_pod(**JOBS_BATCH, annotation=APP_1K),
             )
             await manager.wait_calls(1)
             manager.daemon_reload()
@@ -174,12 +170,7 @@ def test_a_reload_that_changes_values_is_repaired_and_counted(
     manager = FakeManager()
     manager.add_unit(SLICE, root / SLICE_DIR, KUBELET_BESTEFFORT)
     plugin, units = systemd_plugin(root)
-    pod, ctr = (
-        factory.batch_pod(
-            name="batch", uid="uid_batch", namespace="jobs", cgroup_parent=SLICE, annotation=APP_375
-        ),
-        app_container(),
-    )
+    pod, ctr = factory.batch_pod(**JOBS_BATCH, annotation=APP_375), app_container()
     exact = Values(10, 37500, 256 * MI)
 
     async def scenario() -> None:
@@ -252,13 +243,7 @@ def test_units_outside_kubepods_are_neither_set_nor_written(
             # pod's is, any before it would have been too.
             await plugin.pod_event(
                 Event.RUN_POD_SANDBOX,
-                factory.batch_pod(
-                    name="batch",
-                    uid="uid_batch",
-                    namespace="jobs",
-                    cgroup_parent=SLICE,
-                    annotation=APP_375,
-                ),
+                factory.batch_pod(**JOBS_BATCH, annotation=APP_375),
             )
             await manager.wait_calls(1)
         refused = [entry for entry in logs if entry["event"] == "pod cgroup not set"]
@@ -391,13 +376,7 @@ def test_without_dbus_the_files_are_written_and_the_failure_counted(
             await until(lambda: units.unreachable > 0, "systemd found unreachable")
             await plugin.pod_event(
                 Event.RUN_POD_SANDBOX,
-                factory.batch_pod(
-                    name="batch",
-                    uid="uid_batch",
-                    namespace="jobs",
-                    cgroup_parent=SLICE,
-                    annotation=APP_375,
-                ),
+                factory.batch_pod(**JOBS_BATCH, annotation=APP_375),
             )
 
     run(scenario(), timeout=20)
@@ -420,13 +399,7 @@ def test_values_queued_while_dbus_is_away_reach_systemd_once_it_is_back(
             await until(lambda: units.unreachable > 0, "systemd found unreachable")
             await plugin.pod_event(
                 Event.RUN_POD_SANDBOX,
-                factory.batch_pod(
-                    name="batch",
-                    uid="uid_batch",
-                    namespace="jobs",
-                    cgroup_parent=SLICE,
-                    annotation=APP_375,
-                ),
+                factory.batch_pod(**JOBS_BATCH, annotation=APP_375),
             )
             with private_bus(address):
                 async with serve_manager(address, manager):
