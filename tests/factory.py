@@ -156,9 +156,15 @@ def model_pod(
     return PodModel(pod_id, kind, containers, overhead or Native())
 
 
-def prod_pod(pod_id: str = "prod") -> api.PodSandbox:
-    """An LS koord-prod pod without tier resources: no tier changes its values."""
-    return pod(pod_id, qos="LS", priority="koord-prod")
+def prod_pod(
+    pod_id: str = "prod", *, name: str | None = None, **linux: api.LinuxResources
+) -> api.PodSandbox:
+    """An LS koord-prod pod without tier resources: no tier changes its values. `linux`: its
+    `pod_resources` and `pod_overhead`, as containerd 2.x sends them."""
+    result = pod(pod_id, qos="LS", priority="koord-prod", name=name)
+    for field, given in linux.items():
+        getattr(result.linux, field).CopyFrom(given)
+    return result
 
 
 def container(
