@@ -1,7 +1,8 @@
 """What the tests build: Koordinator's label and annotation names, quantities, the NRI
 pods and containers a runtime sends, and the views and policies the policy decides with.
 A test names only what its case changes; everything else is one pod of the default
-namespace in kubelet's cgroup layout.
+namespace in kubelet's cgroup layout. The history tests' pods are the oracle's models
+(`model_pod`), which their harness turns into NRI pods.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from nri_midbatch.policy import (
     Policy,
     decide_container,
 )
+from tests.oracle.model import ContainerModel, Extended, Kind, Native, PodModel
 
 QOS = "koordinator.sh/qosClass"
 PRIORITY = "koordinator.sh/priority-class"
@@ -122,9 +124,47 @@ def batch_pod(
     )
 
 
-def prod_pod(pod_id: str = "prod") -> api.PodSandbox:
-    """An LS koord-prod pod without tier resources: no tier changes its values."""
-    return pod(pod_id, qos="LS", priority="koord-prod")
+#: kubelet's values for an LS model pod's container: request 500m, limit 1 CPU, 512 MiB.
+APP_NATIVE = Native(cpu_request=500, cpu_limit=1000, memory_limit=512 * MI)
+#: A batch model pod's container: BATCH_APP's resources.
+APP_BATCH = Extended(cpu_request=500, cpu_limit=1000, memory_limit=512 * MI)
+#: A mid model pod's container: request 1500m, limit 2 CPUs, 1 GiB of the mid tier.
+APP_MID = Extended(cpu_request=1500, cpu_limit=2000, memory_limit=1024 * MI)
+
+
+def model_pod(
+    kind: Kind,
+    pod_id: str | None = None,
+    *,
+    tier: Extended | None = None,
+    native: Native | None = None,
+    overhead: Native | None = None,
+) -> PodModel:
+    """A pod of the history tests' model (tests/oracle/model.py) with one "app" container.
+
+    By default its id is the kind's tier ("batch", "mid", "norm" or "prod"), its tier
+    resources APP_BATCH or APP_MID by its annotation's tier (none for other kinds), and
+    kubelet's values APP_NATIVE in an LS pod, none in a besteffort one."""
+    prefix = kind.resource_prefix
+    if tier is None:
+        tier = {"batch": APP_BATCH, "mid": APP_MID}.get(prefix or "")
+    if native is None:
+        native = Native() if kind.besteffort else APP_NATIVE
+    if pod_id is None:
+        pod_id = prefix or ("norm" if kind is Kind.NORMALIZED_LS else "prod")
+    containers = (ContainerModel("app", tier, native),)
+    return PodModel(pod_id, kind, containers, overhead or Native())
+
+
+def prod_pod(
+    pod_id: str = "prod", *, name: str | None = None, **linux: api.LinuxResources
+) -> api.PodSandbox:
+    """An LS koord-prod pod without tier resources: no tier changes its values. `linux`: its
+    `pod_resources` and `pod_overhead`, as containerd 2.x sends them."""
+    result = pod(pod_id, qos="LS", priority="koord-prod", name=name)
+    for field, given in linux.items():
+        getattr(result.linux, field).CopyFrom(given)
+    return result
 
 
 def container(

@@ -7,7 +7,7 @@ it too (tests/unit/fake_systemd.py writes their files). Values are (shares, quot
 
 On cgroup v1 a `cpu.cfs_quota_us` write that the kernel refuses is refused here too, with
 EINVAL, whoever writes: kubelet and runc through `FakeTree.write`, the plugin through
-`kernel_checked` (tests/unit/conftest.py puts it under the plugin's cgroupfs writes). The
+`KERNEL_RULES`, the file operations a test gives the plugin it builds on the tree. The
 kernel's rule (kernel/sched/core.c, `tg_cfs_schedulable_down`): with CFS bandwidth on v1, a
 limited cgroup's quota/period may not exceed that of its nearest limited ancestor; an
 unlimited cgroup (-1) takes its parent's limit for its children, and under no limit anything
@@ -21,8 +21,11 @@ import errno
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol, TypeVar
 
+from nri_midbatch.cgroups.fs import CgroupFiles, FileTarget
+from nri_midbatch.cgroups.paths import CgroupLocation
+from nri_midbatch.cgroups.report import WriteReport
+from nri_midbatch.cgroups.values import CgroupReading, CgroupValues
 from tests.oracle.targets import UNLIMITED, Values, weight_of
 
 #: What cgroup v1 shows for "no memory limit" (the page-aligned int64 maximum).
@@ -125,25 +128,46 @@ class FakeTree:
         }
 
 
-class _CgroupFile(Protocol):
-    """What the plugin's cgroupfs driver writes to: a file by its path."""
+class KernelRules(CgroupFiles):
+    """The plugin's cgroup file operations on a fake tree (its writer's seam, cgroups/fs.py):
+    the real ones, but a `cpu.cfs_quota_us` write that a v1 kernel refuses is refused, with
+    EINVAL, before it is written. A tree that is not v1 takes any write."""
 
-    @property
-    def path(self) -> Path: ...
-
-
-_T = TypeVar("_T", bound=_CgroupFile)
-
-
-def kernel_checked(write: Callable[[_T, str], None]) -> Callable[[_T, str], None]:
-    """`write` (the plugin's one write of a cgroup file) refusing what the kernel refuses."""
-
-    def checked(target: _T, text: str) -> None:
+    def write_file(self, target: FileTarget, text: str) -> None:
         if target.path.name == "cpu.cfs_quota_us":
             check_v1_quota(target.path.parent, int(text))
-        write(target, text)
+        super().write_file(target, text)
 
-    return checked
+
+#: What a test gives the plugin it builds on a fake tree (`MidBatchPlugin` and `App` take it
+#: as `cgroup_files`): nothing holds state, so one serves every test.
+KERNEL_RULES = KernelRules()
+
+
+def _unwatched(_location: CgroupLocation) -> None:
+    pass
+
+
+class Watched(KernelRules):
+    """`KernelRules` telling the test of each cgroup the plugin's writer writes or reads
+    (`read` only; the convergence pass's located reads are not told), before it does.
+
+    Set `applying` or `reading` when the test starts watching; raising from one is the
+    write's or the read's failure."""
+
+    def __init__(self) -> None:
+        self.applying: Callable[[CgroupLocation], None] = _unwatched
+        self.reading: Callable[[CgroupLocation], None] = _unwatched
+
+    def apply_values(
+        self, root: Path, location: CgroupLocation, values: CgroupValues
+    ) -> WriteReport:
+        self.applying(location)
+        return super().apply_values(root, location, values)
+
+    def read_values(self, root: Path, location: CgroupLocation) -> CgroupReading:
+        self.reading(location)
+        return super().read_values(root, location)
 
 
 def check_v1_quota(directory: Path, quota: int) -> None:

@@ -9,7 +9,7 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -53,7 +53,12 @@ def detect_version(root: Path) -> CgroupVersion:
     return CgroupVersion.V1
 
 
-def apply_values(root: Path, location: CgroupLocation, values: CgroupValues) -> WriteReport:
+def apply_values(
+    root: Path,
+    location: CgroupLocation,
+    values: CgroupValues,
+    write: Callable[["FileTarget", str], None] | None = None,
+) -> WriteReport:
     """Write the cgroup's cpu shares (or weight), CFS quota and memory limit.
 
     Pods' because NRI cannot adjust a pod sandbox; containers' when a new configuration
@@ -62,8 +67,10 @@ def apply_values(root: Path, location: CgroupLocation, values: CgroupValues) -> 
     Raises CgroupPathError, before touching any file, if any target path is
     refused. Read and write errors do not raise: each file is attempted and
     its outcome (written with old and new text, unchanged, or failed with the
-    errno) goes into the report.
+    errno) goes into the report. `write` writes one file: `CgroupFiles.apply_values` passes
+    its `write_file`; None is the plain write.
     """
+    write_file = _write if write is None else write
     relpath, named = location.relpath(), location.named
     version = detect_version(root)
     settings = pod_settings(version, values)
@@ -81,7 +88,7 @@ def apply_values(root: Path, location: CgroupLocation, values: CgroupValues) -> 
                 unchanged.append(FileUnchanged(target.path, old))
                 continue
             try:
-                _write(target, setting.text)
+                write_file(target, setting.text)
             except OSError as exc:
                 failed.append(FileFailure.from_os_error(target.path, "write", exc))
                 continue
@@ -189,8 +196,9 @@ def read_located(
 
 
 @dataclass(frozen=True)
-class _Target:
-    """A cgroup file: its path (for reports) and its open directory, or why that failed."""
+class FileTarget:
+    """A cgroup file about to be written: its path (for reports) and its open directory, or
+    why that failed."""
 
     path: Path
     dir_fd: int | None
@@ -209,7 +217,7 @@ def _open_targets(
     relpath: PurePosixPath,
     cgroup_parent: str,
     files: Sequence[CgroupFile],
-) -> Iterator[list[_Target]]:
+) -> Iterator[list[FileTarget]]:
     """The files' targets, their directories open until the block ends.
 
     Raises CgroupPathError before opening anything if a path is refused.
@@ -232,7 +240,7 @@ def _open_targets(
                     opened[directory] = (None, exc.with_traceback(None))
                 else:
                     opened[directory] = (dir_fd, None)
-            targets.append(_Target(path, *opened[directory]))
+            targets.append(FileTarget(path, *opened[directory]))
         yield targets
     finally:
         directories.close()
@@ -341,7 +349,7 @@ def _strictly_inside(path: Path, base: Path) -> bool:
     return path != base and path.is_relative_to(base)
 
 
-def _read(target: _Target) -> str:
+def _read(target: FileTarget) -> str:
     return _read_at(_dir_of(target), target.name)
 
 
@@ -361,7 +369,7 @@ def _read_at(dir_fd: int, name: str) -> str:
     return data.decode("utf-8", errors="replace").strip()
 
 
-def _write(target: _Target, text: str) -> None:
+def _write(target: FileTarget, text: str) -> None:
     fd = _open_at(_dir_of(target), target.name, _WRITE_FLAGS)
     try:
         # One write(2): the kernel parses each write as a whole value.
@@ -370,7 +378,7 @@ def _write(target: _Target, text: str) -> None:
         os.close(fd)
 
 
-def _dir_of(target: _Target) -> int:
+def _dir_of(target: FileTarget) -> int:
     if target.dir_error is not None:
         # A copy: raised, the kept error would take on this traceback, whose
         # frames hold the target that holds it.
@@ -390,3 +398,39 @@ def _open_at(dir_fd: int, name: str, flags: int) -> int:
         os.close(fd)
         raise
     return fd
+
+
+class CgroupFiles:
+    """The file operations the cgroup writer (plugin/cgroup_writer.py) and the systemd
+    driver's repairs (cgroups/systemd.py) use: these, on the files under their root.
+
+    The writer's seam for tests: a test hands the writer (through `MidBatchPlugin` or `App`,
+    `cgroup_files=`) a subclass that refuses a write as a kernel would, fails one, or counts
+    reads, and everything else runs as it does on a node (tests/fake_cgroups.py,
+    docs/testing.md). Holds nothing: one instance serves any number of writers.
+    """
+
+    def apply_values(
+        self, root: Path, location: CgroupLocation, values: CgroupValues
+    ) -> WriteReport:
+        """`apply_values`, each file written by `write_file`."""
+        return apply_values(root, location, values, self.write_file)
+
+    def read_values(self, root: Path, location: CgroupLocation) -> CgroupReading:
+        return read_values(root, location)
+
+    def locate(self, root: Path, location: CgroupLocation) -> LocatedFiles:
+        return locate(root, location)
+
+    def read_located(
+        self, located: LocatedFiles, directories: OpenDirectories | None = None
+    ) -> CgroupReading:
+        return read_located(located, directories)
+
+    def write_file(self, target: FileTarget, text: str) -> None:
+        """Write `text` to one cgroup file, in one write(2). Raises OSError."""
+        _write(target, text)
+
+
+#: The kernel's cgroup files, as the plugin reads and writes them on a node.
+KERNEL_FILES = CgroupFiles()

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from nri_midbatch.cgroups.files import CgroupVersion
-from nri_midbatch.cgroups.fs import apply_values, detect_version
+from nri_midbatch.cgroups.fs import KERNEL_FILES, CgroupFiles, detect_version
 from nri_midbatch.cgroups.paths import CgroupLocation, CgroupPathError, Level
 from nri_midbatch.cgroups.reload_burst import DEFAULT_TIMINGS, ReloadBurst, RepairTimings
 from nri_midbatch.cgroups.report import WriteReport
@@ -109,9 +109,9 @@ class UnitTarget:
     def key(self) -> tuple[str, str]:
         return self.pod_uid, self.location.container_id or ""
 
-    def apply_files(self, root: Path) -> WriteReport:
+    def apply_files(self, root: Path, files: CgroupFiles) -> WriteReport:
         """Write what differs in the unit's files (blocking; see cgroups.fs)."""
-        return apply_values(root, self.location, self.values)
+        return files.apply_values(root, self.location, self.values)
 
     def where(self) -> dict[str, str]:
         where = {"namespace": self.namespace, "pod": self.pod}
@@ -166,8 +166,11 @@ class SystemdUnits:
         root: Path,
         held_containers: HeldContainers,
         timings: RepairTimings = DEFAULT_TIMINGS,
+        files: CgroupFiles = KERNEL_FILES,
     ) -> None:
+        """`files`: what writes the units' files back, the cgroup writer's (cgroups/fs.py)."""
         self._root = root
+        self._files = files
         self._held_containers = held_containers
         self._pods: dict[str, UnitTarget] = {}
         self._pending: dict[tuple[str, str], UnitTarget] = {}
@@ -199,6 +202,11 @@ class SystemdUnits:
 
     def counter_families(self) -> Iterator[CounterFamily]:
         return _counter_families(self)
+
+    @property
+    def held(self) -> tuple[int, int]:
+        """Pods remembered, and unit sets queued, now: what pods make it hold."""
+        return len(self._pods), len(self._pending)
 
     # -- from the plugin (any thread) ----------------------------------------
 
@@ -428,12 +436,12 @@ class SystemdUnits:
         # systemd has just written the files itself: put back exactly what the
         # cgroupfs path writes, should its arithmetic differ (a unit with a
         # CFS period of its own) or a reload have come in between.
-        self._put_back(target, await asyncio.to_thread(target.apply_files, self._root))
+        self._put_back(target, await asyncio.to_thread(target.apply_files, self._root, self._files))
 
     async def _repair(self) -> None:
         """Put back, file by file, what a reload of systemd changed; then have systemd hold it."""
         targets = [*self._pods.values(), *self._held_containers()]
-        reports = await asyncio.to_thread(_apply_all, targets, self._root)
+        reports = await asyncio.to_thread(_apply_all, targets, self._root, self._files)
         for target, report in zip(targets, reports, strict=True):
             if isinstance(report, CgroupPathError):
                 continue
@@ -504,11 +512,13 @@ def _counter_families(units: SystemdUnits | None) -> Iterator[CounterFamily]:
     )
 
 
-def _apply_all(targets: list[UnitTarget], root: Path) -> list[WriteReport | CgroupPathError]:
+def _apply_all(
+    targets: list[UnitTarget], root: Path, files: CgroupFiles
+) -> list[WriteReport | CgroupPathError]:
     results: list[WriteReport | CgroupPathError] = []
     for target in targets:
         try:
-            results.append(target.apply_files(root))
+            results.append(target.apply_files(root, files))
         except CgroupPathError as exc:
             results.append(exc)
     return results

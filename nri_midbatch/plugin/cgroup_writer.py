@@ -14,14 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from nri_midbatch.cgroups.fs import (
-    LocatedFiles,
-    OpenDirectories,
-    apply_values,
-    locate,
-    read_located,
-    read_values,
-)
+from nri_midbatch.cgroups.fs import KERNEL_FILES, CgroupFiles, LocatedFiles, OpenDirectories
 from nri_midbatch.cgroups.paths import CgroupDriver, CgroupLocation, CgroupPathError, KubeletRoot
 from nri_midbatch.cgroups.systemd import SystemdUnits, UnitTarget
 from nri_midbatch.cgroups.values import CgroupReading
@@ -52,6 +45,8 @@ class CgroupWriter:
     systemd: SystemdUnits | None = None
     #: kubelet's `--cgroup-root`: only pods below its `kubepods` are written.
     kubelet_root: KubeletRoot = ()
+    #: What reads and writes the files: the kernel's, or a test's (cgroups/fs.py).
+    files: CgroupFiles = KERNEL_FILES
 
     def write(
         self,
@@ -63,7 +58,7 @@ class CgroupWriter:
         """Write the pod's (container None) or the container's values."""
         location = self.location(pod, container, cgroups_path)
         try:
-            report = apply_values(self.root, location, values)
+            report = self.files.apply_values(self.root, location, values)
         except CgroupPathError as exc:
             return Written(str(exc))
         if not report.ok:
@@ -77,7 +72,7 @@ class CgroupWriter:
     ) -> CgroupReading:
         """What the cgroup holds now. Raises CgroupUnreadable."""
         try:
-            return read_values(self.root, self.location(pod, container, cgroups_path))
+            return self.files.read_values(self.root, self.location(pod, container, cgroups_path))
         except (OSError, ValueError) as exc:  # ValueError: CgroupPathError among them
             reason = str(exc)
         # Raised without the error as its cause: that one's traceback holds this frame,
@@ -87,19 +82,18 @@ class CgroupWriter:
     def locate(self, location: CgroupLocation) -> LocatedFiles:
         """The cgroup's value files, resolved and checked. Raises CgroupUnreadable."""
         try:
-            return locate(self.root, location)
+            return self.files.locate(self.root, location)
         except (OSError, ValueError) as exc:  # ValueError: CgroupPathError among them
             reason = str(exc)
         raise CgroupUnreadable(reason)  # without its cause, as in `read`
 
-    @staticmethod
     def read_located(
-        located: LocatedFiles, directories: OpenDirectories | None = None
+        self, located: LocatedFiles, directories: OpenDirectories | None = None
     ) -> CgroupReading:
         """What the located files hold now (their directories held open in `directories`, if
         given). Raises CgroupUnreadable."""
         try:
-            return read_located(located, directories)
+            return self.files.read_located(located, directories)
         except (OSError, ValueError) as exc:
             reason = str(exc)
         raise CgroupUnreadable(reason)  # without its cause, as in `read`

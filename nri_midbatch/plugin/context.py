@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from nri_midbatch.cgroups.fs import KERNEL_FILES, CgroupFiles
 from nri_midbatch.cgroups.paths import CgroupDriver
 from nri_midbatch.cgroups.systemd import SystemdUnits
 from nri_midbatch.config.settings import Settings
@@ -29,8 +30,14 @@ class InForce:
     cgroups: CgroupWriter
 
     @classmethod
-    def of(cls, config: Settings, runtime: str, systemd: SystemdUnits | None) -> InForce:
-        return cls(config, config.compile(), writer_for(config, runtime, systemd))
+    def of(
+        cls,
+        config: Settings,
+        runtime: str,
+        systemd: SystemdUnits | None,
+        files: CgroupFiles = KERNEL_FILES,
+    ) -> InForce:
+        return cls(config, config.compile(), writer_for(config, runtime, systemd, files))
 
     def for_runtime(self, runtime: str) -> InForce:
         """The same, its writer naming cgroups as `runtime` does."""
@@ -61,9 +68,19 @@ class Live:
     known: Known
 
 
-def writer_for(config: Settings, runtime: str, systemd: SystemdUnits | None) -> CgroupWriter:
+def writer_for(
+    config: Settings,
+    runtime: str,
+    systemd: SystemdUnits | None,
+    files: CgroupFiles = KERNEL_FILES,
+) -> CgroupWriter:
     """The cgroup writer of a configuration: its root and driver, the runtime's naming."""
     cgroups = config.cgroups
     return CgroupWriter(
-        Path(cgroups.root), CgroupDriver(cgroups.driver), runtime, systemd, cgroups.kubelet_root
+        Path(cgroups.root),
+        CgroupDriver(cgroups.driver),
+        runtime,
+        systemd,
+        cgroups.kubelet_root,
+        files,
     )

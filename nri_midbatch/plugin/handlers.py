@@ -20,6 +20,7 @@ from pathlib import Path
 import structlog
 
 from nri_midbatch.api import nri_pb2 as api
+from nri_midbatch.cgroups.fs import KERNEL_FILES, CgroupFiles
 from nri_midbatch.cgroups.paths import CgroupDriver
 from nri_midbatch.cgroups.systemd import SystemdUnits, UnitTarget
 from nri_midbatch.cgroups.values import set_fields
@@ -71,6 +72,7 @@ class MidBatchPlugin:
         store: BaselineStore | None = None,
         lowering_timings: LoweringTimings = LoweringTimings(),
         convergence_timings: ConvergenceTimings = ConvergenceTimings(),
+        cgroup_files: CgroupFiles = KERNEL_FILES,
     ) -> None:
         """dry_run: decide pod-level values but write no cgroup file (replay, audits).
 
@@ -81,19 +83,20 @@ class MidBatchPlugin:
         that it yields to the runtime's requests. By default one of the plugin's own, which never
         waits (replay, tests). `lowering_timings`: a Synchronize's wait for the runtime to
         lower containers (plugin/lowering.py). `convergence_timings`: when a resized pod is
-        checked again (plugin/reconcile.py).
+        checked again (plugin/reconcile.py). `cgroup_files`: what reads and writes the
+        cgroup files (cgroups/fs.py), the kernel's unless a test gives its own.
         """
         self.runtime: RuntimeInfo | None = None
         #: Under the systemd driver, the units that hold our values (its task
         #: is the App's to run); chosen at start, as the driver of a node is.
         self.systemd = (
-            SystemdUnits(Path(config.cgroups.root), self._systemd_containers)
+            SystemdUnits(Path(config.cgroups.root), self._systemd_containers, files=cgroup_files)
             if CgroupDriver(config.cgroups.driver) is CgroupDriver.SYSTEMD and not dry_run
             else None
         )
         #: The configuration in force and what the plugin knows: replaced while it runs, by
         #: reloads and Synchronizes; the state `status` shows.
-        self.live = live = Live(InForce.of(config, "", self.systemd), Known())
+        self.live = live = Live(InForce.of(config, "", self.systemd, cgroup_files), Known())
         #: What the plugin counts, for the metrics.
         self.counters = counters = Counters()
         counters.tiers = tuple(tier.name for tier in config.tiers)
@@ -136,7 +139,8 @@ class MidBatchPlugin:
     def _apply_config(self, config: Settings) -> None:
         """Put `config` in force, with the policy and the writer it implies."""
         runtime = "" if self.runtime is None else self.runtime.name
-        self.live.in_force = InForce.of(config, runtime, self.systemd)
+        files = self.live.in_force.cgroups.files
+        self.live.in_force = InForce.of(config, runtime, self.systemd, files)
         self.counters.tiers = tuple(tier.name for tier in config.tiers)
 
     def reconfigure(self, config: Settings) -> Plan:

@@ -74,6 +74,11 @@ class BoundedCache(Generic[K, V]):
                 _, (_, evicted) = self._entries.popitem(last=False)
                 self.bytes -= evicted
 
+    def costs(self) -> list[int]:
+        """Each entry's cost, oldest first: what `bytes` adds up."""
+        with self._lock:
+            return [cost for _, cost in self._entries.values()]
+
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()

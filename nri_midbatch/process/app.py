@@ -21,6 +21,7 @@ from pathlib import Path
 
 import structlog
 
+from nri_midbatch.cgroups.fs import KERNEL_FILES, CgroupFiles
 from nri_midbatch.cgroups.systemd import NoSystemd
 from nri_midbatch.config.settings import ConfigError, Settings
 from nri_midbatch.config.validator import load_settings_file
@@ -78,11 +79,12 @@ class App:
         deferred_timings: DeferredTimings = DeferredTimings(),
         lowering_timings: LoweringTimings = LoweringTimings(),
         convergence_timings: ConvergenceTimings = ConvergenceTimings(),
+        cgroup_files: CgroupFiles = KERNEL_FILES,
     ) -> None:
         """metrics_retry_seconds: the wait before a taken metrics address is tried again.
 
         deferred_timings: those of the work left for after replies (deferred.py);
-        lowering_timings, convergence_timings: the plugin's (MidBatchPlugin).
+        lowering_timings, convergence_timings, cgroup_files: the plugin's (MidBatchPlugin).
         """
         self.metrics = Metrics()
         self.recorder = recorder
@@ -101,6 +103,7 @@ class App:
             store=store,
             lowering_timings=lowering_timings,
             convergence_timings=convergence_timings,
+            cgroup_files=cgroup_files,
         )
         self.session = Session(
             self.plugin,

@@ -17,8 +17,9 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO, TypeVar
+from typing import TYPE_CHECKING, Protocol, TextIO, TypeVar
 
 import structlog
 
@@ -31,7 +32,7 @@ from nri_midbatch.obs.logging import (
     configure_logging,
     open_sink,
 )
-from nri_midbatch.process import early_signals
+from nri_midbatch.process import early_signals, heap
 from nri_midbatch.recording.redact import kept_annotations
 from nri_midbatch.recording.writer import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, Recorder, RotatingFile
 
@@ -123,7 +124,9 @@ def _plugin_idx(value: str) -> str:
 _DEFAULT = "(default %(default)s)"
 
 
-def _parser() -> argparse.ArgumentParser:
+def command_line() -> argparse.ArgumentParser:
+    """The parser of the command line (the docs, manifests and packaging are checked against
+    its options)."""
     parser = argparse.ArgumentParser(
         prog="nri-midbatch",
         description="NRI plugin setting cgroup values for Koordinator batch and mid-tier pods.",
@@ -315,15 +318,39 @@ def _non_negative_int(value: str) -> int:
     return number
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
+class Served(Protocol):
+    """What `run` does with the App it makes (process/app.py)."""
+
+    def stop(self) -> None: ...
+    def toggle_debug(self) -> None: ...
+    async def reload(self, reason: str) -> None: ...
+    async def run_prelaunched(self, fd: int) -> int: ...
+    async def run_external(self, socket_path: str) -> int: ...
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What `run` starts the plugin with: the real ones, unless a test gives its own
+    (tests/unit/test_cli.py)."""
+
+    #: Called before anything else.
+    reuse_large_buffers: Callable[[], object] = heap.reuse_large_buffers
+    open_sink: Callable[[str | None, bool], TextIO | JournalWriter] = open_sink
+    #: Makes the App from the settings and App's keywords; None: process/app.py's App,
+    #: imported only by `run` (the other commands and `--version` stay fast).
+    app: Callable[..., Served] | None = None
+
+
+def main(argv: Sequence[str] | None = None, launch: Launch = Launch()) -> int:
+    """`launch`: what `run` starts with (the real ones by default)."""
+    parser = command_line()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv and early_signals.runs_plugin(argv, os.environ):
         # The runtime execs a pre-launched plugin without arguments.
         argv = ["run"]
     args = parser.parse_args(argv)
     if args.command == "run":
-        return _run(parser, args)
+        return _run(parser, args, launch)
     if args.command == "check-config":
         return _check_config(args.file)
     if args.command == "replay":
@@ -357,10 +384,8 @@ def _identity(
     return name, idx
 
 
-def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from nri_midbatch.process.heap import reuse_large_buffers
-
-    reuse_large_buffers()  # before the first large buffer
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, launch: Launch) -> int:
+    launch.reuse_large_buffers()  # before the first large buffer
     socket_env = os.environ.get("NRI_PLUGIN_SOCKET")
     prelaunched_fd = None
     if socket_env is not None:
@@ -369,7 +394,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         prelaunched_fd = int(socket_env)
     name, idx = _identity(parser, args, prelaunched_fd is not None)
     try:
-        sink: TextIO | JournalWriter = open_sink(args.log_file, prelaunched_fd is not None)
+        sink = launch.open_sink(args.log_file, prelaunched_fd is not None)
     except OSError as exc:
         if args.log_file:
             print(
@@ -402,8 +427,10 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             kept_annotations=kept_annotations(config.classification.spec_annotation),
         )
 
-    def make_app(metrics_address: str | None) -> App:
-        return App(
+    make = App if launch.app is None else launch.app
+
+    def make_app(metrics_address: str | None) -> Served:
+        return make(
             config,
             name=name,
             idx=idx,

@@ -25,7 +25,7 @@ from nri_midbatch.deferred import DeferredTimings
 from nri_midbatch.nri.testing import LoopbackRuntime
 from nri_midbatch.plugin.lowering import LoweringTimings
 from nri_midbatch.process.app import App
-from tests.fake_cgroups import FakeTree
+from tests.fake_cgroups import KERNEL_RULES, FakeTree, KernelRules
 from tests.oracle.targets import Values
 
 from .http_fixtures import http_get
@@ -121,9 +121,11 @@ async def running_node(
     synchronized: tuple[Sequence[api.PodSandbox], Sequence[api.Container]] = ((), ()),
     deferred_timings: DeferredTimings = DeferredTimings(),
     lowering_timings: LoweringTimings = LoweringTimings(),
+    cgroup_files: KernelRules = KERNEL_RULES,
     **config: Any,
 ) -> AsyncIterator[Node]:
-    """An App on a fake tree at tmp_path/cgroup (kept if there: a restarted plugin's node)."""
+    """An App on a fake tree at tmp_path/cgroup (kept if there: a restarted plugin's node),
+    its cgroup files read and written through `cgroup_files` (tests/fake_cgroups.py)."""
     tree = FakeTree(tmp_path / "cgroup")
     cgroups = {"root": str(tree.root), **config.pop("cgroups", {})}
     base = {"cgroups": cgroups, **config}
@@ -139,6 +141,7 @@ async def running_node(
         status_socket=status_socket,
         deferred_timings=deferred_timings,
         lowering_timings=lowering_timings,
+        cgroup_files=cgroup_files,
     )
     plugin_end, runtime_end = socket.socketpair()
     runtime = await LoopbackRuntime.over(runtime_end, failed_updates=failed_updates)
@@ -174,7 +177,8 @@ async def _nothing() -> AsyncIterator[None]:
 
 
 async def until(condition: Callable[[], bool], what: str, timeout: float = STEP_TIMEOUT) -> None:
-    """Poll for a state that no single reload pass announces (a count, a refusal)."""
+    """Poll for a state that no event announces: the App's counts (a reload that no single
+    pass announces, a refusal), SystemdUnits' counts, files written in a thread."""
     async with asyncio.timeout(timeout):
         while not condition():
             await asyncio.sleep(POLL)

@@ -7,18 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from nri_midbatch.cgroups import fs
-from tests.fake_cgroups import kernel_checked
 from tests.tls import Tls, issue_tls
-
-
-@pytest.fixture(scope="session", autouse=True)
-def kernel_rules_for_the_plugin() -> Iterator[None]:
-    """The plugin's cgroupfs writes into a fake v1 tree refused where the kernel refuses
-    them (tests/fake_cgroups.py); any other file is written as before."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(fs, "_write", kernel_checked(fs._write))
-        yield
 
 
 @pytest.fixture(scope="module")

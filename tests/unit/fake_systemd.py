@@ -78,6 +78,11 @@ class FakeManager(ServiceInterface):
             self._changed.clear()
             await self._changed.wait()
 
+    async def wait_subscribers(self, count: int) -> None:
+        while self.subscribers < count:
+            self._changed.clear()
+            await self._changed.wait()
+
     def daemon_reload(self) -> None:
         self.Reloading(True)
         for name, directory in self.units.items():

@@ -33,7 +33,7 @@ from nri_midbatch.nri.testing import LoopbackRuntime
 from nri_midbatch.process import app as app_module
 from nri_midbatch.process.app import App
 from nri_midbatch.rpc.service import CallContext, Method, Service
-from tests.fake_cgroups import FakeTree
+from tests.fake_cgroups import KERNEL_RULES, FakeTree
 from tests.oracle.model import Config, ContainerModel, Native, PodModel
 from tests.oracle.targets import (
     UNLIMITED,
@@ -586,6 +586,7 @@ def new_app(config_path: Path, state_dir: Path) -> App:
         idx="10",
         config_path=str(config_path),
         state_dir=state_dir,
+        cgroup_files=KERNEL_RULES,
     )
 
 

@@ -163,7 +163,8 @@ class RecordingPlugin:
         self.on_event = on_event
         self.configs: list[tuple[str, RuntimeInfo]] = []
         self.syncs: list[tuple[list[api.PodSandbox], list[api.Container]]] = []
-        self._parts: tuple[list[api.PodSandbox], list[api.Container]] = ([], [])
+        #: The Synchronize being received: its chunks' pods and containers so far.
+        self.parts: tuple[list[api.PodSandbox], list[api.Container]] = ([], [])
         self.created: list[tuple[str, str]] = []
         self.updated: list[tuple[str, str, api.LinuxResources]] = []
         self.stopped: list[tuple[str, str]] = []
@@ -178,12 +179,12 @@ class RecordingPlugin:
         self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container], *, first: bool
     ) -> None:
         if first:
-            self._parts = ([], [])
-        self._parts[0].extend(pods)
-        self._parts[1].extend(containers)
+            self.parts = ([], [])
+        self.parts[0].extend(pods)
+        self.parts[1].extend(containers)
 
     async def synchronize(self) -> api.SynchronizeResponse:
-        parts, self._parts = self._parts, ([], [])
+        parts, self.parts = self.parts, ([], [])
         self.syncs.append(parts)
         return api.SynchronizeResponse(update=self.sync_updates)
 

@@ -41,6 +41,7 @@ def test_work_runs_once_the_reply_is_on_the_socket() -> None:
     left, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     peer.setblocking(False)
     seen: list[int] = []
+    looked = asyncio.Event()
 
     def look_at_the_peer() -> None:
         # What the runtime could read at this moment.
@@ -48,6 +49,7 @@ def test_work_runs_once_the_reply_is_on_the_socket() -> None:
             seen.append(len(peer.recv(65536, socket.MSG_PEEK)))
         except BlockingIOError:
             seen.append(0)
+        looked.set()
 
     async def handler(_request: Any, _ctx: CallContext) -> api.ConfigureResponse:
         after_reply.defer(look_at_the_peer)
@@ -59,9 +61,7 @@ def test_work_runs_once_the_reply_is_on_the_socket() -> None:
         await conn.attach(left)
         request = ttrpc_pb2.Request(service="s", method="m").SerializeToString()
         peer.send(frame_message(PLUGIN_CONN, encode_message(1, MessageType.REQUEST, request)))
-        async with asyncio.timeout(STEP_TIMEOUT):
-            while not seen:
-                await asyncio.sleep(0.001)
+        await asyncio.wait_for(looked.wait(), STEP_TIMEOUT)
         conn.close()
 
     run(scenario())
@@ -354,8 +354,11 @@ def test_a_request_arriving_during_a_backlog_is_served_before_the_rest_of_it(loo
             after_reply.defer(work, n)
         return api.Empty()
 
+    next_request = asyncio.Event()
+
     async def following(_request: Any, _ctx: CallContext) -> api.Empty:
         order.append("next request")
+        next_request.set()
         return api.Empty()
 
     async def scenario() -> None:
@@ -367,8 +370,7 @@ def test_a_request_arriving_during_a_backlog_is_served_before_the_rest_of_it(loo
         await conn.attach(left)
         peer.send(request(1, "first"))
         async with asyncio.timeout(STEP_TIMEOUT):
-            while len(order) < 21:
-                await asyncio.sleep(0.001)
+            await next_request.wait()  # sent by the first piece of work: the rest is queued
             await after_reply.settle()
         conn.close()
 

@@ -21,7 +21,7 @@ from nri_midbatch.process.heap import LARGE_SYNC
 from tests.factory import container, prod_pod
 
 from .app_node import make_config, running_app
-from .nri_fixtures import run
+from .nri_fixtures import STEP_TIMEOUT, run
 
 
 @pytest.fixture(autouse=True)
@@ -141,10 +141,7 @@ def test_a_synchronize_cut_off_gives_the_collector_back(tmp_path: Path) -> None:
             await running.runtime.call("Synchronize", chunk, api.SynchronizeResponse)
             held = not gc.isenabled()
             running.app.session.close()  # the connection goes in the middle of it
-            for _ in range(100):
-                if gc.isenabled():
-                    break
-                await asyncio.sleep(0.01)
+            await asyncio.wait({running.task}, timeout=STEP_TIMEOUT)  # the session has ended
             return held and gc.isenabled()
 
     assert run(scenario())

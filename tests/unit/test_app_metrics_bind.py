@@ -16,6 +16,7 @@ from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import Config
 from nri_midbatch.process.app import App
 
+from .app_node import until
 from .nri_fixtures import STEP_TIMEOUT, run
 
 
@@ -40,15 +41,12 @@ def test_a_taken_metrics_address_is_logged_counted_and_bound_once_free() -> None
         assert error["event"] == "cannot serve metrics, retrying"
         assert error["address"] == f"127.0.0.1:{port}"
         async with app._services():
-            # Retried while the port is taken, and still not serving.
-            async with asyncio.timeout(STEP_TIMEOUT):
-                while app.metrics_bind_failures < 2:
-                    await asyncio.sleep(0.01)
+            # Retried while the port is taken, and still not serving. The App retries on its
+            # own timer and tells nothing but these counts: asked again until they show.
+            await until(lambda: app.metrics_bind_failures >= 2, "retried")
             assert app.health is None
             holder.close()
-            async with asyncio.timeout(STEP_TIMEOUT):
-                while app.health is None:
-                    await asyncio.sleep(0.01)
+            await until(lambda: app.health is not None, "serving once the port is free")
             url = f"http://127.0.0.1:{port}/metrics"
             return await asyncio.to_thread(
                 lambda: urllib.request.urlopen(url, timeout=STEP_TIMEOUT).read().decode()

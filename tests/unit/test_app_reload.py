@@ -19,14 +19,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
 from nri_midbatch.api import nri_pb2 as api
-from nri_midbatch.cgroups.fs import apply_values
 from nri_midbatch.cgroups.paths import CgroupLocation
 from nri_midbatch.deferred import DeferredTimings
-from nri_midbatch.plugin import cgroup_writer
 from nri_midbatch.plugin.lowering import LoweringTimings
 from nri_midbatch.process.app import App
 from tests.factory import MI, PRIORITY, QOS, batch_pod, container
-from tests.fake_cgroups import BESTEFFORT
+from tests.fake_cgroups import BESTEFFORT, Watched
 from tests.oracle.targets import UNLIMITED, Values
 
 from .app_node import POLL, Node, running_node, until, write_config
@@ -337,31 +335,33 @@ def test_a_reload_lets_a_synchronizes_pending_pod_writes_land_first(tmp_path: Pa
     assert node.tree.read(parent, live.id) == HALVED_VALUES
 
 
-def test_reload_lowers_a_pod_only_after_update_containers_returns(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_reload_lowers_a_pod_only_after_update_containers_returns(tmp_path: Path) -> None:
     """The runtime has applied the updates when it replies: only then may the pod go down."""
     pod = batch_pod()
     parent = pod.linux.cgroup_parent
     live = container("c-app", pod, "app")
     #: how many updates the runtime had received at each pod write
     seen: list[int] = []
+    files = Watched()
 
     async def scenario() -> None:
         async with running_node(
-            tmp_path, nri_version="v0.12.2", runtime_version="v2.4.0", watch=False
+            tmp_path,
+            nri_version="v0.12.2",
+            runtime_version="v2.4.0",
+            watch=False,
+            cgroup_files=files,
         ) as node:
             node.tree.write(parent, BESTEFFORT)
             await node.call("RunPodSandbox", api.RunPodSandboxRequest(pod=pod), api.Empty)
             node.tree.write(parent, APP_VALUES, live.id)
             await node.create(pod, live)
 
-            def apply(root: Path, location: CgroupLocation, values: Any) -> Any:
+            def apply(location: CgroupLocation) -> None:
                 if location.container_id is None:
                     seen.append(len(node.runtime.record.updates))
-                return apply_values(root, location, values)
 
-            monkeypatch.setattr(cgroup_writer, "apply_values", apply)
+            files.applying = apply
             node.rewrite(rules={"cpuNormalizationRatio": 2.0})
             await node.reload_applying_updates(parent)
             assert node.tree.read(parent) == HALVED_VALUES
@@ -370,29 +370,27 @@ def test_reload_lowers_a_pod_only_after_update_containers_returns(
     assert seen == [1]
 
 
-def test_cgroup_file_reload_lowers_a_pod_after_its_containers(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_cgroup_file_reload_lowers_a_pod_after_its_containers(tmp_path: Path) -> None:
     """Without UpdateContainers the plugin writes both: containers down first, then the pod."""
     pod = batch_pod()
     parent = pod.linux.cgroup_parent
     live = container("c-app", pod, "app")
     #: the container's quota at each pod write
     seen: list[int] = []
+    files = Watched()
 
     async def scenario() -> None:
-        async with running_node(tmp_path, watch=False) as node:
+        async with running_node(tmp_path, watch=False, cgroup_files=files) as node:
             node.tree.write(parent, BESTEFFORT)
             await node.call("RunPodSandbox", api.RunPodSandboxRequest(pod=pod), api.Empty)
             node.tree.write(parent, APP_VALUES, live.id)
             await node.create(pod, live)
 
-            def apply(root: Path, location: CgroupLocation, values: Any) -> Any:
+            def apply(location: CgroupLocation) -> None:
                 if location.container_id is None:
                     seen.append(node.tree.read(parent, live.id).quota)
-                return apply_values(root, location, values)
 
-            monkeypatch.setattr(cgroup_writer, "apply_values", apply)
+            files.applying = apply
             node.rewrite(rules={"cpuNormalizationRatio": 2.0})
             await node.reload_applying_updates(parent)
             assert node.tree.read(parent) == HALVED_VALUES

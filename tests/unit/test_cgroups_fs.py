@@ -10,7 +10,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
 from hypothesis import given, settings
@@ -33,6 +33,7 @@ from nri_midbatch.cgroups import (
     read_values,
 )
 from nri_midbatch.cgroups import fs as cgroup_fs
+from nri_midbatch.cgroups.fs import CgroupFiles, FileTarget
 from tests.factory import GI as GIB
 
 T = TypeVar("T")
@@ -398,22 +399,21 @@ def test_missing_memory_hierarchy_does_not_stop_cpu_writes(tmp_path: Path) -> No
     assert not (tmp_path / "memory").exists()
 
 
-def test_write_failure_is_reported_and_later_files_still_written(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+class KernelRefusesQuota(CgroupFiles):
+    """What v1 answers when a child's quota is above the new pod quota."""
+
+    def write_file(self, target: FileTarget, text: str) -> None:
+        if target.path.name == "cpu.cfs_quota_us":
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+        super().write_file(target, text)
+
+
+def test_write_failure_is_reported_and_later_files_still_written(tmp_path: Path) -> None:
     pod = BE_CGROUPFS.lstrip("/")
     make_v1(tmp_path, pod)
-    real_write = cgroup_fs._write
 
-    def kernel_refuses_quota(path: Any, text: str) -> None:
-        # What v1 answers when a child's quota is above the new pod quota.
-        if path.name == "cpu.cfs_quota_us":
-            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
-        real_write(path, text)
-
-    monkeypatch.setattr(cgroup_fs, "_write", kernel_refuses_quota)
-
-    report = apply_values(tmp_path, CgroupLocation(AUTO, BE_CGROUPFS), BATCH)
+    files = KernelRefusesQuota()
+    report = files.apply_values(tmp_path, CgroupLocation(AUTO, BE_CGROUPFS), BATCH)
 
     assert [w.path.name for w in report.written] == ["cpu.shares", "memory.limit_in_bytes"]
     assert report.failed == (

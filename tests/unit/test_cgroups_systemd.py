@@ -38,6 +38,7 @@ from tests.factory import MI, batch_spec
 from tests.fake_cgroups import BESTEFFORT, FakeTree
 from tests.oracle.targets import Values
 
+from .app_node import until
 from .fake_systemd import (
     FakeManager,
     Held,
@@ -56,14 +57,11 @@ SCOPE = "cri-containerd-c1.scope"
 KUBELET_BESTEFFORT = Held(1, INFINITY, INFINITY)
 
 
-def batch_pod(cpu_limit: str, cgroup_parent: str = SLICE, uid: str = "uid_batch") -> api.PodSandbox:
-    return factory.batch_pod(
-        name="batch",
-        uid=uid,
-        namespace="jobs",
-        cgroup_parent=cgroup_parent,
-        annotation=batch_spec(app=("250", cpu_limit, "256Mi")),
-    )
+#: The batch pod's "app" container: request 250m, memory 256Mi, the cpu limit as named.
+APP_1K = batch_spec(app=("250", "1k", "256Mi"))
+APP_375 = batch_spec(app=("250", "375", "256Mi"))
+#: The batch pod of jobs/batch in SLICE, as `factory.batch_pod` takes it.
+JOBS_BATCH = {"name": "batch", "uid": "uid_batch", "namespace": "jobs", "cgroup_parent": SLICE}
 
 
 def app_container() -> api.Container:
@@ -146,7 +144,10 @@ def test_pod_values_are_held_by_systemd_and_survive_its_reload(
 
     async def scenario() -> None:
         async with serve_manager(bus, manager), running(units):
-            await plugin.pod_event(Event.RUN_POD_SANDBOX, batch_pod("1k"))
+            await plugin.pod_event(
+                Event.RUN_POD_SANDBOX,
+                factory.batch_pod(**JOBS_BATCH, annotation=APP_1K),
+            )
             await manager.wait_calls(1)
             manager.daemon_reload()
 
@@ -169,7 +170,7 @@ def test_a_reload_that_changes_values_is_repaired_and_counted(
     manager = FakeManager()
     manager.add_unit(SLICE, root / SLICE_DIR, KUBELET_BESTEFFORT)
     plugin, units = systemd_plugin(root)
-    pod, ctr = batch_pod("375"), app_container()
+    pod, ctr = factory.batch_pod(**JOBS_BATCH, annotation=APP_375), app_container()
     exact = Values(10, 37500, 256 * MI)
 
     async def scenario() -> None:
@@ -187,8 +188,9 @@ def test_a_reload_that_changes_values_is_repaired_and_counted(
             manager.daemon_reload()
             # Repaired: each unit's files put back, the scope also set anew.
             # (The slice is set anew only if its first set had completed.)
-            while units.drift_repaired != {"pod": 1, "container": 1}:
-                await asyncio.sleep(0.01)
+            await until(
+                lambda: units.drift_repaired == {"pod": 1, "container": 1}, "both units repaired"
+            )
             await manager.wait_unit_calls(SCOPE, 1)
 
     run(scenario(), timeout=20)
@@ -228,11 +230,21 @@ def test_units_outside_kubepods_are_neither_set_nor_written(
             with capture_logs() as logs:
                 for i, parent in enumerate(FOREIGN_UNITS):
                     await plugin.pod_event(
-                        Event.RUN_POD_SANDBOX, batch_pod("375", parent, uid=f"uid{i}")
+                        Event.RUN_POD_SANDBOX,
+                        factory.batch_pod(
+                            name="batch",
+                            uid=f"uid{i}",
+                            namespace="jobs",
+                            cgroup_parent=parent,
+                            annotation=APP_375,
+                        ),
                     )
             # Units are set in the order they were queued: once the kubepods
             # pod's is, any before it would have been too.
-            await plugin.pod_event(Event.RUN_POD_SANDBOX, batch_pod("375"))
+            await plugin.pod_event(
+                Event.RUN_POD_SANDBOX,
+                factory.batch_pod(**JOBS_BATCH, annotation=APP_375),
+            )
             await manager.wait_calls(1)
         refused = [entry for entry in logs if entry["event"] == "pod cgroup not set"]
         assert [(e["namespace"], e["pod"]) for e in refused] == [("jobs", "batch")] * 6
@@ -264,16 +276,14 @@ PROMPT = RepairTimings(quiet=0.01, longest=1.0)
 async def settled(manager: FakeManager) -> None:
     """The slice set once, and the plugin subscribed to `manager`'s signals."""
     await manager.wait_calls(1)
-    while manager.subscribers == 0:
-        await asyncio.sleep(0.01)
+    await manager.wait_subscribers(1)
 
 
 EXACT = Values(10, 37500, 256 * MI)
 
 
 async def until_exact(tree: FakeTree) -> None:
-    while tree.read(SLICE_DIR) != EXACT:
-        await asyncio.sleep(0.01)
+    await until(lambda: tree.read(SLICE_DIR) == EXACT, "the slice's files put back")
 
 
 def test_reloading_signals_count_only_from_systemds_own_bus_name(
@@ -301,8 +311,7 @@ def test_reloading_signals_count_only_from_systemds_own_bus_name(
             finally:
                 spoofer.disconnect()
             manager.daemon_reload()  # files back to whole percent, then Reloading(false)
-            while units.repair_passes == 0:
-                await asyncio.sleep(0.01)
+            await until(lambda: units.repair_passes > 0, "a repair pass")
             await until_exact(tree)
 
     run(scenario(), timeout=20)
@@ -323,8 +332,7 @@ def test_a_burst_of_reloads_gives_one_repair_pass_after_it(
             with capture_logs() as logs:
                 for _ in range(30):
                     manager.daemon_reload()
-                while units.repair_passes == 0:
-                    await asyncio.sleep(0.01)
+                await until(lambda: units.repair_passes > 0, "a repair pass")
                 assert units.reloads == 30  # all of them before the pass
                 await until_exact(tree)
             passes = [e for e in logs if e["event"].startswith("systemd reloaded")]
@@ -347,11 +355,9 @@ def test_a_restarted_systemd_is_followed_to_its_new_bus_name(
             async with serve_manager(bus, first):
                 await settled(first)
             async with serve_manager(bus, second):
-                while second.subscribers == 0:  # subscribed anew, on the same connection
-                    await asyncio.sleep(0.01)
+                await second.wait_subscribers(1)  # subscribed anew, on the same connection
                 second.daemon_reload()  # taken: from the name's new owner
-                while units.repair_passes == 0:
-                    await asyncio.sleep(0.01)
+                await until(lambda: units.repair_passes > 0, "a repair pass")
                 await until_exact(tree)
 
     run(scenario(), timeout=20)
@@ -367,9 +373,11 @@ def test_without_dbus_the_files_are_written_and_the_failure_counted(
 
     async def scenario() -> None:
         async with running(units):
-            while units.unreachable == 0:
-                await asyncio.sleep(0.01)
-            await plugin.pod_event(Event.RUN_POD_SANDBOX, batch_pod("375"))
+            await until(lambda: units.unreachable > 0, "systemd found unreachable")
+            await plugin.pod_event(
+                Event.RUN_POD_SANDBOX,
+                factory.batch_pod(**JOBS_BATCH, annotation=APP_375),
+            )
 
     run(scenario(), timeout=20)
     assert tree.read(SLICE_DIR) == Values(10, 37500, 256 * MI)
@@ -388,9 +396,11 @@ def test_values_queued_while_dbus_is_away_reach_systemd_once_it_is_back(
 
     async def scenario() -> None:
         async with running(units):
-            while units.unreachable == 0:
-                await asyncio.sleep(0.01)
-            await plugin.pod_event(Event.RUN_POD_SANDBOX, batch_pod("375"))
+            await until(lambda: units.unreachable > 0, "systemd found unreachable")
+            await plugin.pod_event(
+                Event.RUN_POD_SANDBOX,
+                factory.batch_pod(**JOBS_BATCH, annotation=APP_375),
+            )
             with private_bus(address):
                 async with serve_manager(address, manager):
                     await manager.wait_calls(1)  # after the next attempt, RETRY_MIN later
@@ -423,8 +433,10 @@ def test_a_refused_call_is_counted_and_the_next_unit_still_set(
             failed = plugin.reconcile.write_plan(Plan((change,), (PodChange(pod, change.values),)))
             assert failed == Plan((), ())
             sets = units.property_sets
-            while sets[("container", "ok")] == 0 or sets[("pod", "failed")] == 0:
-                await asyncio.sleep(0.01)
+            await until(
+                lambda: sets[("container", "ok")] > 0 and sets[("pod", "failed")] > 0,
+                "both units set",
+            )
 
     run(scenario(), timeout=20)
     assert manager.calls == [
@@ -450,13 +462,13 @@ def test_what_is_remembered_is_bounded_by_the_pods_known(root: Path) -> None:
         units.hold(UnitTarget(container, values, f"u{i}", "ns", f"p{i}", "app"))
         # A newer value for the same unit replaces the queued one.
         units.hold(UnitTarget(pod, values, f"u{i}", "ns", f"p{i}"))
-    assert len(units._pending) == 2000 and len(units._pods) == 1000
+    assert units.held == (1000, 2000)
     for i in range(500):
         units.forget_container(f"u{i}", f"c{i}")
-    assert len(units._pending) == 1500
+    assert units.held == (1000, 1500)
     for i in range(1000):
         units.forget_pod(f"u{i}")
-    assert units._pending == {} and units._pods == {}
+    assert units.held == (0, 0)
 
 
 def test_the_cgroupfs_path_never_loads_dbus_fast() -> None:

@@ -12,6 +12,7 @@ import io
 import os
 import socket
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -19,8 +20,6 @@ import pytest
 import structlog
 import yaml
 
-import nri_midbatch.process.app
-import nri_midbatch.process.heap
 import nri_midbatch.tools.cli
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.config.compile import settings_of
@@ -28,7 +27,7 @@ from nri_midbatch.config.model import Config, load_config_file, load_config_text
 from nri_midbatch.config.settings import Settings
 from nri_midbatch.nri.testing import LoopbackRuntime
 from nri_midbatch.obs.logging import FALLBACK_LOG_FILE, JOURNAL_SOCKET
-from nri_midbatch.tools.cli import main
+from nri_midbatch.tools.cli import Launch, main
 from tests.factory import BATCH_APP, SPEC, labels, spec
 
 from .hostile_config import HOSTILE_YAML
@@ -47,10 +46,14 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     structlog.configure(**saved)
 
 
-def exit_code(argv: Sequence[str]) -> int:
+#: What `run` starts on a node: the App, the log sink and glibc's tuning.
+ON_A_NODE = Launch()
+
+
+def exit_code(argv: Sequence[str], launch: Launch = ON_A_NODE) -> int:
     """main's status, whether it returns it or raises SystemExit (argparse)."""
     try:
-        return main(list(argv))
+        return main(list(argv), launch)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 1
 
@@ -88,22 +91,27 @@ class FakeApp:
         return 0
 
 
-@pytest.fixture
-def fake_app(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str | None, bool]]:
-    """Replace App, and the log sink (a pre-launched plugin would open /var/log/...).
+class FakeRun:
+    """`run` launched with FakeApp, and a log sink that only notes how it was opened (a
+    pre-launched plugin would open /var/log/...)."""
 
-    Returns the open_sink calls: (log_file, prelaunched).
-    """
-    FakeApp.instances = []
-    monkeypatch.setattr(nri_midbatch.process.app, "App", FakeApp)
-    sinks: list[tuple[str | None, bool]] = []
+    def __init__(self) -> None:
+        FakeApp.instances = []
+        #: The open_sink calls: (log_file, prelaunched).
+        self.sinks: list[tuple[str | None, bool]] = []
+        self.launch = Launch(open_sink=self._open_sink, app=FakeApp)
 
-    def open_sink(log_file: str | None, prelaunched: bool) -> io.StringIO:
-        sinks.append((log_file, prelaunched))
+    def _open_sink(self, log_file: str | None, prelaunched: bool) -> io.StringIO:
+        self.sinks.append((log_file, prelaunched))
         return io.StringIO()
 
-    monkeypatch.setattr(nri_midbatch.tools.cli, "open_sink", open_sink)
-    return sinks
+    def exit_code(self, argv: Sequence[str]) -> int:
+        return exit_code(argv, self.launch)
+
+
+@pytest.fixture
+def fake_app() -> FakeRun:
+    return FakeRun()
 
 
 # ---------------------------------------------------------------------------
@@ -121,9 +129,9 @@ def fake_app(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str | None, bool]]:
     ],
 )
 def test_run_rejects_bad_name_or_index(
-    capsys: pytest.CaptureFixture[str], fake_app: list[Any], argv: list[str], problem: str
+    capsys: pytest.CaptureFixture[str], fake_app: FakeRun, argv: list[str], problem: str
 ) -> None:
-    assert exit_code(argv) == 2
+    assert fake_app.exit_code(argv) == 2
     err = capsys.readouterr().err
     assert problem in err
     assert f"argument {argv[1]}" in err
@@ -131,42 +139,40 @@ def test_run_rejects_bad_name_or_index(
 
 
 def test_prelaunched_name_from_nri_v0_3_environment_drops_the_index(
-    monkeypatch: pytest.MonkeyPatch, fake_app: list[Any], tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, fake_app: FakeRun, tmp_path: Path
 ) -> None:
     # NRI v0.3 runtimes pass the plugin's file name, "10-midbatch", as the name.
     monkeypatch.setenv("NRI_PLUGIN_NAME", "10-midbatch")
     monkeypatch.setenv("NRI_PLUGIN_IDX", "10")
     monkeypatch.setenv("NRI_PLUGIN_SOCKET", "3")
-    assert exit_code(["run", "--log-file", str(tmp_path / "log")]) == 0
+    assert fake_app.exit_code(["run", "--log-file", str(tmp_path / "log")]) == 0
     (app,) = FakeApp.instances
     assert (app.name, app.idx) == ("midbatch", "10")
     assert app.served == ("pre-launched", 3)
 
 
 def test_external_mode_keeps_an_nn_prefixed_name(
-    monkeypatch: pytest.MonkeyPatch, fake_app: list[Any]
+    monkeypatch: pytest.MonkeyPatch, fake_app: FakeRun
 ) -> None:
     # Without NRI_PLUGIN_SOCKET we are not pre-launched: the name is taken as given.
     monkeypatch.setenv("NRI_PLUGIN_NAME", "10-midbatch")
     monkeypatch.setenv("NRI_PLUGIN_IDX", "10")
-    assert exit_code(["run", "--socket-path", "/nonexistent/nri.sock"]) == 0
+    assert fake_app.exit_code(["run", "--socket-path", "/nonexistent/nri.sock"]) == 0
     (app,) = FakeApp.instances
     assert (app.name, app.idx) == ("10-midbatch", "10")
     assert app.served == ("external", "/nonexistent/nri.sock")
 
 
-def test_run_has_glibc_reuse_large_buffers_before_anything_else(
-    monkeypatch: pytest.MonkeyPatch, fake_app: list[tuple[str | None, bool]]
-) -> None:
+def test_run_has_glibc_reuse_large_buffers_before_anything_else(fake_app: FakeRun) -> None:
     # Before the log sink is opened and the app made: the first Synchronize is the one that counts.
     seen: list[tuple[int, int]] = []
 
     def reuse_large_buffers() -> bool:
-        seen.append((len(fake_app), len(FakeApp.instances)))
+        seen.append((len(fake_app.sinks), len(FakeApp.instances)))
         return True
 
-    monkeypatch.setattr(nri_midbatch.process.heap, "reuse_large_buffers", reuse_large_buffers)
-    assert exit_code(["run", "--socket-path", "/nonexistent/nri.sock"]) == 0
+    launch = replace(fake_app.launch, reuse_large_buffers=reuse_large_buffers)
+    assert exit_code(["run", "--socket-path", "/nonexistent/nri.sock"], launch) == 0
     assert seen == [(0, 0)]
     assert FakeApp.instances[0].served == ("external", "/nonexistent/nri.sock")
 
@@ -175,59 +181,58 @@ def test_run_has_glibc_reuse_large_buffers_before_anything_else(
 def test_bad_nri_plugin_idx_exits_2(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-    fake_app: list[Any],
+    fake_app: FakeRun,
     prelaunched: bool,
 ) -> None:
     monkeypatch.setenv("NRI_PLUGIN_IDX", "x")
     if prelaunched:
         monkeypatch.setenv("NRI_PLUGIN_SOCKET", "3")
-    assert exit_code(["run"]) == 2
+    assert fake_app.exit_code(["run"]) == 2
     assert "plugin index 'x' must be exactly two digits" in capsys.readouterr().err
     assert FakeApp.instances == []
 
 
 def test_empty_argv_with_nri_plugin_socket_means_run_prelaunched(
-    monkeypatch: pytest.MonkeyPatch, fake_app: list[tuple[str | None, bool]]
+    monkeypatch: pytest.MonkeyPatch, fake_app: FakeRun
 ) -> None:
     monkeypatch.setenv("NRI_PLUGIN_NAME", "midbatch")
     monkeypatch.setenv("NRI_PLUGIN_IDX", "10")
     monkeypatch.setenv("NRI_PLUGIN_SOCKET", "3")
-    assert exit_code([]) == 0
+    assert fake_app.exit_code([]) == 0
     (app,) = FakeApp.instances
     assert (app.name, app.idx, app.served) == ("midbatch", "10", ("pre-launched", 3))
     assert app.config == settings_of(Config())
     # stdio is /dev/null for a pre-launched plugin: logging goes elsewhere.
-    assert fake_app == [(None, True)]
+    assert fake_app.sinks == [(None, True)]
 
 
 def test_prelaunched_without_a_usable_log_destination_still_serves(
-    monkeypatch: pytest.MonkeyPatch, fake_app: list[tuple[str | None, bool]]
+    monkeypatch: pytest.MonkeyPatch, fake_app: FakeRun
 ) -> None:
     """No journal and no fallback log file: the node needs the plugin more than its logs."""
 
     def unopenable(log_file: str | None, prelaunched: bool) -> io.StringIO:
         raise FileNotFoundError(2, "No such file or directory")
 
-    monkeypatch.setattr(nri_midbatch.tools.cli, "open_sink", unopenable)
     monkeypatch.setenv("NRI_PLUGIN_SOCKET", "3")
-    assert exit_code([]) == 0
+    assert exit_code([], replace(fake_app.launch, open_sink=unopenable)) == 0
     (app,) = FakeApp.instances
     assert app.served == ("pre-launched", 3)
 
 
 def test_empty_argv_without_nri_plugin_socket_is_a_usage_error(
-    capsys: pytest.CaptureFixture[str], fake_app: list[Any]
+    capsys: pytest.CaptureFixture[str], fake_app: FakeRun
 ) -> None:
-    assert exit_code([]) == 2
+    assert fake_app.exit_code([]) == 2
     assert "COMMAND" in capsys.readouterr().err
     assert FakeApp.instances == []
 
 
 def test_run_with_missing_config_file_exits_2(
-    capsys: pytest.CaptureFixture[str], fake_app: list[Any], tmp_path: Path
+    capsys: pytest.CaptureFixture[str], fake_app: FakeRun, tmp_path: Path
 ) -> None:
     missing = tmp_path / "missing.yaml"
-    assert exit_code(["run", "--config", str(missing)]) == 2
+    assert fake_app.exit_code(["run", "--config", str(missing)]) == 2
     err = capsys.readouterr().err
     assert f"{missing}: cannot read: No such file or directory" in err
     assert FakeApp.instances == []
@@ -235,9 +240,9 @@ def test_run_with_missing_config_file_exits_2(
 
 @pytest.mark.parametrize("value", ["0", "-1", "3600", "inf", "nan", "soon"])
 def test_registration_timeout_out_of_range_names_both_bounds(
-    capsys: pytest.CaptureFixture[str], fake_app: list[Any], value: str
+    capsys: pytest.CaptureFixture[str], fake_app: FakeRun, value: str
 ) -> None:
-    assert exit_code(["run", "--registration-timeout", value]) == 2
+    assert fake_app.exit_code(["run", "--registration-timeout", value]) == 2
     err = capsys.readouterr().err
     assert f"{value!r} is not a number of seconds above 0 and below 3600" in err
     assert FakeApp.instances == []
@@ -255,7 +260,7 @@ def test_webhook_refuses_a_negative_or_huge_shutdown_delay(
 
 def test_webhook_takes_a_shutdown_delay_of_zero() -> None:
     argv = ["webhook", "--shutdown-delay", "0", "--tls-cert", "c", "--tls-key", "k"]
-    args = nri_midbatch.tools.cli._parser().parse_args(argv)
+    args = nri_midbatch.tools.cli.command_line().parse_args(argv)
     assert args.shutdown_delay == 0.0
 
 
@@ -344,24 +349,23 @@ def test_check_config_refuses_what_is_not_a_regular_file(
 
 
 def test_run_with_a_hostile_config_exits_2_with_the_reason(
-    capsys: pytest.CaptureFixture[str], fake_app: list[Any], tmp_path: Path
+    capsys: pytest.CaptureFixture[str], fake_app: FakeRun, tmp_path: Path
 ) -> None:
     path = tmp_path / "config.yaml"
     text, reason = HOSTILE_YAML["nested-20000-deep"]
     path.write_text(text)
-    assert exit_code(["run", "--config", str(path)]) == 2
+    assert fake_app.exit_code(["run", "--config", str(path)]) == 2
     assert reason in capsys.readouterr().err
     assert FakeApp.instances == []
 
 
 def test_run_with_a_log_file_in_a_missing_directory_exits_2_with_the_reason(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     # The real open_sink: the file cannot be created.
-    monkeypatch.setattr(nri_midbatch.process.app, "App", FakeApp)
     FakeApp.instances = []
     log_file = tmp_path / "missing" / "plugin.log"
-    assert exit_code(["run", "--log-file", str(log_file)]) == 2
+    assert exit_code(["run", "--log-file", str(log_file)], Launch(app=FakeApp)) == 2
     err = capsys.readouterr().err
     assert f"nri-midbatch: --log-file {log_file}: No such file or directory" in err
     assert "Traceback" not in err
@@ -457,7 +461,7 @@ def test_prelaunched_process_registers_configures_and_exits_on_close(
 
 
 def _subcommands() -> dict[str, argparse.ArgumentParser]:
-    parser = nri_midbatch.tools.cli._parser()
+    parser = nri_midbatch.tools.cli.command_line()
     (commands,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     return dict(commands.choices)
 

@@ -26,8 +26,9 @@ from nri_midbatch.policy import NativeLimits
 from nri_midbatch.process.status import _rows, _workloads
 from nri_midbatch.rpc.errors import RpcError
 from tests import factory
-from tests.fake_cgroups import FakeTree
-from tests.oracle.model import MI, Config, ContainerModel, Extended, Kind, Native, PodModel
+from tests.factory import model_pod
+from tests.fake_cgroups import KERNEL_RULES, FakeTree
+from tests.oracle.model import MI, Config, Kind, Native, PodModel
 from tests.oracle.targets import Values, kubelet_pod
 
 from .history_harness import (
@@ -61,19 +62,6 @@ async def node_with(
     return node
 
 
-def normalized_pod() -> PodModel:
-    """A koord-prod LS pod, one container with a 1-CPU limit."""
-    native = Native(cpu_request=500, cpu_limit=1000, memory_limit=512 * MI)
-    return PodModel("norm", Kind.NORMALIZED_LS, (ContainerModel("app", None, native),))
-
-
-def mid_ls_pod() -> PodModel:
-    """A Mid LS pod: kubelet's request 500m, the mid tier's 1500."""
-    native = Native(cpu_request=500, cpu_limit=1000, memory_limit=512 * MI)
-    mid = Extended(cpu_request=1500, cpu_limit=2000, memory_limit=1024 * MI)
-    return PodModel("mid", Kind.MID_LS, (ContainerModel("app", mid, native),))
-
-
 HALF_A_CPU = Native(cpu_request=500, cpu_limit=500, memory_limit=512 * MI)
 
 
@@ -102,7 +90,7 @@ def test_a_resize_that_lowers_a_normalized_pod_ends_on_the_normalized_pod_quota(
 ) -> None:
     """Defect 1: CPU limit 1 -> 0.5 under ratio 1.2; kubelet writes the pod's 50000 after the
     plugin's 41667 (its order for a decrease). Before this, the pod kept 50000."""
-    pod = normalized_pod()
+    pod = model_pod(Kind.NORMALIZED_LS)
 
     config = Config(ratio="1.2", normalization_tier=True)
     kubelets, final, wrong = run(lowered_kubelet_last(tmp_path, flavour, config, pod))
@@ -119,7 +107,7 @@ def test_a_lowered_pod_quota_cgroup_v1_refused_after_the_reply_is_written_at_the
     UpdateContainer reply comes before the runtime lowers the container, and the kernel
     refuses a pod quota below the container's (EINVAL). The pod's re-check writes it again
     (commit 5fd3217); before, the pod kept its old 83334 until something else moved it."""
-    pod = normalized_pod()
+    pod = model_pod(Kind.NORMALIZED_LS)
     config = Config(ratio="1.2", normalization_tier=True)
 
     async def scenario() -> tuple[Values, Values, list[str]]:
@@ -147,7 +135,7 @@ def test_a_resize_that_lowers_a_mid_pod_ends_on_the_mid_pod_shares(
 ) -> None:
     """Defect 1: the container's CPU limit 1000 -> 500; kubelet writes its whole pod config
     after the plugin, shares 512 among it. Before this, the pod kept 512, not the tier's 1536."""
-    pod = mid_ls_pod()
+    pod = model_pod(Kind.MID_LS)
 
     scenario = lowered_kubelet_last(tmp_path, flavour, Config(), pod, whole=True)
     kubelets, final, wrong = run(scenario)
@@ -159,7 +147,7 @@ def test_a_resize_that_lowers_a_mid_pod_ends_on_the_mid_pod_shares(
 def test_kubelets_pod_write_right_after_update_pod_sandbox_is_put_back(tmp_path: Path) -> None:
     """Defect 2 (kubernetes#137555): UpdatePodSandbox comes before kubelet's pod write, for an
     increase too; the plugin's values written at UpdatePodSandbox are overwritten at once."""
-    pod = normalized_pod()
+    pod = model_pod(Kind.NORMALIZED_LS)
     bigger = Native(cpu_request=1000, cpu_limit=2000, memory_limit=512 * MI)
 
     async def scenario() -> tuple[int, list[str]]:
@@ -180,7 +168,7 @@ def test_a_foreign_write_to_a_pod_and_a_container_is_put_back_counted_and_shown(
     tmp_path: Path, version: int
 ) -> None:
     """Defect 5: anyone else's write lasted until the next Synchronize."""
-    pod = mid_ls_pod()
+    pod = model_pod(Kind.MID_LS)
 
     async def scenario() -> tuple[list[str], list[str], HistoryNode, dict[str, object]]:
         node = await node_with(tmp_path, CONTAINERD_2, Config(), pod, version)
@@ -218,7 +206,7 @@ def test_a_foreign_write_to_a_pod_and_a_container_is_put_back_counted_and_shown(
 
 def test_kubelets_resize_write_counts_as_kubelets(tmp_path: Path) -> None:
     """A pod value found at kubelet's known value is kubelet's write, not anyone's."""
-    pod = mid_ls_pod()
+    pod = model_pod(Kind.MID_LS)
 
     async def scenario() -> dict[tuple[str, str], int]:
         node = await node_with(tmp_path, CONTAINERD_2, Config(), pod)
@@ -242,7 +230,8 @@ def test_update_pod_sandbox_is_refused_only_under_failure_policy_fail(
     """From kubernetes#137555 an error from UpdatePodSandbox blocks kubelet's resize."""
     tree = FakeTree(tmp_path / "cgroup")
     document = {"cgroups": {"root": str(tree.root)}, "failurePolicy": policy}
-    plugin = MidBatchPlugin(settings_of(load_config_text(json.dumps(document), "test")))
+    settings = settings_of(load_config_text(json.dumps(document), "test"))
+    plugin = MidBatchPlugin(settings, cgroup_files=KERNEL_RULES)
     sandbox = factory.pod("mid", qos="LS", priority="koord-mid", annotation=factory.mid_spec())
     tree.write(sandbox.linux.cgroup_parent, Values(1024, 200_000, 1024 * MI))
 
@@ -268,7 +257,7 @@ def test_a_reload_does_not_wait_for_a_whole_pass(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A reload first lets the work after replies settle: a pass yields between its pieces."""
-    pod = mid_ls_pod()
+    pod = model_pod(Kind.MID_LS)
     monkeypatch.setattr(reconcile, "PIECE_WORKLOADS", 1)  # the pod, then its container
 
     async def scenario() -> tuple[bool, bool]:
@@ -291,7 +280,7 @@ def test_a_containers_cgroup_v2_weight_is_compared_with_the_runtimes_conversions
 ) -> None:
     """issue-34-left: a container's cpu.weight on cgroup v2 was not compared. A weight that
     no runtime writes for the container's shares is put back; runc 1.3's is held."""
-    pod = mid_ls_pod()
+    pod = model_pod(Kind.MID_LS)
     container_path = f"{pod.cgroup_parent}/{pod.id}-app"
 
     async def scenario() -> tuple[str, str, dict[tuple[str, str], int], list[str]]:
@@ -341,7 +330,7 @@ def test_the_same_drift_is_repaired_the_same_way_whichever_trigger_runs_the_pass
 ) -> None:
     """Issue 34 item 5: the reload, the Synchronize and the period run one pass. Before, a
     SIGHUP with the file unchanged left anyone else's write in place (defect 1)."""
-    pod = mid_ls_pod()
+    pod = model_pod(Kind.MID_LS)
     container_path = f"{pod.cgroup_parent}/{pod.id}-app"
 
     async def scenario(trigger: str) -> tuple[Values, Values, list[str], list[str]]:
@@ -368,7 +357,7 @@ def test_each_trigger_raises_a_pod_before_its_container_on_cgroup_v1(
 ) -> None:
     """Someone lowered a container's quota, then its pod's: cgroup v1 (the fake tree as the
     kernel) refuses the container's quota back above its pod's until the pod is raised."""
-    pod = mid_ls_pod()
+    pod = model_pod(Kind.MID_LS)
     container_path = f"{pod.cgroup_parent}/{pod.id}-app"
 
     async def scenario() -> tuple[list[str], list[str]]:

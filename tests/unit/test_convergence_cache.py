@@ -19,8 +19,9 @@ from nri_midbatch.cgroups.paths import CgroupDriver
 from nri_midbatch.plugin.cgroup_writer import CgroupUnreadable, CgroupWriter, LocatedCgroups
 from nri_midbatch.policy import PodView
 from tests import factory
+from tests.factory import model_pod
 from tests.fake_cgroups import FakeTree
-from tests.oracle.model import MI, Config, ContainerModel, Extended, Kind, Native, PodModel
+from tests.oracle.model import MI, Config, Kind, PodModel
 from tests.oracle.targets import Values
 
 from .history_harness import (
@@ -38,12 +39,6 @@ FOREIGN = Values(2048, 300_000, 4096 * MI)
 @pytest.fixture(autouse=True)
 def _validated_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
     validate_in_process(monkeypatch)
-
-
-def mid_pod(name: str) -> PodModel:
-    native = Native(cpu_request=500, cpu_limit=1000, memory_limit=512 * MI)
-    mid = Extended(cpu_request=1500, cpu_limit=2000, memory_limit=1024 * MI)
-    return PodModel(name, Kind.MID_LS, (ContainerModel("app", mid, native),))
 
 
 async def node_of(tmp_path: Path, *pods: PodModel) -> HistoryNode:
@@ -72,7 +67,7 @@ def known_keys(node: HistoryNode) -> set[tuple[str, str | None]]:
 def test_a_reload_to_another_root_reads_the_new_roots_files(tmp_path: Path) -> None:
     """The files located under the old root are not read once the root moves: a drift in the
     new root's pod and container is found and put back."""
-    pod = mid_pod("moved")
+    pod = model_pod(Kind.MID_LS, "moved")
 
     async def scenario() -> tuple[list[str], list[str]]:
         node = await node_of(tmp_path, pod)
@@ -97,7 +92,7 @@ def test_a_reload_to_another_root_reads_the_new_roots_files(tmp_path: Path) -> N
 def test_what_a_pass_keeps_follows_the_known_workloads(tmp_path: Path) -> None:
     """A removed pod's and container's entries go; a new sandbox of the same uid is located
     afresh, and its drift is put back."""
-    pods = [mid_pod(f"p{i}") for i in range(3)]
+    pods = [model_pod(Kind.MID_LS, f"p{i}") for i in range(3)]
 
     async def scenario() -> None:
         node = await node_of(tmp_path, *pods)
@@ -123,7 +118,7 @@ def test_what_a_pass_keeps_follows_the_known_workloads(tmp_path: Path) -> None:
 def test_entries_of_gone_workloads_are_pruned_between_passes(tmp_path: Path) -> None:
     """With passes off, re-checks alone keep it bounded: gone pods' entries are dropped once
     they outnumber the known workloads by the slack."""
-    pods = [mid_pod(f"q{i}") for i in range(40)]
+    pods = [model_pod(Kind.MID_LS, f"q{i}") for i in range(40)]
 
     async def scenario() -> tuple[int, int]:
         node = await node_of(tmp_path, *pods)

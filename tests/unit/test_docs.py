@@ -29,7 +29,7 @@ from nri_midbatch.nri.testing import LoopbackRuntime
 from nri_midbatch.obs.metrics import WebhookMetrics
 from nri_midbatch.process.app import App
 from nri_midbatch.recording.writer import Recorder, Written
-from nri_midbatch.tools.cli import _parser
+from nri_midbatch.tools.cli import command_line
 from tests.factory import BATCH_CPU, BATCH_MEMORY, batch_pod, container
 
 from .nri_fixtures import STEP_TIMEOUT, run
@@ -202,7 +202,7 @@ def test_metrics_doc_lists_exactly_the_webhooks_families() -> None:
 
 
 def _subcommands() -> dict[str, argparse.ArgumentParser]:
-    parser = _parser()
+    parser = command_line()
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             return dict(action.choices)

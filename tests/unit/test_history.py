@@ -17,7 +17,7 @@ from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.config.model import Config
 from nri_midbatch.plugin.codec import NATIVE_LIMITS_ANNOTATION
 from nri_midbatch.tools.status import status_command
-from tests.factory import MI, PRIORITY, QOS, SPEC
+from tests.factory import MI, PRIORITY, SPEC, prod_pod
 from tests.fake_cgroups import FakeTree
 from tests.oracle.targets import Values
 
@@ -31,18 +31,6 @@ NORMALIZATION = {
     "calculator": "cpu-normalization",
 }
 TIERS = [*Config().model_dump(mode="json", by_alias=True)["tiers"], NORMALIZATION]
-
-
-def ls_pod(pod_id: str, **linux: Any) -> api.PodSandbox:
-    uid = f"uid-{pod_id}"
-    return api.PodSandbox(
-        id=pod_id,
-        name=pod_id,
-        uid=uid,
-        namespace="default",
-        labels={QOS: "LS", PRIORITY: "koord-prod"},
-        linux=api.LinuxPodSandbox(cgroup_parent=f"/kubepods/burstable/pod{uid}", **linux),
-    )
 
 
 def resources(shares: int, quota: int, memory: int = 0) -> api.LinuxResources:
@@ -85,7 +73,7 @@ def test_a_restart_under_a_looser_configuration_gives_kubelet_s_values_back(
 ) -> None:
     """Lowered to 75000 under ratio 2 where kubelet allowed 150000; restarted without a ratio,
     the pod and its container are back at 150000, though their files held 75000 (no ratchet)."""
-    pod = ls_pod("web")
+    pod = prod_pod("web")
     parent = pod.linux.cgroup_parent
     state = tmp_path / "state"
 
@@ -125,7 +113,7 @@ def test_a_burstable_pod_stays_within_kubelet_s_limits_through_cfs_quota_off(
 ) -> None:
     """containerd 1.7 sends no pod resources: kubelet's pod limits come from the pod's cgroup
     at RunPodSandbox and stay the bound through a reload to cfsQuota: false."""
-    pod = ls_pod("mid")
+    pod = prod_pod("mid")
     pod.labels[PRIORITY] = "koord-mid"
     spec = {"requests": {"kubernetes.io/mid-cpu": "500"}}
     spec["limits"] = {"kubernetes.io/mid-cpu": "1k", "kubernetes.io/mid-memory": "1Gi"}
@@ -146,7 +134,7 @@ def test_a_burstable_pod_stays_within_kubelet_s_limits_through_cfs_quota_off(
 
 def test_a_burst_of_reloads_ends_on_the_last_file(tmp_path: Path) -> None:
     """60 reloads asked while the file flips between ratio 2 and none, ending on ratio 2."""
-    pod = ls_pod("web")
+    pod = prod_pod("web")
     parent = pod.linux.cgroup_parent
 
     async def scenario() -> None:
@@ -172,7 +160,7 @@ def test_a_burst_of_reloads_ends_on_the_last_file(tmp_path: Path) -> None:
 
 def test_a_resize_moves_the_pod_level_too(tmp_path: Path) -> None:
     """UpdateContainer raising a normalized container's limit rescales its pod as well."""
-    pod = ls_pod("web")
+    pod = prod_pod("web")
     parent = pod.linux.cgroup_parent
 
     async def scenario() -> None:
@@ -199,7 +187,7 @@ def test_a_resize_moves_the_pod_level_too(tmp_path: Path) -> None:
 
 def test_the_pod_overhead_is_part_of_kubelet_s_pod_quota(tmp_path: Path) -> None:
     """containerd 2.x tells pod resources and overhead apart; kubelet's pod quota is both."""
-    pod = ls_pod(
+    pod = prod_pod(
         "web",
         pod_resources=resources(1024, 100_000),
         pod_overhead=resources(0, 10_000),
@@ -225,7 +213,7 @@ def test_the_pod_overhead_is_part_of_kubelet_s_pod_quota(tmp_path: Path) -> None
 def test_status_shows_kubelet_s_values_the_target_and_drift(tmp_path: Path) -> None:
     """`nri-midbatch status` against a running App: a drift appears when a file is changed
     behind the plugin's back, and the exit status says so."""
-    pod = ls_pod("web")
+    pod = prod_pod("web", name="web")
     parent = pod.linux.cgroup_parent
     socket_path = tmp_path / "status.sock"
 

@@ -16,7 +16,8 @@ import pytest
 
 from nri_midbatch.config.settings import Settings
 from nri_midbatch.process import app as app_module
-from tests.oracle.model import MI, Config, ContainerModel, Extended, Kind, Native, PodModel
+from tests.factory import model_pod
+from tests.oracle.model import MI, Config, Extended, Kind, Native, PodModel
 from tests.oracle.targets import Values, container_target, kubelet_pod, pod_target
 
 from .history_harness import (
@@ -34,23 +35,6 @@ from .nri_fixtures import run
 @pytest.fixture(autouse=True)
 def _validated_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
     validate_in_process(monkeypatch)
-
-
-def normalized_pod(pod_id: str = "norm", *, overhead: Native | None = None) -> PodModel:
-    """A koord-prod LS pod, burstable with a 1-CPU limit: the cpu-normalization tier's."""
-    native = Native(cpu_request=500, cpu_limit=1000, memory_limit=512 * MI)
-    containers = (ContainerModel("app", None, native),)
-    return PodModel(pod_id, Kind.NORMALIZED_LS, containers, overhead or Native())
-
-
-def batch_pod(pod_id: str = "batch") -> PodModel:
-    extended = Extended(cpu_request=500, cpu_limit=1000, memory_limit=512 * MI)
-    return PodModel(pod_id, Kind.BATCH_BE, (ContainerModel("app", extended, Native()),))
-
-
-def mid_ls_pod(pod_id: str, *, mid: Extended, native: Native) -> PodModel:
-    """A Mid+LS pod in the burstable tier, with native limits as its webhook would inject."""
-    return PodModel(pod_id, Kind.MID_LS, (ContainerModel("app", mid, native),))
 
 
 async def node_with(
@@ -88,7 +72,7 @@ def test_scaled_quotas_go_back_to_kubelets_when_normalization_ends(
     tmp_path: Path, after: Config
 ) -> None:
     """Defect 1: today they stay at ceil(100000 / 1.2) = 83334."""
-    pod = normalized_pod()
+    pod = model_pod(Kind.NORMALIZED_LS)
 
     async def scenario() -> HistoryNode:
         node = await node_with(tmp_path, CONTAINERD_2, NORMALIZING, pod)
@@ -106,9 +90,9 @@ def test_cfs_quota_off_keeps_a_burstable_mid_pod_within_kubelets_pod_limits(
     tmp_path: Path,
 ) -> None:
     """Defect 2 (containerd 1.7, no pod resources): today the pod gets -1 and 1Gi."""
-    pod = mid_ls_pod(
-        "mid",
-        mid=Extended(cpu_request=500, cpu_limit=1000, memory_limit=1024 * MI),
+    pod = model_pod(
+        Kind.MID_LS,
+        tier=Extended(cpu_request=500, cpu_limit=1000, memory_limit=1024 * MI),
         native=Native(cpu_request=500, cpu_limit=500, memory_limit=512 * MI),
     )
     assert kubelet_pod(pod) == Values(512, 50_000, 512 * MI)
@@ -132,9 +116,9 @@ def test_a_restart_under_a_looser_configuration_undoes_the_pod_ratchet(tmp_path:
     containerd 1.7 sends no pod resources, so today the restarted plugin takes the pod
     cgroup's 100000 for kubelet's limit and keeps it.
     """
-    pod = mid_ls_pod(
-        "mid",
-        mid=Extended(cpu_request=1000, cpu_limit=2000, memory_limit=1024 * MI),
+    pod = model_pod(
+        Kind.MID_LS,
+        tier=Extended(cpu_request=1000, cpu_limit=2000, memory_limit=1024 * MI),
         native=Native(cpu_request=1000, cpu_limit=1500, memory_limit=1024 * MI),
     )
 
@@ -164,7 +148,7 @@ def test_a_burst_of_reloads_ends_on_the_last_files_values(
     or take), so loads finish out of order, as they may on a node: the last file must win.
     """
     a, b = Config(ratio="2", normalization_tier=True), Config(normalization_tier=True)
-    pods = (batch_pod(), normalized_pod())
+    pods = (model_pod(Kind.BATCH_BE), model_pod(Kind.NORMALIZED_LS))
     loads = itertools.count()
 
     async def scenario() -> HistoryNode:
@@ -208,7 +192,7 @@ def test_a_resize_of_a_normalized_container_recomputes_its_pod(tmp_path: Path) -
     Today the plugin answers the container's UpdateContainer and leaves the pod as
     kubelet's resize wrote it (200000).
     """
-    pod = normalized_pod()
+    pod = model_pod(Kind.NORMALIZED_LS)
     config = Config(ratio="2", normalization_tier=True)
 
     async def scenario() -> HistoryNode:
@@ -230,7 +214,9 @@ def test_the_pod_level_normalized_quota_includes_the_pod_overhead(tmp_path: Path
 
     Today the plugin scales pod_resources alone (ceil(100000 / 1.2) = 83334).
     """
-    pod = normalized_pod(overhead=Native(cpu_request=250, cpu_limit=250, memory_limit=64 * MI))
+    pod = model_pod(
+        Kind.NORMALIZED_LS, overhead=Native(cpu_request=250, cpu_limit=250, memory_limit=64 * MI)
+    )
     assert kubelet_pod(pod).quota == 125_000
     assert pod_target(pod, NORMALIZING, pod_resources=True).quota == 104_167
     assert container_target(pod, pod.containers[0], NORMALIZING).quota == 83_334
@@ -253,9 +239,9 @@ def test_a_container_a_reload_wrote_through_its_files_is_updated_at_the_next_syn
     through the files (containerd 1.7). Restarted with the tier, the plugin took the
     runtime's word for the files; cgroup v2's weight is not compared by the repair, so the
     container kept weight 20 where the tier gives 39."""
-    pod = mid_ls_pod(
-        "mid",
-        mid=Extended(cpu_request=1000, cpu_limit=2000, memory_limit=1024 * MI),
+    pod = model_pod(
+        Kind.MID_LS,
+        tier=Extended(cpu_request=1000, cpu_limit=2000, memory_limit=1024 * MI),
         native=Native(cpu_request=500, cpu_limit=1000, memory_limit=512 * MI),
     )
     with_mid, without = Config(mid_tier=True), Config(mid_tier=False)

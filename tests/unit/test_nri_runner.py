@@ -6,12 +6,11 @@ import asyncio
 import itertools
 import os
 import socket
-from collections.abc import MutableMapping
 from pathlib import Path
-from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
+from structlog.typing import EventDict, WrappedLogger
 
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.api import rpc_status_pb2, ttrpc_pb2
@@ -70,6 +69,7 @@ class FakeRuntime:
         self.runtimes: list[LoopbackRuntime] = []
         self.synced: asyncio.Queue[LoopbackRuntime] = asyncio.Queue()
         self.accepted = 0
+        self._accepted_more = asyncio.Event()
         self.accept_times: list[float] = []
         self.live = 0
         self.max_live = 0
@@ -109,8 +109,14 @@ class FakeRuntime:
         await self.stop_listening()
         await self.start()
 
+    async def wait_accepted(self, count: int) -> None:
+        while self.accepted < count:
+            self._accepted_more.clear()
+            await self._accepted_more.wait()
+
     async def _handle(self, sock: socket.socket) -> None:
         self.accepted += 1
+        self._accepted_more.set()
         self.accept_times.append(asyncio.get_running_loop().time())
         self.live += 1
         self.max_live = max(self.max_live, self.live)
@@ -173,11 +179,24 @@ async def next_sync(runtime: FakeRuntime, timeout: float = STEP) -> LoopbackRunt
         return await runtime.synced.get()
 
 
-async def logged(logs: list[MutableMapping[str, Any]], event: str) -> None:
-    """Return once `event` is among the captured log lines (the runner got that far)."""
-    async with asyncio.timeout(STEP):
-        while not any(line["event"] == event for line in logs):
-            await asyncio.sleep(0.01)
+class Logged:
+    """A log processor (for `capture_logs(processors=...)`) that notes each line's event, so
+    that a test waits for the line that says the runner got that far."""
+
+    def __init__(self) -> None:
+        self.events: set[str] = set()
+        self._changed = asyncio.Event()
+
+    def __call__(self, _logger: WrappedLogger, _method: str, line: EventDict) -> EventDict:
+        self.events.add(line["event"])
+        self._changed.set()
+        return line
+
+    async def wait(self, event: str) -> None:
+        async with asyncio.timeout(STEP):
+            while event not in self.events:
+                self._changed.clear()
+                await self._changed.wait()
 
 
 async def stop_runner(stop: asyncio.Event, task: asyncio.Task[None]) -> None:
@@ -336,9 +355,10 @@ def test_connects_once_the_socket_appears(tmp_path: Path) -> None:
     async def scenario() -> None:
         session = Session(RecordingPlugin(), "midbatch", "50")
         stop = asyncio.Event()
-        with capture_logs() as logs:
+        logged = Logged()
+        with capture_logs(processors=[logged]):
             task = asyncio.create_task(run_external(session, str(path), stop, NEVER))
-            await logged(logs, "waiting for the runtime's NRI socket")
+            await logged.wait("waiting for the runtime's NRI socket")
         assert not task.done()
         fake = FakeRuntime(path)
         await fake.start()
@@ -372,9 +392,10 @@ def test_stale_socket_file_without_listener_is_retried(tmp_path: Path) -> None:
         dead.close()
         session = Session(RecordingPlugin(), "midbatch", "50")
         stop = asyncio.Event()
-        with capture_logs() as logs:
+        logged = Logged()
+        with capture_logs(processors=[logged]):
             task = asyncio.create_task(run_external(session, str(path), stop, FAST))
-            await logged(logs, "cannot connect to runtime")
+            await logged.wait("cannot connect to runtime")
         assert not task.done()
         path.unlink()
         fake = FakeRuntime(path)
@@ -404,10 +425,10 @@ def test_failed_registration_is_retried_with_backoff(tmp_path: Path, behaviour: 
         stop = asyncio.Event()
         backoff = Backoff(initial=0.05, maximum=0.2, jitter=0.0)
         task = asyncio.create_task(run_external(session, str(path), stop, backoff))
-        async with asyncio.timeout(STEP):
-            while fake.accepted < 4:
-                assert not task.done(), task.exception() if task.done() else None
-                await asyncio.sleep(0.01)
+        accepted = asyncio.create_task(fake.wait_accepted(4))
+        await asyncio.wait({accepted, task}, timeout=STEP, return_when=asyncio.FIRST_COMPLETED)
+        assert not task.done(), task.exception() if task.done() else None
+        assert accepted.done()
         # Retried, but backing off rather than hammering the runtime: the
         # delay doubles up to its cap (waits are whole poll intervals).
         times = fake.accept_times

@@ -916,7 +916,7 @@ def test_each_chunk_goes_to_the_plugin_as_it_arrives() -> None:
         peer.send_request(1, 3, PLUGIN_SERVICE, "Synchronize", chunk)
         await peer.read_response(1)
         # Taken in before the last chunk comes.
-        assert [p.id for p in plugin._parts[0]] == ["p0", "q0"]
+        assert [p.id for p in plugin.parts[0]] == ["p0", "q0"]
         last = api.SynchronizeRequest(pods=[pod("p1")])
         peer.send_request(1, 5, PLUGIN_SERVICE, "Synchronize", last)
         await peer.read_response(1)
@@ -948,8 +948,8 @@ def test_split_synchronize_is_bounded() -> None:
         _, response = await peer.read_response(1)
         assert response.status.code == Code.RESOURCE_EXHAUSTED
         assert "6 pods and containers" in response.status.message
-        assert session._sync_pods == 0
-        assert plugin._parts == ([], [])  # nothing kept
+        assert session.state.sync_receiving == 0
+        assert plugin.parts == ([], [])  # nothing kept
         assert session.state.phase.value == "configured"
         assert plugin.syncs == []
         peer.close()

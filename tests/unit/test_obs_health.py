@@ -108,7 +108,8 @@ def test_healthz_fails_with_the_stall_while_the_loop_is_wedged(server: HealthSer
     seen_stalled = threading.Event()
 
     def probe_during_the_wedge() -> None:
-        # Probe until the stall shows, at whatever pace the machine allows.
+        # Probe until the stall shows, at whatever pace the machine allows: a stall is the
+        # heartbeat's age passing stall_after, which no event announces.
         wedged.wait(timeout=STEP_TIMEOUT)
         give_up = time.monotonic() + STEP_TIMEOUT
         answer = http_get(probe)
@@ -136,7 +137,8 @@ def test_healthz_fails_with_the_stall_while_the_loop_is_wedged(server: HealthSer
             await asyncio.create_task(wedge())
             await asyncio.to_thread(prober.join, STEP_TIMEOUT)
 
-            # The loop runs again: the heartbeat catches up and health comes back.
+            # The loop runs again: the heartbeat catches up and health comes back, as the
+            # server thread's clock judges it (asked again until it does).
             async with asyncio.timeout(STEP_TIMEOUT):
                 after = await asyncio.to_thread(http_get, probe)
                 while after[0] != 200:

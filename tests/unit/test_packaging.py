@@ -362,9 +362,9 @@ def test_daemonset_runs_the_plugin_with_its_config_and_metrics_in_the_pod_networ
 
 
 def test_daemonset_args_are_flags_the_cli_knows() -> None:
-    from nri_midbatch.tools.cli import _parser
+    from nri_midbatch.tools.cli import command_line
 
-    parser = _parser()
+    parser = command_line()
     run = next(
         action.choices["run"]
         for action in parser._actions

@@ -24,9 +24,7 @@ import structlog
 import structlog.testing
 
 from nri_midbatch.api import nri_pb2 as api
-from nri_midbatch.cgroups import fs as cgroups_fs
 from nri_midbatch.cgroups.files import CgroupVersion
-from nri_midbatch.cgroups.fs import apply_values
 from nri_midbatch.cgroups.paths import CgroupLocation
 from nri_midbatch.cgroups.report import FileFailure, WriteReport
 from nri_midbatch.config.compile import settings_of
@@ -35,14 +33,14 @@ from nri_midbatch.config.settings import Settings
 from nri_midbatch.nri.events import Event
 from nri_midbatch.nri.session import Session
 from nri_midbatch.nri.testing import LoopbackRuntime
-from nri_midbatch.plugin import cgroup_writer, reconcile
 from nri_midbatch.plugin import decisions as decisions_module
+from nri_midbatch.plugin import reconcile
 from nri_midbatch.plugin.codec import NATIVE_LIMITS_ANNOTATION
 from nri_midbatch.plugin.handlers import MidBatchPlugin
 from nri_midbatch.plugin.lowering import LoweringTimings
 from nri_midbatch.plugin.observer import Observer
 from nri_midbatch.plugin.records import Records
-from nri_midbatch.policy import ContainerView, Decision, PodView, decide_container
+from nri_midbatch.policy import CgroupValues, ContainerView, Decision, PodView, decide_container
 from nri_midbatch.policy.cpuset import RESOURCE_STATUS_ANNOTATION
 from nri_midbatch.rpc.errors import RpcError
 from nri_midbatch.wire.status import Code
@@ -61,7 +59,7 @@ from tests.factory import (
 )
 from tests.factory import container as make_container
 from tests.factory import pod as make_pod
-from tests.fake_cgroups import BESTEFFORT, FakeTree
+from tests.fake_cgroups import BESTEFFORT, KERNEL_RULES, FakeTree, KernelRules, Watched
 from tests.oracle.targets import Values
 
 from .hostile_config import HOSTILE_YAML
@@ -178,7 +176,7 @@ async def connected(
     config_text: str = "",
 ) -> AsyncIterator[Connected]:
     """Register, Configure; the caller sends Synchronize and events."""
-    plugin = MidBatchPlugin(config)
+    plugin = MidBatchPlugin(config, cgroup_files=KERNEL_RULES)
     plugin_end, runtime_end = socket.socketpair()
     runtime = await LoopbackRuntime.over(runtime_end)
     session = Session(plugin, "midbatch", "10", registration_timeout=STEP_TIMEOUT)
@@ -620,7 +618,7 @@ def new_batch_pod(tree: FakeTree) -> tuple[api.PodSandbox, api.Container, MidBat
     pod = batch_pod()
     tree.write(pod.linux.cgroup_parent, BESTEFFORT)
     ctr = make_container("c-app", pod, "app", current=resources(shares=2))
-    return pod, ctr, MidBatchPlugin(make_config(tree))
+    return pod, ctr, MidBatchPlugin(make_config(tree), cgroup_files=KERNEL_RULES)
 
 
 def test_synchronize_writes_pod_cgroups_after_the_reply(tree: FakeTree) -> None:
@@ -646,7 +644,7 @@ def test_synchronize_raises_a_pod_before_the_reply_when_a_container_goes_up(
         "c-app", pod, "app", current=resources(shares=512, quota=50_000, memory=512 * MI)
     )
     ctr.annotations[NATIVE_LIMITS_ANNOTATION] = "{}"
-    plugin = MidBatchPlugin(make_config(tree))
+    plugin = MidBatchPlugin(make_config(tree), cgroup_files=KERNEL_RULES)
 
     updates, at_reply, after = sync_directly(tree, plugin, [pod], [ctr])
 
@@ -660,7 +658,7 @@ QUICK_POLLS = LoweringTimings(poll=0.001)
 
 
 def lowered_batch_pod(
-    tree: FakeTree, lowering: LoweringTimings = QUICK_POLLS
+    tree: FakeTree, lowering: LoweringTimings = QUICK_POLLS, files: KernelRules = KERNEL_RULES
 ) -> tuple[api.PodSandbox, api.Container, MidBatchPlugin]:
     """A batch pod and its container at the batch values, and a plugin that halves the quota."""
     pod = batch_pod()
@@ -671,33 +669,34 @@ def lowered_batch_pod(
         "c-app", pod, "app", current=resources(shares=512, quota=100_000, memory=512 * MI)
     )
     ctr.annotations[NATIVE_LIMITS_ANNOTATION] = "{}"
-    plugin = MidBatchPlugin(make_config(tree, **HALVED_CONFIG), lowering_timings=lowering)
+    plugin = MidBatchPlugin(
+        make_config(tree, **HALVED_CONFIG), lowering_timings=lowering, cgroup_files=files
+    )
     return pod, ctr, plugin
 
 
-def count_container_reads(monkeypatch: pytest.MonkeyPatch) -> asyncio.Queue[str]:
-    """Each read of a container's cgroup files by the plugin, by container id."""
+def count_container_reads(files: Watched) -> asyncio.Queue[str]:
+    """Each read of a container's cgroup files by the plugin, by container id, from now."""
     reads: asyncio.Queue[str] = asyncio.Queue()
-    real = cgroups_fs.read_values
 
-    def read(root: Path, location: CgroupLocation) -> Any:
+    def read(location: CgroupLocation) -> None:
         if location.container_id is not None:
             reads.put_nowait(location.container_id)
-        return real(root, location)
 
-    monkeypatch.setattr(cgroup_writer, "read_values", read)
+    files.reading = read
     return reads
 
 
 def test_synchronize_lowers_a_pod_only_once_the_runtime_lowered_its_containers(
-    tree: FakeTree, monkeypatch: pytest.MonkeyPatch
+    tree: FakeTree,
 ) -> None:
     """The runtime applies the reply's updates later: the pod waits for the container files."""
-    pod, ctr, plugin = lowered_batch_pod(tree)
+    files = Watched()
+    pod, ctr, plugin = lowered_batch_pod(tree, files=files)
     parent = pod.linux.cgroup_parent
 
     async def scenario() -> tuple[Values, Values]:
-        reads = count_container_reads(monkeypatch)
+        reads = count_container_reads(files)
         response = await plugin.synchronize([pod], [ctr])
         assert [values_of(u.linux.resources) for u in response.update] == [(512, 50_000, 512 * MI)]
         for _ in range(3):  # three polls saw the container still at its old quota
@@ -728,10 +727,13 @@ def test_synchronize_waits_for_the_container_the_runtime_lowers_last(
         ctr = make_container(f"c-{name}", pod, name, current=current)
         ctr.annotations[NATIVE_LIMITS_ANNOTATION] = "{}"
         containers.append(ctr)
-    plugin = MidBatchPlugin(make_config(tree, **HALVED_CONFIG), lowering_timings=QUICK_POLLS)
+    files = Watched()
+    plugin = MidBatchPlugin(
+        make_config(tree, **HALVED_CONFIG), lowering_timings=QUICK_POLLS, cgroup_files=files
+    )
 
     async def scenario() -> tuple[list[str], Values, Values]:
-        reads = count_container_reads(monkeypatch)
+        reads = count_container_reads(files)
         response = await plugin.synchronize([pod], containers)
         assert [u.container_id for u in response.update] == ["c-app", "c-side"]
         seen = [await asyncio.wait_for(reads.get(), STEP_TIMEOUT) for _ in range(2)]
@@ -805,7 +807,9 @@ def test_a_newer_synchronize_ends_the_wait_of_the_last_one(tree: FakeTree) -> No
     assert plugin.counters.pods_lowered_unconfirmed == 0
 
 
-def raised_batch_pod(tree: FakeTree) -> tuple[api.PodSandbox, api.Container, MidBatchPlugin]:
+def raised_batch_pod(
+    tree: FakeTree, files: KernelRules = KERNEL_RULES
+) -> tuple[api.PodSandbox, api.Container, MidBatchPlugin]:
     """A batch pod set under a config that halved the quota, and a plugin with the default."""
     pod = batch_pod()
     tree.write(pod.linux.cgroup_parent, Values(512, 50000, 512 * MI))
@@ -813,14 +817,13 @@ def raised_batch_pod(tree: FakeTree) -> tuple[api.PodSandbox, api.Container, Mid
         "c-app", pod, "app", current=resources(shares=512, quota=50_000, memory=512 * MI)
     )
     ctr.annotations[NATIVE_LIMITS_ANNOTATION] = "{}"
-    return pod, ctr, MidBatchPlugin(make_config(tree))
+    return pod, ctr, MidBatchPlugin(make_config(tree), cgroup_files=files)
 
 
-def test_synchronize_tries_a_refused_raise_once_more_after_the_reply(
-    tree: FakeTree, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    pod, ctr, plugin = raised_batch_pod(tree)
-    refusals = fail_pod_writes(monkeypatch, times=1)
+def test_synchronize_tries_a_refused_raise_once_more_after_the_reply(tree: FakeTree) -> None:
+    files = PodWritesRefused(times=1)
+    pod, ctr, plugin = raised_batch_pod(tree, files)
+    refusals = files.refused
 
     with structlog.testing.capture_logs() as logs:
         _, at_reply, after = sync_directly(tree, plugin, [pod], [ctr])
@@ -832,11 +835,10 @@ def test_synchronize_tries_a_refused_raise_once_more_after_the_reply(
     assert not [line for line in logs if line["log_level"] == "warning"]
 
 
-def test_synchronize_reports_a_pod_write_that_fails_twice(
-    tree: FakeTree, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    pod, ctr, plugin = raised_batch_pod(tree)
-    refusals = fail_pod_writes(monkeypatch, times=2)
+def test_synchronize_reports_a_pod_write_that_fails_twice(tree: FakeTree) -> None:
+    files = PodWritesRefused(times=2)
+    pod, ctr, plugin = raised_batch_pod(tree, files)
+    refusals = files.refused
 
     with structlog.testing.capture_logs() as logs:
         _, _, after = sync_directly(tree, plugin, [pod], [ctr])
@@ -884,23 +886,25 @@ def test_a_removed_sandboxs_record_piece_keeps_none_of_the_requests_maps(
     assert (view.labels, view.annotations) == ({}, {})
 
 
-def fail_pod_writes(monkeypatch: pytest.MonkeyPatch, *, times: int) -> list[str]:
-    """The first `times` pod writes fail with EINVAL, as v1 answers a quota below a child's."""
-    refused: list[str] = []
-    real = apply_values
+class PodWritesRefused(KernelRules):
+    """The first `times` pod writes fail with EINVAL, as v1 answers a quota below a child's;
+    `refused` holds their cgroup parents."""
 
-    def apply(root: Path, location: CgroupLocation, values: Any) -> WriteReport:
+    def __init__(self, *, times: int) -> None:
+        self.times = times
+        self.refused: list[str] = []
+
+    def apply_values(
+        self, root: Path, location: CgroupLocation, values: CgroupValues
+    ) -> WriteReport:
         parent = location.cgroup_parent
-        if location.container_id is None and len(refused) < times:
-            refused.append(parent)
+        if location.container_id is None and len(self.refused) < self.times:
+            self.refused.append(parent)
             path = root / "cpu" / parent.strip("/") / "cpu.cfs_quota_us"
             einval = OSError(errno.EINVAL, os.strerror(errno.EINVAL))
             failure = FileFailure.from_os_error(path, "write", einval)
             return WriteReport(CgroupVersion.V1, (), (), (failure,))
-        return real(root, location, values)
-
-    monkeypatch.setattr(cgroup_writer, "apply_values", apply)
-    return refused
+        return super().apply_values(root, location, values)
 
 
 # ---------------------------------------------------------------------------
@@ -1266,7 +1270,7 @@ def settled_batch_pod(
         "c-app", pod, "app", current=resources(shares=512, quota=100_000, memory=512 * MI)
     )
     ctr.annotations[NATIVE_LIMITS_ANNOTATION] = "{}"
-    return pod, ctr, MidBatchPlugin(make_config(tree))
+    return pod, ctr, MidBatchPlugin(make_config(tree), cgroup_files=KERNEL_RULES)
 
 
 def test_synchronize_repairs_a_container_whose_files_miss_the_reported_values(
@@ -1319,7 +1323,8 @@ def test_synchronize_reads_settled_containers_a_few_to_a_piece_of_work(
         ctr.annotations[NATIVE_LIMITS_ANNOTATION] = "{}"
         pods.append(pod)
         containers.append(ctr)
-    plugin = MidBatchPlugin(make_config(tree))
+    files = Watched()
+    plugin = MidBatchPlugin(make_config(tree), cgroup_files=files)
     monkeypatch.setattr(reconcile, "PIECE_WORKLOADS", 3)
     #: Container cgroups read in each piece of work after the reply.
     pieces: list[int] = []
@@ -1333,14 +1338,12 @@ def test_synchronize_reads_settled_containers_a_few_to_a_piece_of_work(
         queue(piece)
 
     monkeypatch.setattr(plugin.after_reply, "defer", counted)
-    real = cgroups_fs.read_values
 
-    def read(root: Path, location: CgroupLocation) -> Any:
+    def read(location: CgroupLocation) -> None:
         if location.container_id is not None:
             pieces[-1] += 1
-        return real(root, location)
 
-    monkeypatch.setattr(cgroup_writer, "read_values", read)
+    files.reading = read
 
     async def scenario() -> None:
         await plugin.synchronize(pods, containers)

@@ -98,6 +98,6 @@ def test_threads_sharing_a_cache_get_their_values_and_leave_it_whole(
     for thread in threads:
         thread.join()
     assert failures == []
-    entries = cache._entries  # the order list and the table must still agree
-    assert len(list(entries)) == len(entries) == len(cache) <= 4
-    assert cache.bytes == sum(cost for _, cost in entries.values())
+    costs = cache.costs()  # in the order list, which must still agree with the table
+    assert len(costs) == len(cache) <= 4
+    assert cache.bytes == sum(costs)

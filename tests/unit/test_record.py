@@ -53,17 +53,6 @@ def _logging_reset() -> Iterator[None]:
     structlog.reset_defaults()
 
 
-def batch_pod(name: str = "batch", annotation: str = SPEC) -> api.PodSandbox:
-    return factory.batch_pod(
-        f"sandbox-{name}",
-        name=name,
-        uid=f"uid-{name}",
-        namespace="jobs",
-        annotation=annotation,
-        cgroup_parent=f"/kubepods/besteffort/pod{name}",
-    )
-
-
 def main_container(pod: api.PodSandbox) -> api.Container:
     return api.Container(id=f"ctr-{pod.name}", pod_sandbox_id=pod.id, name="main")
 
@@ -92,7 +81,7 @@ def read_lines(path: Path) -> list[dict[str, Any]]:
 
 def test_every_call_is_one_line_with_request_reply_and_decisions(tmp_path: Path) -> None:
     path = tmp_path / "calls.jsonl"
-    pod = batch_pod()
+    pod = factory.batch_pod("sandbox-batch", name="batch", namespace="jobs", annotation=SPEC)
     container = main_container(pod)
     create = api.CreateContainerRequest(pod=pod, container=container)
 
@@ -147,8 +136,11 @@ def test_every_call_is_one_line_with_request_reply_and_decisions(tmp_path: Path)
 
 def test_a_failed_call_is_recorded_with_its_status(tmp_path: Path) -> None:
     path = tmp_path / "calls.jsonl"
-    pod = batch_pod(
-        annotation='{"containers":{"main":{"requests":{"kubernetes.io/batch-cpu":"x"}}}}'
+    pod = factory.batch_pod(
+        "sandbox-batch",
+        name="batch",
+        namespace="jobs",
+        annotation='{"containers":{"main":{"requests":{"kubernetes.io/batch-cpu":"x"}}}}',
     )
     config = load_config_text("failurePolicy: Fail\n", "test")
 
@@ -192,7 +184,7 @@ class BlockedSink:
 def test_a_full_queue_drops_records_never_events() -> None:
     sink = BlockedSink()
     recorder = Recorder(sink, queue_size=1)
-    pod = batch_pod()
+    pod = factory.batch_pod("sandbox-batch", name="batch", namespace="jobs", annotation=SPEC)
     create = api.CreateContainerRequest(pod=pod, container=main_container(pod))
     calls = 12
 
@@ -213,9 +205,8 @@ def test_a_full_queue_drops_records_never_events() -> None:
                 dropped_while_blocked = recorder.dropped
                 sink.release.set()
                 # The writer drains; the queue has room again.
-                async with asyncio.timeout(STEP_TIMEOUT):
-                    while recorder.written + recorder.dropped < 2 + calls:
-                        await asyncio.sleep(0.01)
+                await asyncio.wait_for(recorder.drained(), STEP_TIMEOUT)
+                assert recorder.written + recorder.dropped == 2 + calls
                 await runtime.call("CreateContainer", create, api.CreateContainerResponse)
             assert dropped_while_blocked > 0
             return replies, answered_while_stuck, logs
@@ -344,7 +335,7 @@ def _recorder_logs(logs: Sequence[MutableMapping[str, Any]]) -> list[MutableMapp
 
 
 def _create_calls(runtime: LoopbackRuntime, count: int) -> Any:
-    pod = batch_pod()
+    pod = factory.batch_pod("sandbox-batch", name="batch", namespace="jobs", annotation=SPEC)
     create = api.CreateContainerRequest(pod=pod, container=main_container(pod))
 
     async def calls() -> None:
@@ -519,7 +510,8 @@ def test_sigterm_with_the_recording_disk_full_exits_0(tmp_path: Path) -> None:
     async def scenario(runtime: LoopbackRuntime, log_file: Path) -> None:
         await runtime.start(registration_timeout=STARTUP_TIMEOUT)
         await _create_calls(runtime, calls)
-        # Every record is lost, and counted, once the writer has been through them.
+        # Every record is lost, and counted, once the writer has been through them. The
+        # plugin is another process: only its metrics, asked again, show when.
         async with asyncio.timeout(STEP_TIMEOUT):
             while (await asyncio.to_thread(metrics, log_file)).get(
                 "nri_midbatch_records_dropped_total"
@@ -552,7 +544,7 @@ def secret_container(pod: api.PodSandbox) -> api.Container:
 
 
 def record_secrets(path: Path, *, raw: bool) -> api.CreateContainerResponse:
-    pod = batch_pod()
+    pod = factory.batch_pod("sandbox-batch", name="batch", namespace="jobs", annotation=SPEC)
     container = secret_container(pod)
 
     async def scenario() -> api.CreateContainerResponse:
@@ -599,7 +591,12 @@ def test_recordings_keep_no_environment_or_mounts_but_what_decisions_rest_on(
         assert container["hooks"]["prestart"][0] == {"path": "<redacted>", "env": ["<redacted>"]}
         assert (container["id"], container["name"]) == ("ctr-batch", "main")
     # What the decisions rest on is all there.
-    assert lines[3]["request"]["pod"]["annotations"] == batch_pod().annotations
+    assert (
+        lines[3]["request"]["pod"]["annotations"]
+        == factory.batch_pod(
+            "sandbox-batch", name="batch", namespace="jobs", annotation=SPEC
+        ).annotations
+    )
 
 
 def test_record_raw_keeps_the_values(tmp_path: Path) -> None:
@@ -624,7 +621,7 @@ def test_a_redacted_recording_replays_to_its_own_replies(tmp_path: Path) -> None
 @pytest.mark.parametrize("raw", [False, True], ids=["default", "--record-raw"])
 def test_run_records_redacted_unless_asked_for_raw(tmp_path: Path, raw: bool) -> None:
     path = tmp_path / "calls.jsonl"
-    pod = batch_pod()
+    pod = factory.batch_pod("sandbox-batch", name="batch", namespace="jobs", annotation=SPEC)
 
     async def scenario(runtime: LoopbackRuntime, _log_file: Path) -> None:
         await runtime.start(
@@ -643,7 +640,7 @@ def test_run_keeps_the_configured_spec_annotation(tmp_path: Path) -> None:
     path = tmp_path / "calls.jsonl"
     config = tmp_path / "config.yaml"
     config.write_text("classification:\n  extendedResourceSpecAnnotation: example.com/spec\n")
-    pod = batch_pod()
+    pod = factory.batch_pod("sandbox-batch", name="batch", namespace="jobs", annotation=SPEC)
     pod.annotations["example.com/spec"] = SPEC
     pod.annotations["example.com/other"] = "s3cr3t-token-value"
 

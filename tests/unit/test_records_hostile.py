@@ -35,14 +35,6 @@ TIERS = [
 RATIO = {"cpuNormalizationRatio": 2.0}
 
 
-def ls_pod(pod_id: str, **linux: api.LinuxResources) -> api.PodSandbox:
-    """An LS koord-prod pod; `linux`: pod_resources and pod_overhead, as containerd 2.x sends."""
-    pod = factory.prod_pod(pod_id)
-    for field, resources in linux.items():
-        getattr(pod.linux, field).CopyFrom(resources)
-    return pod
-
-
 def resources(shares: int, quota: int) -> api.LinuxResources:
     return factory.resources(shares=shares, quota=quota, period=100_000)
 
@@ -71,7 +63,7 @@ def _summed_past_64_bits() -> api.LinuxResources:
 
 def test_a_record_nested_200_000_deep_fails_no_synchronize(tmp_path: Path) -> None:
     """It made Synchronize answer status 2 at every registration until removed."""
-    pod = ls_pod("web")
+    pod = factory.prod_pod("web")
     parent = pod.linux.cgroup_parent
     state = tmp_path / "state"
     state.mkdir()
@@ -96,7 +88,7 @@ def test_a_record_nested_200_000_deep_fails_no_synchronize(tmp_path: Path) -> No
 
 def test_a_record_s_out_of_range_quota_is_never_written(tmp_path: Path) -> None:
     """A record saying kubelet's quota is -5 (or 2^64-2) is refused, not given back."""
-    pod = ls_pod("web")
+    pod = factory.prod_pod("web")
     parent = pod.linux.cgroup_parent
     state = tmp_path / "state"
     state.mkdir()
@@ -118,7 +110,9 @@ def test_a_record_s_out_of_range_quota_is_never_written(tmp_path: Path) -> None:
 def test_pod_values_summed_past_64_bits_at_synchronize_are_refused(tmp_path: Path) -> None:
     """containerd 2.x's pod resources plus overhead: their sum is kubelet's pod quota, unless
     no cgroup file can hold it; then the pod's cgroup tells, as on containerd 1.7."""
-    pod = ls_pod("web", pod_resources=_summed_past_64_bits(), pod_overhead=_summed_past_64_bits())
+    pod = factory.prod_pod(
+        "web", pod_resources=_summed_past_64_bits(), pod_overhead=_summed_past_64_bits()
+    )
     parent = pod.linux.cgroup_parent
     FakeTree(tmp_path / "cgroup").write(parent, Values(1024, 110000, -1))
 
@@ -133,7 +127,9 @@ def test_pod_values_summed_past_64_bits_at_synchronize_are_refused(tmp_path: Pat
 
 def test_an_update_pod_sandbox_summed_past_64_bits_is_refused(tmp_path: Path) -> None:
     """18446744073709551614 was written to cpu.cfs_quota_us."""
-    pod = ls_pod("web", pod_resources=resources(1024, 100_000), pod_overhead=resources(0, 10_000))
+    pod = factory.prod_pod(
+        "web", pod_resources=resources(1024, 100_000), pod_overhead=resources(0, 10_000)
+    )
     parent = pod.linux.cgroup_parent
     FakeTree(tmp_path / "cgroup").write(parent, Values(1024, 110000, -1))
 
@@ -171,7 +167,7 @@ def test_a_native_limits_annotation_no_cgroup_file_holds_is_not_kubelet_s(text: 
 def test_stale_records_are_pruned_a_slice_at_a_time_and_a_live_one_kept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pod = ls_pod("web")
+    pod = factory.prod_pod("web")
     state = tmp_path / "state"
     state.mkdir()
     for n in range(3 * PRUNE_PER_PIECE):

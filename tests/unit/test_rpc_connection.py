@@ -896,12 +896,13 @@ def test_handlers_are_served_in_the_step_that_reads_them_and_keep_their_context(
 
         conn.data_received(request(1, "AtOnce", "a"))
         assert replies(transport) == 1 and len(asyncio.all_tasks()) == tasks
+        before = asyncio.all_tasks()
         conn.data_received(request(3, "InSteps", "b", timeout_nano=50_000_000))
         assert replies(transport) == 1 and len(asyncio.all_tasks()) == tasks + 1
         assert seen.get() == "none"
-        async with asyncio.timeout(STEP_TIMEOUT):
-            while replies(transport) < 2:
-                await asyncio.sleep(0.001)
+        # The handler's task ends with its reply, once its deadline has passed.
+        await asyncio.wait(asyncio.all_tasks() - before, timeout=STEP_TIMEOUT)
+        assert replies(transport) == 2
         assert steps == ["b-0", "b-1", "b-2"]
         assert seen.get() == "none"
         frames = MuxDecoder(frozenset({1})).feed(bytes(transport.data))

@@ -22,10 +22,11 @@ import pytest
 from structlog.testing import capture_logs
 
 from nri_midbatch.api import nri_pb2 as api
-from nri_midbatch.plugin.cgroup_writer import CgroupWriter
+from nri_midbatch.cgroups.paths import CgroupLocation
 from nri_midbatch.process.status import StatusLimits, StatusServer
 from nri_midbatch.tools.status import read_answer, status_command
 from tests.factory import container, prod_pod
+from tests.fake_cgroups import KERNEL_RULES, KernelRules, Watched
 
 from .app_node import Node, running_node, until
 from .nri_fixtures import run
@@ -48,9 +49,9 @@ def node_of(pods: int = PODS) -> tuple[list[api.PodSandbox], list[api.Container]
 
 @contextlib.asynccontextmanager
 async def serving(
-    tmp_path: Path, limits: StatusLimits, pods: int = PODS
+    tmp_path: Path, limits: StatusLimits, pods: int = PODS, files: KernelRules = KERNEL_RULES
 ) -> AsyncIterator[tuple[Node, StatusServer]]:
-    async with running_node(tmp_path, synchronized=node_of(pods)) as node:
+    async with running_node(tmp_path, synchronized=node_of(pods), cgroup_files=files) as node:
         server = StatusServer(node.app.status_source, tmp_path / "status.sock", limits=limits)
         await server.start()
         try:
@@ -76,20 +77,17 @@ def open_fds() -> int:
 
 
 class Reads:
-    """Counts the cgroup reads of status answers, and those outside the loop's thread."""
+    """Counts the plugin's cgroup reads from now on (those of status answers), and those
+    outside the loop's thread."""
 
-    def __init__(self, node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, files: Watched) -> None:
         self.count = 0
         self.in_threads = 0
-        read = CgroupWriter.read
+        files.reading = self._counted
 
-        def counted(writer: CgroupWriter, *args: Any) -> Any:
-            self.count += 1
-            self.in_threads += threading.current_thread() is not threading.main_thread()
-            return read(writer, *args)
-
-        assert isinstance(node.app.plugin.live.in_force.cgroups, CgroupWriter)
-        monkeypatch.setattr(CgroupWriter, "read", counted)
+    def _counted(self, _location: CgroupLocation) -> None:
+        self.count += 1
+        self.in_threads += threading.current_thread() is not threading.main_thread()
 
 
 def test_idle_clients_hold_no_more_descriptors_than_the_bound(tmp_path: Path) -> None:
@@ -146,17 +144,16 @@ def test_a_client_that_never_reads_is_dropped_at_its_deadline(tmp_path: Path) ->
     run(scenario())
 
 
-def test_a_client_that_has_gone_costs_no_reads(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_client_that_has_gone_costs_no_reads(tmp_path: Path) -> None:
     """A client that left before it was answered gets nothing made for it; one that leaves
     after a chunk stops the work at the next chunk (issue 30: the plugin spent 5-9 s of CPU
     per 10-15 s on answers nobody read)."""
 
     async def scenario() -> None:
         limits = StatusLimits(clients=1, chunk_bytes=2048)
-        async with serving(tmp_path, limits) as (node, server):
-            reads = Reads(node, monkeypatch)
+        files = Watched()
+        async with serving(tmp_path, limits, files=files) as (node, server):
+            reads = Reads(files)
             for _ in range(5):
                 gone = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 gone.connect(str(server.path))
@@ -182,16 +179,18 @@ def test_a_client_that_has_gone_costs_no_reads(
     run(scenario())
 
 
-def test_the_answer_is_made_in_the_loop_as_work_after_replies(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_answer_is_made_in_the_loop_as_work_after_replies(tmp_path: Path) -> None:
     """In the event loop's thread, a workload at a time between the runtime's requests, as
     the work after replies runs (issue 30: an answer made in a thread, contending for the
     interpreter, stretched a Synchronize chunk from 0.41 to 1.09 s)."""
 
     async def scenario() -> None:
-        async with serving(tmp_path, StatusLimits(chunk_bytes=1024)) as (node, server):
-            reads = Reads(node, monkeypatch)
+        files = Watched()
+        async with serving(tmp_path, StatusLimits(chunk_bytes=1024), files=files) as (
+            node,
+            server,
+        ):
+            reads = Reads(files)
             answer = asyncio.create_task(asyncio.to_thread(read_answer, server.path))
             pods, containers = node_of(PODS)
             for _ in range(3):

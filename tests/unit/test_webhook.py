@@ -962,12 +962,14 @@ def test_cli_requires_the_certificate_and_key() -> None:
 def test_every_webhook_flag_is_in_the_doc() -> None:
     import argparse
 
-    from nri_midbatch.tools.cli import DEFAULT_WEBHOOK_ADDRESS, _parser
+    from nri_midbatch.tools.cli import DEFAULT_WEBHOOK_ADDRESS, command_line
     from nri_midbatch.tools.webhook.server import DEFAULT_ADDRESS, MAX_BODY_BYTES
 
     assert DEFAULT_WEBHOOK_ADDRESS == DEFAULT_ADDRESS
     text = (Path(__file__).resolve().parents[2] / "docs" / "webhook.md").read_text()
-    subparsers = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    subparsers = next(
+        a for a in command_line()._actions if isinstance(a, argparse._SubParsersAction)
+    )
     options = [
         option
         for action in subparsers.choices["webhook"]._actions

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from nri_midbatch.config.model import Config
-from nri_midbatch.tools.cli import _parser
+from nri_midbatch.tools.cli import command_line
 from nri_midbatch.tools.webhook.server import _ENDPOINTS, WebhookServer
 
 pytestmark = pytest.mark.packaging
@@ -163,7 +163,7 @@ def test_deployment_is_least_privileged() -> None:
 
 def test_deployment_args_are_a_webhook_command_line() -> None:
     container = deployment_container()
-    args = _parser().parse_args(container["args"])
+    args = command_line().parse_args(container["args"])
     assert args.command == "webhook"
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in one("Deployment")["spec"]["template"]["spec"]["volumes"]}

@@ -104,6 +104,6 @@ def test_concurrent_reviews_of_distinct_pods_are_all_answered_right(
     assert wrong == []
     assert statuses == {200: CLIENTS * REVIEWS}
     for cache in CACHES:
-        entries = cache._entries  # the order list and the table still agree
-        assert len(list(entries)) == len(entries) <= SHRUNK
-        assert cache.bytes == sum(cost for _, cost in entries.values())
+        costs = cache.costs()  # in the order list, which still agrees with the table
+        assert len(costs) == len(cache) <= SHRUNK
+        assert cache.bytes == sum(costs)
