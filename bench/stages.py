@@ -37,6 +37,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from bench import workload
@@ -211,16 +212,66 @@ async def _nothing(_request: Any, _ctx: CallContext) -> Any:
     return _EMPTY
 
 
-#: What each stage is timed by: the wall clock, or the CPU time of the loop's thread (on a
-#: machine others load, what the plugin itself spent, without the waits for a core).
+class _Counter:
+    """A clock that counts work, not time: the same on a loaded machine as on a quiet one.
+
+    `calls` counts the functions entered (Python frames, a coroutine's each resumption,
+    and built-in/C functions called), `opcodes` the bytecode instructions the Python frames
+    run; the stages and the parts are counted as they are timed, the in-process total too.
+    Each figure includes one reading of the counter (a call, a few instructions).
+    """
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.count = 0
+
+    def __call__(self) -> int:
+        return self.count
+
+    def start(self) -> None:
+        if self.what == "calls":
+            sys.setprofile(self._call)
+        else:
+            sys.settrace(self._trace)
+
+    def stop(self) -> None:
+        sys.setprofile(None)
+        sys.settrace(None)
+
+    def _call(self, frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call" or event == "c_call":
+            self.count += 1
+
+    def _trace(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "call":
+            frame.f_trace_opcodes = True
+            frame.f_trace_lines = False
+        elif event == "opcode":
+            self.count += 1
+        return self._trace
+
+
+#: What each stage is measured by: the wall clock, the CPU time of the loop's thread (on a
+#: machine others load, what the plugin itself spent, without the waits for a core), or the
+#: work done (`_Counter`: calls or bytecode instructions, which no load changes).
 CLOCKS: dict[str, Callable[[], int]] = {"wall": time.perf_counter_ns, "cpu": time.thread_time_ns}
+COUNTS = ("calls", "opcodes")
 
 
 async def _measure(rounds: int, workdir: Path, clock: str) -> dict[str, list[int]]:
-    plugin = _Plugin(workdir, CLOCKS[clock])
-    for n in range(rounds):
-        await plugin.stages(n)
-        await plugin.whole(n)
+    counter = _Counter(clock) if clock in COUNTS else None
+    plugin = _Plugin(workdir, counter or CLOCKS[clock])
+    if counter is not None:
+        # The first rounds fill the caches and the lazily built parts: counted too, but
+        # the median over rounds is a later round's.
+        counter.start()
+    try:
+        for n in range(rounds):
+            await plugin.stages(n)
+            await plugin.whole(n)
+    finally:
+        if counter is not None:
+            counter.stop()
     return plugin.times
 
 
@@ -235,9 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     parser.add_argument(
         "--clock",
-        choices=tuple(CLOCKS),
+        choices=(*CLOCKS, *COUNTS),
         default="wall",
-        help="time the stages by the wall clock or by the loop thread's CPU time",
+        help="time the stages by the wall clock or by the loop thread's CPU time, or count "
+        "the function calls or bytecode instructions each one runs (the same on any machine)",
     )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="nri-midbatch-stages-") as tmp:
@@ -250,21 +302,23 @@ def main(argv: list[str] | None = None) -> int:
         else:
             times = asyncio.run(_measure(args.rounds, workdir, args.clock))
     gc.collect()
-    total = statistics.median(times["in-process total"]) / 1000
-    heading = f"{'stage':<22} {'min us':>7} {'median us':>9} {'share':>6}"
+    # Counts are shown as they are; times in microseconds.
+    scale, unit = (1, args.clock) if args.clock in COUNTS else (1000, "us")
+    total = statistics.median(times["in-process total"]) / scale
+    heading = f"{'stage':<22} {'min ' + unit:>11} {'median ' + unit:>14} {'share':>6}"
     print(f"{heading}   ({args.loop}, {args.clock})")
 
     def row(name: str, values: list[int], label: str | None = None) -> None:
-        low, mid = min(values) / 1000, statistics.median(values) / 1000
-        print(f"{label or name:<22} {low:7.1f} {mid:9.1f} {mid / total:6.0%}")
+        low, mid = min(values) / scale, statistics.median(values) / scale
+        print(f"{label or name:<22} {low:11.1f} {mid:14.1f} {mid / total:6.0%}")
 
     for name in STAGES:
         row(name, times[name])
         if name == "handler":
             for part in PARTS:
                 row(part, times[part], f"  of which {part}")
-    rest = total - sum(statistics.median(times[name]) for name in STAGES) / 1000
-    print(f"{'task, deadline, turns':<22} {'':7} {rest:9.1f} {rest / total:6.0%}")
+    rest = total - sum(statistics.median(times[name]) for name in STAGES) / scale
+    print(f"{'task, deadline, turns':<22} {'':11} {rest:14.1f} {rest / total:6.0%}")
     row("in-process total", times["in-process total"])
     return 0
 
