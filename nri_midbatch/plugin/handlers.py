@@ -34,6 +34,7 @@ from nri_midbatch.plugin.codec import (
     container_view,
     current_values,
     encode_native_limits,
+    limits_and_values,
     native_limits,
     pod_view,
     set_resources,
@@ -268,10 +269,12 @@ class MidBatchPlugin:
             # as at its RunPodSandbox, before its container's (a pod goes up first on v1).
             self._set_met_pod(pod_id, self._meet(pod, "CreateContainer"), "CreateContainer")
             view = known.pods[pod_id]
-        ctr_view = container_view(container)
-        known.set_container(ctr_view.id, pod_id, ctr_view, container.linux.cgroups_path)
+        # The container's resources read and looked up once, for its view and its values.
+        linux = container.linux
+        native, current = limits_and_values(linux.resources)
+        ctr_view = container_view(container, native=native)
+        known.set_container(ctr_view.id, pod_id, ctr_view, linux.cgroups_path)
         lines = DecisionLines("CreateContainer")
-        current = current_values(container.linux.resources)
         decided = self._decide.container(
             view, ctr_view, lines, refuse=ctx.fail, applied=None, current=current
         )
