@@ -44,7 +44,7 @@ from nri_midbatch.plugin.counters import Counters
 from nri_midbatch.plugin.decision_log import DecisionLines
 from nri_midbatch.plugin.decisions import Decider, PodTarget
 from nri_midbatch.plugin.lowering import LoweringTimings
-from nri_midbatch.plugin.observer import Observer
+from nri_midbatch.plugin.observer import Observer, told_of_decisions
 from nri_midbatch.plugin.reconcile import ConvergenceTimings, Reconciler
 from nri_midbatch.plugin.records import Records
 from nri_midbatch.plugin.synchronize import SynchronizePass, told_baseline
@@ -98,7 +98,7 @@ class MidBatchPlugin:
             writer_for(config, "", self.systemd),
             store if store is not None and not dry_run else BaselineStore(None),
             dry_run=dry_run,
-            observers=tuple(observers),
+            observers=told_of_decisions(observers),
             after_reply=AfterReply() if after_reply is None else after_reply,
         )
         self._records = Records(ctx)
