@@ -26,9 +26,9 @@ machine in its way, which is what a shared machine can still measure.
 
 `--clock calls` or `--clock opcodes` counts work instead of time: the functions entered
 (Python and built-in) or the bytecode instructions run, per stage, figures the machine's
-load does not change (once the caches are filled a stage counts the same in most rounds,
-and its median is the same in every run): what a change to the code takes away, stage by
-stage.
+load does not change (once the caches are filled a stage's count varies by a few
+instructions at most from round to round, and its median not from run to run): what a
+change to the code takes away, stage by stage.
 
 What is left of a round trip measured by `python -m bench` (its serial p50)
 once this total is taken off is the socket and the loop's polling, on both

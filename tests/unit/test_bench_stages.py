@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -30,17 +29,18 @@ def counts(
     return asyncio.run(stages._measure(ROUNDS, workdir, request.param))
 
 
-def test_each_stage_counts_the_same_work_in_most_rounds_once_the_caches_are_filled(
+def test_each_stage_counts_nearly_the_same_work_every_round_once_the_caches_are_filled(
     counts: dict[str, list[int]],
 ) -> None:
     # The first rounds fill the plugin's caches (and the interpreter's): left out. A
-    # round now and then does a little more (a pod id's digits, a branch taken rarely).
+    # round now and then runs a few instructions more (a branch taken now and then: the
+    # work after the reply found already scheduled, say), never a stage's worth.
     for name, values in counts.items():
         assert len(values) == ROUNDS
         later = values[2:]
-        usual, times = Counter(later).most_common(1)[0]
-        assert times > len(later) / 2, (name, values)
+        usual = statistics.median(later)
         assert usual > 0, name
+        assert all(abs(value - usual) <= usual / 50 for value in later), (name, values)
 
 
 def test_the_parts_and_stages_add_up_to_at_most_their_whole(counts: dict[str, list[int]]) -> None:
