@@ -19,7 +19,16 @@ machine in its way, which is what a shared machine can still measure.
 - in-process total: the bytes handed to the connection (`data_received`) to the
   reply handed to the transport, through the loop's turns, on a transport that
   only keeps what it is given: the stages above, the task and timeout of the
-  request and the turns between them.
+  request and the turns between them;
+- the next, back to back: the same for another pod's request right after it, with the
+  caches warm from the first (a runtime's requests come apart, after other work: the
+  difference is what the first pays for code and data not in the CPU's caches).
+
+`--clock calls` or `--clock opcodes` counts work instead of time: the functions entered
+(Python and built-in) or the bytecode instructions run, per stage, figures the machine's
+load does not change (once the caches are filled a stage's count varies by a few
+instructions at most from round to round, and its median not from run to run): what a
+change to the code takes away, stage by stage.
 
 What is left of a round trip measured by `python -m bench` (its serial p50)
 once this total is taken off is the socket and the loop's polling, on both
@@ -30,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import statistics
 import sys
@@ -37,6 +47,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from bench import workload
@@ -58,6 +69,9 @@ from nri_midbatch.wire.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN
 STAGES = ("decode", "call", "handler", "encode")
 #: Parts of the handler, timed on their own.
 PARTS = ("views", "decide")
+#: The whole request in-process, after other work (as a runtime's requests come), and
+#: the same for the next request at once, with the caches warm.
+TOTALS = ("in-process total", "the next, back to back")
 
 
 class _Transport:
@@ -123,14 +137,12 @@ class _Plugin:
             server_conn=PLUGIN_SERVICE_CONN,
             client_conn=RUNTIME_SERVICE_CONN,
         )
-        self.times: dict[str, list[int]] = {
-            name: [] for name in (*STAGES, *PARTS, "in-process total")
-        }
+        self.times: dict[str, list[int]] = {name: [] for name in (*STAGES, *PARTS, *TOTALS)}
 
     async def stages(self, n: int) -> None:
         """Each stage on its own; each pod is new to the plugin's caches where it counts."""
         plugin, times = self.plugin, self.times
-        counter = workload.counter_token(3 * n)
+        counter = workload.counter_token(4 * n)
         data = b"".join(self.create.frames(2 * n + 1, counter))
         await self.run_pod(_pod(counter))
         started = self.clock()
@@ -163,7 +175,7 @@ class _Plugin:
         await self.settle(pod)
 
         # The handler whole, for another pod (that one is now in the caches).
-        other = _pod(workload.counter_token(3 * n + 1))
+        other = _pod(workload.counter_token(4 * n + 1))
         await self.run_pod(other)
         container.id = container.id.replace(pod.id[-12:], other.id[-12:])
         started = self.clock()
@@ -189,19 +201,28 @@ class _Plugin:
             await asyncio.sleep(0)
         self.plugin.after_reply.flush()
 
+    def _stamp(self, done: asyncio.Future[int]) -> None:
+        done.set_result(self.clock())
+
     async def whole(self, n: int) -> None:
-        """Bytes in to bytes out through the connection, for a third pod."""
-        counter = workload.counter_token(3 * n + 2)
-        data = b"".join(self.create.frames(2 * n + 1, counter))
-        pod = _pod(counter)
-        await self.run_pod(pod)
-        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self.transport.written = lambda: done.set_result(self.clock())
-        started = self.clock()
-        self.conn.data_received(data)
-        self.times["in-process total"].append(await done - started)
+        """Bytes in to bytes out through the connection, for a third pod; then, back to
+        back, for a fourth: the same work with the caches warm from the first."""
+        pods = []
+        for k in (2, 3):
+            counter = workload.counter_token(4 * n + k)
+            pods.append((_pod(counter), self.create.frames(4 * n + 2 * k - 3, counter)))
+            await self.run_pod(pods[-1][0])
+        for name, (_, frames) in zip(TOTALS, pods, strict=True):
+            data = b"".join(frames)
+            done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+            self.transport.written = functools.partial(self._stamp, done)
+            started = self.clock()
+            self.conn.data_received(data)
+            # Served in the read's step: done already, awaiting it does not yield.
+            self.times[name].append(await done - started)
         self.transport.written = lambda: None
-        await self.settle(pod)
+        for pod, _ in pods:
+            await self.settle(pod)
 
 
 _EMPTY = api.CreateContainerResponse()
@@ -211,16 +232,66 @@ async def _nothing(_request: Any, _ctx: CallContext) -> Any:
     return _EMPTY
 
 
-#: What each stage is timed by: the wall clock, or the CPU time of the loop's thread (on a
-#: machine others load, what the plugin itself spent, without the waits for a core).
+class _Counter:
+    """A clock that counts work, not time: the same on a loaded machine as on a quiet one.
+
+    `calls` counts the functions entered (Python frames, a coroutine's each resumption,
+    and built-in/C functions called), `opcodes` the bytecode instructions the Python frames
+    run; the stages and the parts are counted as they are timed, the in-process total too.
+    Each figure includes one reading of the counter (a call, a few instructions).
+    """
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.count = 0
+
+    def __call__(self) -> int:
+        return self.count
+
+    def start(self) -> None:
+        if self.what == "calls":
+            sys.setprofile(self._call)
+        else:
+            sys.settrace(self._trace)
+
+    def stop(self) -> None:
+        sys.setprofile(None)
+        sys.settrace(None)
+
+    def _call(self, frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call" or event == "c_call":
+            self.count += 1
+
+    def _trace(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "call":
+            frame.f_trace_opcodes = True
+            frame.f_trace_lines = False
+        elif event == "opcode":
+            self.count += 1
+        return self._trace
+
+
+#: What each stage is measured by: the wall clock, the CPU time of the loop's thread (on a
+#: machine others load, what the plugin itself spent, without the waits for a core), or the
+#: work done (`_Counter`: calls or bytecode instructions, which no load changes).
 CLOCKS: dict[str, Callable[[], int]] = {"wall": time.perf_counter_ns, "cpu": time.thread_time_ns}
+COUNTS = ("calls", "opcodes")
 
 
 async def _measure(rounds: int, workdir: Path, clock: str) -> dict[str, list[int]]:
-    plugin = _Plugin(workdir, CLOCKS[clock])
-    for n in range(rounds):
-        await plugin.stages(n)
-        await plugin.whole(n)
+    counter = _Counter(clock) if clock in COUNTS else None
+    plugin = _Plugin(workdir, counter or CLOCKS[clock])
+    if counter is not None:
+        # The first rounds fill the caches and the lazily built parts: counted too, but
+        # the median over rounds is a later round's.
+        counter.start()
+    try:
+        for n in range(rounds):
+            await plugin.stages(n)
+            await plugin.whole(n)
+    finally:
+        if counter is not None:
+            counter.stop()
     return plugin.times
 
 
@@ -235,9 +306,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     parser.add_argument(
         "--clock",
-        choices=tuple(CLOCKS),
+        choices=(*CLOCKS, *COUNTS),
         default="wall",
-        help="time the stages by the wall clock or by the loop thread's CPU time",
+        help="time the stages by the wall clock or by the loop thread's CPU time, or count "
+        "the function calls or bytecode instructions each one runs (the same on any machine)",
     )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="nri-midbatch-stages-") as tmp:
@@ -250,22 +322,25 @@ def main(argv: list[str] | None = None) -> int:
         else:
             times = asyncio.run(_measure(args.rounds, workdir, args.clock))
     gc.collect()
-    total = statistics.median(times["in-process total"]) / 1000
-    heading = f"{'stage':<22} {'min us':>7} {'median us':>9} {'share':>6}"
+    # Counts are shown as they are; times in microseconds.
+    scale, unit = (1, args.clock) if args.clock in COUNTS else (1000, "us")
+    total = statistics.median(times["in-process total"]) / scale
+    heading = f"{'stage':<22} {'min ' + unit:>11} {'median ' + unit:>14} {'share':>6}"
     print(f"{heading}   ({args.loop}, {args.clock})")
 
     def row(name: str, values: list[int], label: str | None = None) -> None:
-        low, mid = min(values) / 1000, statistics.median(values) / 1000
-        print(f"{label or name:<22} {low:7.1f} {mid:9.1f} {mid / total:6.0%}")
+        low, mid = min(values) / scale, statistics.median(values) / scale
+        print(f"{label or name:<22} {low:11.1f} {mid:14.1f} {mid / total:6.0%}")
 
     for name in STAGES:
         row(name, times[name])
         if name == "handler":
             for part in PARTS:
                 row(part, times[part], f"  of which {part}")
-    rest = total - sum(statistics.median(times[name]) for name in STAGES) / 1000
-    print(f"{'task, deadline, turns':<22} {'':7} {rest:9.1f} {rest / total:6.0%}")
-    row("in-process total", times["in-process total"])
+    rest = total - sum(statistics.median(times[name]) for name in STAGES) / scale
+    print(f"{'task, deadline, turns':<22} {'':11} {rest:14.1f} {rest / total:6.0%}")
+    for name in TOTALS:
+        row(name, times[name])
     return 0
 
 

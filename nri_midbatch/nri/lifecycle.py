@@ -34,6 +34,10 @@ class Phase(Enum):
     SYNCHRONIZING = "synchronizing"  # inside a split Synchronize
     READY = "ready"  # synchronized; events flow
 
+    # Members are singletons compared by identity: hashing them by it keeps each request's
+    # TRANSITIONS lookup in C, where Enum's own __hash__ is a Python call per member.
+    __hash__ = object.__hash__
+
 
 class Step(Enum):
     CONNECT = "connect"
@@ -45,6 +49,8 @@ class Step(Enum):
     EVENT = "event"
     SHUTDOWN = "Shutdown"
     CLOSE = "close"
+
+    __hash__ = object.__hash__  # as Phase's
 
 
 P, S = Phase, Step

@@ -242,6 +242,12 @@ class Session:
         self._handlers = _Handlers.of(plugin)
         self._enforce_lifecycle = enforce_lifecycle
         self._observers = tuple(observers)
+        #: Those that follow calls: asking the others would be a call per request for None.
+        self._call_observers = tuple(
+            observer
+            for observer in self._observers
+            if type(observer).call_begun is not SessionObserver.call_begun
+        )
         self._name = name
         self._idx = idx
         self._registration_timeout = registration_timeout
@@ -458,7 +464,7 @@ class Session:
         # publishes during the call to this call.
         calls = [
             call
-            for observer in self._observers
+            for observer in self._call_observers
             if (call := observer.call_begun(ctx.method, request)) is not None
         ]
         try:

@@ -131,12 +131,15 @@ def container_view(
     resources: api.LinuxResources | None = None,
     *,
     native_known: bool = True,
+    native: NativeLimits | None = None,
 ) -> ContainerView:
-    current = resources if resources is not None else container.linux.resources
+    """The container; `native`: `native_limits` of its resources, if the caller has it."""
+    if native is None:
+        native = native_limits(resources if resources is not None else container.linux.resources)
     return ContainerView(
         id=container.id,
         name=intern(container.name),
-        native=native_limits(current),
+        native=native,
         native_known=native_known,
     )
 

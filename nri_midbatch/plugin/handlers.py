@@ -35,6 +35,7 @@ from nri_midbatch.plugin.codec import (
     container_view,
     current_values,
     encode_native_limits,
+    limits_and_values,
     native_limits,
     pod_view,
     set_resources,
@@ -44,7 +45,7 @@ from nri_midbatch.plugin.counters import Counters
 from nri_midbatch.plugin.decision_log import DecisionLines
 from nri_midbatch.plugin.decisions import Decider, PodTarget
 from nri_midbatch.plugin.lowering import LoweringTimings
-from nri_midbatch.plugin.observer import Observer
+from nri_midbatch.plugin.observer import Observer, told_of_decisions
 from nri_midbatch.plugin.reconcile import ConvergenceTimings, Reconciler
 from nri_midbatch.plugin.records import Records
 from nri_midbatch.plugin.synchronize import SynchronizePass, told_baseline
@@ -105,7 +106,9 @@ class MidBatchPlugin:
         #: The work left for after replies (the status endpoint's too).
         self.after_reply = AfterReply() if after_reply is None else after_reply
         self._records = Records(live, self.store, self.after_reply, dry_run=dry_run)
-        self._decide = Decider(live, self._records, counters, observers, dry_run=dry_run)
+        self._decide = Decider(
+            live, self._records, counters, told_of_decisions(observers), dry_run=dry_run
+        )
         self._writes = Writes(live, self._records, counters, dry_run=dry_run)
         #: The one pass that brings files and runtime in line with the targets, whatever
         #: triggers it: a reload, a Synchronize, its period (the App runs it), a resize.
@@ -231,10 +234,12 @@ class MidBatchPlugin:
             # as at its RunPodSandbox, before its container's (a pod goes up first on v1).
             self._set_met_pod(pod_id, self._meet(pod, "CreateContainer"), "CreateContainer")
             view = known.pods[pod_id]
-        ctr_view = container_view(container)
-        known.set_container(ctr_view.id, pod_id, ctr_view, container.linux.cgroups_path)
+        # The container's resources read and looked up once, for its view and its values.
+        linux = container.linux
+        native, current = limits_and_values(linux.resources)
+        ctr_view = container_view(container, native=native)
+        known.set_container(ctr_view.id, pod_id, ctr_view, linux.cgroups_path)
         lines = DecisionLines("CreateContainer")
-        current = current_values(container.linux.resources)
         decided = self._decide.container(
             view, ctr_view, lines, refuse=in_force.fail, applied=None, current=current
         )

@@ -7,7 +7,7 @@ nothing of NRI (deferred.py), follows the connection through `AfterReplyListener
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from nri_midbatch.deferred import AfterReply
 from nri_midbatch.nri.session import Link, SessionObserver
@@ -17,6 +17,12 @@ from nri_midbatch.policy import ContainerView, Decision, PodView
 class Observer(SessionObserver):
     def decided(self, pod: PodView, container: ContainerView | None, decision: Decision) -> None:
         """The plugin took `decision` (container None: at pod level), in the call's task."""
+
+
+def told_of_decisions(observers: Iterable[Observer]) -> tuple[Observer, ...]:
+    """Those of `observers` that take note of decisions: telling the others would cost a
+    call each per decision, for nothing (a Synchronize takes one per container)."""
+    return tuple(o for o in observers if type(o).decided is not Observer.decided)
 
 
 class AfterReplyListener(Observer):

@@ -78,6 +78,9 @@ class MuxConnection(asyncio.Protocol):
         )
         self._handlers: set[asyncio.Task[None]] = set()
         self._closed = asyncio.Event()
+        #: `_closed.is_set()` as a plain attribute: asked several times a request, where
+        #: the Event's method would be a Python call each time.
+        self._ended = False
         #: Messages received and not yet dispatched wait for a later turn; reading
         #: is paused meanwhile, so what is held stays one read's worth.
         self._backlog = False
@@ -149,12 +152,11 @@ class MuxConnection(asyncio.Protocol):
         # one write (and syscall) per turn rather than one per message.
         answers: list[bytes] = []
         handled = 0
-        closed = self._closed.is_set
         try:
             # A handler served here may close the connection: nothing more is served then.
             while (
                 handled < MESSAGES_PER_TURN
-                and not closed()
+                and not self._ended
                 and (event := self._wire.next_event()) is not None
             ):
                 if isinstance(event, wire.Refused):
@@ -172,7 +174,7 @@ class MuxConnection(asyncio.Protocol):
             return
         self._write(b"".join(answers))
         transport = self._transport
-        if self._closed.is_set() or transport is None:
+        if self._ended or transport is None:
             return
         self._backlog = handled == MESSAGES_PER_TURN
         if self._backlog:
@@ -203,7 +205,7 @@ class MuxConnection(asyncio.Protocol):
         received and not dispatched is the connection's own state; bytes still
         in the kernel cost one zero-timeout poll of the socket (about 2 us).
         """
-        if self._closed.is_set():
+        if self._ended:
             return False
         if self._serving or self._backlog or self._wire.holds_input:
             return True
@@ -224,9 +226,10 @@ class MuxConnection(asyncio.Protocol):
         self._shutdown(reason)
 
     def _shutdown(self, reason: str) -> None:
-        if self._closed.is_set():
+        if self._ended:
             return
         self.close_reason = reason
+        self._ended = True
         self._closed.set()
         if self.refused > 1 or self.ignored > 1:
             self._log.warning(
@@ -366,7 +369,7 @@ class MuxConnection(asyncio.Protocol):
         `response_type` is an RpcError, no reply within `timeout` is
         DEADLINE_EXCEEDED.
         """
-        if self._closed.is_set() or self._transport is None:
+        if self._ended or self._transport is None:
             raise ConnectionClosed(self.close_reason or "not connected")
         fut: _Outcome = asyncio.get_running_loop().create_future()
         try:
@@ -395,7 +398,7 @@ class MuxConnection(asyncio.Protocol):
     # -- sending -------------------------------------------------------------
 
     def _write(self, data: bytes) -> None:
-        if data and self._transport is not None and not self._closed.is_set():
+        if data and self._transport is not None and not self._ended:
             self._transport.write(data)
             self.writes += 1
 

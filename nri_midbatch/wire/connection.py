@@ -108,6 +108,9 @@ class Dropped:
 
 
 Event = Request | Refused | CallSucceeded[T] | CallFailed[T] | Dropped
+#: The events a flood is made of; a tuple built once, where `Refused | Dropped` in the
+#: check would build a union object for every message.
+_VIOLATIONS = (Refused, Dropped)
 
 
 @dataclass(slots=True)
@@ -170,10 +173,7 @@ class Connection(Generic[T]):
                         event = self._on_request(message)
                     else:
                         event = self._on_reply(message)
-                    if (
-                        isinstance(event, Refused | Dropped)
-                        and self._violations.admit(None) is None
-                    ):
+                    if isinstance(event, _VIOLATIONS) and self._violations.admit(None) is None:
                         raise RemoteProtocolError(
                             f"more than {self._max_violations} messages refused or ignored "
                             "in one second: a flood",
