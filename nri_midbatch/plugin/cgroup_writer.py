@@ -146,6 +146,10 @@ class LocatedCgroups:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def workloads(self) -> set[tuple[str, str | None]]:
+        """The workloads whose files are kept located."""
+        return set(self._entries)
+
     def read(
         self,
         writer: CgroupWriter,

@@ -43,7 +43,7 @@ class Counters:
     container_repairs_failed: int = 0
     config_rejected: int = 0
     #: (level, writer) -> cgroups found holding other values than the plugin keeps in force
-    #: (reconcile.py), and those put back; writer: "kubelet" (its known value), "unknown"
+    #: (reconcile/check.py), and those put back; writer: "kubelet" (its known value), "unknown"
     drift_found: dict[tuple[str, str], int] = field(default_factory=_by_level_and_writer)
     drift_repaired: dict[tuple[str, str], int] = field(default_factory=_by_level_and_writer)
     #: (level, result) -> values decided but not set in observe mode; result: whether

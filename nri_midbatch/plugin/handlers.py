@@ -84,8 +84,9 @@ class MidBatchPlugin:
         that it yields to the runtime's requests. By default one of the plugin's own, which never
         waits (replay, tests). `lowering_timings`: a Synchronize's wait for the runtime to
         lower containers (plugin/lowering.py). `convergence_timings`: when a resized pod is
-        checked again (plugin/reconcile.py). `cgroup_files`: what reads and writes the
-        cgroup files (cgroups/fs.py), the kernel's unless a test gives its own.
+        checked again, and the size of a pass's pieces (plugin/reconcile/). `cgroup_files`:
+        what reads and writes the cgroup files (cgroups/fs.py), the kernel's unless a test
+        gives its own.
         """
         self.runtime: RuntimeInfo | None = None
         #: Under the systemd driver, the units that hold our values (its task

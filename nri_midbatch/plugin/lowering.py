@@ -16,7 +16,7 @@ that order holds no more than the values sent for it (or its cgroup is gone),
 and is written then: one container read per pod, not one per container.
 (After a reload, UpdateContainers returns once the runtime has applied the
 updates, and the cgroup-file path writes containers itself: the order holds
-there without waiting; see reconcile.py `Reconciler.reload`.)
+there without waiting; see reconcile/follow.py.)
 
 Bounded in time and reads:
 - polled every `LoweringTimings.poll`, from the work queue that runs after replies,

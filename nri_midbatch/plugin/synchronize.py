@@ -5,7 +5,7 @@ The runtime sends the node in chunks (`take`), then waits for one reply
 are written around that: raised before the reply, lowered once their
 containers are (lowering.py), the rest right after it; the containers left as
 the runtime reports them are checked against their files by the one pass
-(reconcile.py `check_reported`), and every pod's record is kept, after the
+(reconcile/ `Reconciler.check_reported`), and every pod's record is kept, after the
 reply too.
 """
 

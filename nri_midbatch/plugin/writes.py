@@ -3,7 +3,7 @@
 NRI cannot adjust a pod sandbox, so every pod value an event decides is written
 here; containers the runtime cannot reach (a reload's files, a Synchronize's
 containers whose files do not hold what the runtime reports, drift) are the one
-pass's (reconcile.py). Each write is logged with its pod and counted; the
+pass's (reconcile/). Each write is logged with its pod and counted; the
 failure policy decides whether a failed pod write refuses the call.
 """
 

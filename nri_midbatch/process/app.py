@@ -2,7 +2,7 @@
 
 Besides keeping the session connected, the process watches its configuration
 file: a valid change applies at once and triggers the one pass
-(plugin/reconcile.py) that brings running workloads to the new values; an
+(plugin/reconcile/) that brings running workloads to the new values; an
 invalid one is logged with the field at fault, counted, and the previous
 configuration stays in force.
 
@@ -355,7 +355,7 @@ class App:
                 containers_to_update=len(plan.containers),
                 pods_to_update=len(plan.pods),
             )
-        # The reload's trigger of the one pass (plugin/reconcile.py): the plan, then a check
+        # The reload's trigger of the one pass (plugin/reconcile/): the plan, then a check
         # of every workload.
         runtime = self.plugin.runtime
         safe = runtime is not None and runtime.update_containers_safe

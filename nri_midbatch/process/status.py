@@ -127,7 +127,7 @@ def _rows(live: Live, convergence: Reconciler, pod_ids: Iterable[str]) -> list[_
         decision = decide_pod(pod, policy)
         applied = known.applied.get(pod_id)
         target = target_of(decision, applied, pod.native, enforce=config.enforces(pod=True)).values
-        check = convergence.checks.get(pod_id)
+        check = convergence.checker.checks.get(pod_id)
         rows.append(_Row(pod_id, pod, None, "", decision.tier, pod.native, target, applied, check))
         for container_id in known.containers_of(pod_id):
             container = known.containers[container_id][1]

@@ -30,6 +30,7 @@ from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import load_config_file
 from nri_midbatch.config.settings import Settings
 from nri_midbatch.nri.testing import LoopbackRuntime
+from nri_midbatch.plugin.reconcile import ConvergenceTimings
 from nri_midbatch.process import app as app_module
 from nri_midbatch.process.app import App
 from nri_midbatch.rpc.service import CallContext, Method, Service
@@ -370,6 +371,8 @@ class HistoryNode:
     stale: list[str] = field(default_factory=list)
     #: The bound on the pods the plugin remembers, where a test makes it small.
     max_pods: int | None = None
+    #: The convergence pass's timings (its piece size, where a test makes it small).
+    convergence_timings: ConvergenceTimings = ConvergenceTimings()
 
     @property
     def config_path(self) -> Path:
@@ -387,7 +390,7 @@ class HistoryNode:
         os.replace(staging, self.config_path)
 
     async def start_plugin(self) -> None:
-        self.app = new_app(self.config_path, self.state_dir)
+        self.app = new_app(self.config_path, self.state_dir, self.convergence_timings)
         if self.max_pods is not None:
             self.app.plugin.live.known.max_pods = self.max_pods
         await self.containerd.connect(self.app)
@@ -578,7 +581,7 @@ class HistoryNode:
         return problems
 
 
-def new_app(config_path: Path, state_dir: Path) -> App:
+def new_app(config_path: Path, state_dir: Path, convergence_timings: ConvergenceTimings) -> App:
     """The one place the history tests build an App; `state_dir` survives plugin restarts."""
     return App(
         in_process_settings(config_path),
@@ -587,14 +590,21 @@ def new_app(config_path: Path, state_dir: Path) -> App:
         config_path=str(config_path),
         state_dir=state_dir,
         cgroup_files=KERNEL_RULES,
+        convergence_timings=convergence_timings,
     )
 
 
 async def start_node(
-    tmp: Path, *, cgroup_version: int, flavour: RuntimeFlavour, config: Config
+    tmp: Path,
+    *,
+    cgroup_version: int,
+    flavour: RuntimeFlavour,
+    config: Config,
+    convergence_timings: ConvergenceTimings = ConvergenceTimings(),
 ) -> HistoryNode:
     tree = FakeTree(tmp / "cgroup", cgroup_version)
     node = HistoryNode(tmp, tree, FakeContainerd(tree, flavour), config)
+    node.convergence_timings = convergence_timings
     node.state_dir.mkdir(exist_ok=True)
     node.write_config(config)
     await node.start_plugin()

@@ -87,8 +87,8 @@ def test_file_change_brings_containers_and_pods_to_the_new_values(tmp_path: Path
     assert node.tree.read(parent) == HALVED_VALUES
     assert node.tree.read(parent, live.id) == HALVED_VALUES
     # One container and one pod through their files (NRI v0.6.1).
-    assert node.app.plugin.reconcile.followed[("cgroup_files", "ok")] == 2
-    assert node.app.plugin.reconcile.followed[("update_containers", "ok")] == 0
+    assert node.app.plugin.reconcile.follow.followed[("cgroup_files", "ok")] == 2
+    assert node.app.plugin.reconcile.follow.followed[("update_containers", "ok")] == 0
     assert node.tree.read(parent, gone.id) == LINGERING
     assert node.app.plugin.live.in_force.config.rules.cpu_normalization_ratio == 2.0
     assert reloads_metric(node.app)["applied"] == 1
@@ -174,8 +174,8 @@ def test_crio_container_without_a_cgroups_path_is_found_under_crios_name(
     node = run(scenario())
     assert node.tree.read(parent, crio_dir) == HALVED_VALUES
     assert node.tree.read(parent) == HALVED_VALUES
-    assert node.app.plugin.reconcile.followed[("cgroup_files", "ok")] == 2
-    assert node.app.plugin.reconcile.followed[("cgroup_files", "failed")] == 0
+    assert node.app.plugin.reconcile.follow.followed[("cgroup_files", "ok")] == 2
+    assert node.app.plugin.reconcile.follow.followed[("cgroup_files", "failed")] == 0
 
 
 # ---------------------------------------------------------------------------
@@ -230,7 +230,7 @@ def test_safe_runtime_gets_update_containers_and_no_container_file_is_written(
             assert node.tree.read(parent, live.id) == HALVED_VALUES
             assert node.tree.read(parent) == HALVED_VALUES
             assert node.app.reloads == {"applied": 1}
-            assert node.app.plugin.reconcile.followed == {
+            assert node.app.plugin.reconcile.follow.followed == {
                 ("update_containers", "ok"): 1,
                 ("update_containers", "refused"): 0,
                 ("cgroup_files", "ok"): 1,  # the pod
@@ -429,7 +429,7 @@ def test_a_container_the_runtime_could_not_update_is_named_counted_and_written(
             return node
 
     node = run(scenario())
-    assert node.app.plugin.reconcile.followed[("update_containers", "refused")] == 1
+    assert node.app.plugin.reconcile.follow.followed[("update_containers", "refused")] == 1
     assert node.tree.read(parent, live.id) == HALVED_VALUES
     assert node.tree.read(parent) == HALVED_VALUES
 
@@ -530,7 +530,8 @@ def test_a_runtime_that_never_answers_update_containers_does_not_stop_the_watch(
             # Unanswered: counted, and the container's files are written instead.
             await until(
                 lambda: (
-                    node.app.plugin.reconcile.followed.get(("update_containers", "failed")) == 1
+                    node.app.plugin.reconcile.follow.followed.get(("update_containers", "failed"))
+                    == 1
                 ),
                 "counted",
             )
@@ -540,7 +541,8 @@ def test_a_runtime_that_never_answers_update_containers_does_not_stop_the_watch(
             await until(lambda: node.app.reloads.get("applied") == 2, "next change applied")
             await until(
                 lambda: (
-                    node.app.plugin.reconcile.followed.get(("update_containers", "failed")) == 2
+                    node.app.plugin.reconcile.follow.followed.get(("update_containers", "failed"))
+                    == 2
                 ),
                 "again",
             )
@@ -640,13 +642,14 @@ def test_observe_sets_nothing_and_a_reload_to_enforce_applies_the_values(tmp_pat
             await until(lambda: node.tree.read(parent, live.id) == APP_VALUES, "container set")
             await until(lambda: node.tree.read(parent) == APP_VALUES, "pod set")
             await until(
-                lambda: node.app.plugin.reconcile.followed[("cgroup_files", "ok")] == 2, "counted"
+                lambda: node.app.plugin.reconcile.follow.followed[("cgroup_files", "ok")] == 2,
+                "counted",
             )
             assert metric(node.app, "nri_midbatch_mode") == {("enforce",): 1, ("observe",): 0}
             return node
 
     node = run(scenario())
-    assert node.app.plugin.reconcile.followed[("cgroup_files", "ok")] == 2
+    assert node.app.plugin.reconcile.follow.followed[("cgroup_files", "ok")] == 2
 
 
 def test_a_reload_into_observe_gives_kubelets_values_back(tmp_path: Path) -> None:

@@ -430,7 +430,9 @@ def test_a_refused_call_is_counted_and_the_next_unit_still_set(
         async with serve_manager(bus, manager), running(units):
             # A reload's file pass: the pod goes down after its container (writes.py), so its
             # unit is set after the container's: wait for both.
-            failed = plugin.reconcile.write_plan(Plan((change,), (PodChange(pod, change.values),)))
+            failed = plugin.reconcile.follow.write_plan(
+                Plan((change,), (PodChange(pod, change.values),))
+            )
             assert failed == Plan((), ())
             sets = units.property_sets
             await until(

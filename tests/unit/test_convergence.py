@@ -1,4 +1,4 @@
-"""Issue 34: exact values whoever wrote last (plugin/reconcile.py).
+"""Issue 34: exact values whoever wrote last (plugin/reconcile/).
 
 Kubelet writes a pod's cgroup after the plugin when a resize lowers it (and, from
 kubernetes#137555, right after every UpdatePodSandbox); anyone else may write any file at any
@@ -20,8 +20,9 @@ from nri_midbatch.cgroups.values import runtime_cpu_weights
 from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import load_config_text
 from nri_midbatch.nri.events import Event
-from nri_midbatch.plugin import handlers, reconcile
+from nri_midbatch.plugin import handlers
 from nri_midbatch.plugin.handlers import MidBatchPlugin
+from nri_midbatch.plugin.reconcile import ConvergenceTimings
 from nri_midbatch.policy import NativeLimits
 from nri_midbatch.process.status import _rows, _workloads
 from nri_midbatch.rpc.errors import RpcError
@@ -52,9 +53,20 @@ def _validated_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def node_with(
-    tmp_path: Path, flavour: RuntimeFlavour, config: Config, pod: PodModel, version: int = 1
+    tmp_path: Path,
+    flavour: RuntimeFlavour,
+    config: Config,
+    pod: PodModel,
+    version: int = 1,
+    timings: ConvergenceTimings = ConvergenceTimings(),
 ) -> HistoryNode:
-    node = await start_node(tmp_path, cgroup_version=version, flavour=flavour, config=config)
+    node = await start_node(
+        tmp_path,
+        cgroup_version=version,
+        flavour=flavour,
+        config=config,
+        convergence_timings=timings,
+    )
     await node.run_pod(pod)
     for container in pod.containers:
         assert await node.create(pod.id, container.name) == []
@@ -253,15 +265,13 @@ def test_update_pod_sandbox_is_refused_only_under_failure_policy_fail(
     assert plugin.counters.invalid["internal"] == 1
 
 
-def test_a_reload_does_not_wait_for_a_whole_pass(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_reload_does_not_wait_for_a_whole_pass(tmp_path: Path) -> None:
     """A reload first lets the work after replies settle: a pass yields between its pieces."""
     pod = model_pod(Kind.MID_LS)
-    monkeypatch.setattr(reconcile, "PIECE_WORKLOADS", 1)  # the pod, then its container
+    one = ConvergenceTimings(piece_workloads=1)  # the pod, then its container
 
     async def scenario() -> tuple[bool, bool]:
-        node = await node_with(tmp_path, CONTAINERD_2, Config(), pod)
+        node = await node_with(tmp_path, CONTAINERD_2, Config(), pod, timings=one)
         assert node.app is not None
         plugin = node.app.plugin
         passing = asyncio.create_task(plugin.reconcile.converge())
@@ -309,7 +319,7 @@ def test_a_containers_cgroup_v2_weight_is_compared_with_the_runtimes_conversions
 
 
 async def run_trigger(node: HistoryNode, trigger: str) -> None:
-    """Run the one pass (plugin/reconcile.py) through one of its triggers."""
+    """Run the one pass (plugin/reconcile/) through one of its triggers."""
     assert node.app is not None
     if trigger == "period":
         await node.converge()

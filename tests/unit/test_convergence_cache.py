@@ -1,4 +1,4 @@
-"""What the convergence pass keeps per workload to stay cheap (plugin/reconcile.py,
+"""What the convergence pass keeps per workload to stay cheap (plugin/reconcile/check.py,
 plugin/cgroup_writer.py `LocatedCgroups`): each cgroup's files located once, and its target.
 
 What is kept must never make a pass read other files, or compare with another target, than a
@@ -53,8 +53,8 @@ async def node_of(tmp_path: Path, *pods: PodModel) -> HistoryNode:
 def kept(node: HistoryNode) -> tuple[set[tuple[str, str | None]], set[tuple[str, str | None]]]:
     """The workloads whose located files, and whose targets, the pass keeps; and the known."""
     assert node.app is not None
-    reconcile = node.app.plugin.reconcile
-    return set(reconcile._located._entries) | set(reconcile._targets), known_keys(node)
+    located, targets = node.app.plugin.reconcile.checker.kept()
+    return located | targets, known_keys(node)
 
 
 def known_keys(node: HistoryNode) -> set[tuple[str, str | None]]:
@@ -128,7 +128,8 @@ def test_entries_of_gone_workloads_are_pruned_between_passes(tmp_path: Path) -> 
         reconcile = node.app.plugin.reconcile
         reconcile.check_pod("q0")  # a re-check, not a pass: it prunes only past the slack
         await node.settle()
-        entries = len(reconcile._located) + len(reconcile._targets)
+        located, targets = reconcile.checker.kept()
+        entries = len(located) + len(targets)
         await node.stop_plugin()
         return entries, len(pods)
 

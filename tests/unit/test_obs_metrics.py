@@ -245,7 +245,7 @@ class _GrowsWhileIterated(dict[Any, int]):
         ),
         ("app", "reloads", {"applied": 2}, "invalid", "config_reloads", {"result": "applied"}),
         (
-            "reconcile",
+            "reload_follow",
             "followed",
             {("cgroup_files", "ok"): 2},
             ("cgroup_files", "failed"),
@@ -264,7 +264,7 @@ def test_a_scrape_survives_a_counter_that_grows_meanwhile(
 ) -> None:
     """The server's thread reads the plugin's counters while the loop adds a key to one."""
     app = App(load_startup_settings(None), name="midbatch", idx="10", config_path=None)
-    owners = {"counters": app.plugin.counters, "reconcile": app.plugin.reconcile}
+    owners = {"counters": app.plugin.counters, "reload_follow": app.plugin.reconcile.follow}
     target = owners.get(owner, app)
     setattr(target, attribute, _GrowsWhileIterated(counts, key))
     scrape = Scrape(generate_latest(app.metrics.registry).decode())

@@ -34,11 +34,11 @@ from nri_midbatch.nri.events import Event
 from nri_midbatch.nri.session import Session
 from nri_midbatch.nri.testing import LoopbackRuntime
 from nri_midbatch.plugin import decisions as decisions_module
-from nri_midbatch.plugin import reconcile
 from nri_midbatch.plugin.codec import NATIVE_LIMITS_ANNOTATION
 from nri_midbatch.plugin.handlers import MidBatchPlugin
 from nri_midbatch.plugin.lowering import LoweringTimings
 from nri_midbatch.plugin.observer import Observer
+from nri_midbatch.plugin.reconcile import ConvergenceTimings
 from nri_midbatch.plugin.records import Records
 from nri_midbatch.policy import CgroupValues, ContainerView, Decision, PodView, decide_container
 from nri_midbatch.policy.cpuset import RESOURCE_STATUS_ANNOTATION
@@ -1310,7 +1310,7 @@ def test_synchronize_reads_settled_containers_a_few_to_a_piece_of_work(
     tree: FakeTree, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A request arriving while a node's containers are checked waits for a piece of the
-    pass only (plugin/reconcile.py: PIECE_WORKLOADS, or PIECE_SECONDS)."""
+    pass only (plugin/reconcile/walk.py: `piece_workloads`, or `piece_seconds`)."""
     pods, containers = [], []
     for n in range(10):
         pod = batch_pod(f"batch-{n}")
@@ -1324,8 +1324,11 @@ def test_synchronize_reads_settled_containers_a_few_to_a_piece_of_work(
         pods.append(pod)
         containers.append(ctr)
     files = Watched()
-    plugin = MidBatchPlugin(make_config(tree), cgroup_files=files)
-    monkeypatch.setattr(reconcile, "PIECE_WORKLOADS", 3)
+    plugin = MidBatchPlugin(
+        make_config(tree),
+        cgroup_files=files,
+        convergence_timings=ConvergenceTimings(piece_workloads=3),
+    )
     #: Container cgroups read in each piece of work after the reply.
     pieces: list[int] = []
     queue = plugin.after_reply.defer

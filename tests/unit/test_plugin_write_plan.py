@@ -29,9 +29,9 @@ def test_write_plan_uses_the_runtimes_cgroups_path(tmp_path: Path) -> None:
         pod, ContainerView("abc", "app"), CgroupValues(512, 50_000, 1 << 30), f"{SLICE}:crio:abc"
     )
 
-    assert plugin.reconcile.write_plan(Plan((change,), ())) == Plan((), ())
+    assert plugin.reconcile.follow.write_plan(Plan((change,), ())) == Plan((), ())
     assert (scope / "cpu.max").read_text() == "50000"
     assert (scope / "memory.max").read_text() == str(1 << 30)
     # Without the runtime's path, containerd's naming is assumed: not there.
     elsewhere = ContainerChange(pod, change.container, change.values)
-    assert plugin.reconcile.write_plan(Plan((elsewhere,), ())) == Plan((elsewhere,), ())
+    assert plugin.reconcile.follow.write_plan(Plan((elsewhere,), ())) == Plan((elsewhere,), ())
