@@ -162,8 +162,9 @@ class MidBatchPlugin:
     def catch_up(self) -> Plan:
         """What running workloads need to hold what the configuration in force gives them."""
         in_force = self.live.in_force
-        enforce, pod_level = not in_force.observing, in_force.pod_level
-        if enforce and pod_level:
+        containers = in_force.config.enforces(pod=False)
+        pods = in_force.config.enforces(pod=True)
+        if pods:
             for pod_id, view in list(self.live.known.pods.items()):
                 if not self.live.known.baseline_known(pod_id):
                     try:
@@ -172,7 +173,7 @@ class MidBatchPlugin:
                         continue
                     if in_tier:
                         self._records.establish_pod_baseline(pod_id, view)
-        return plan(self.live.known, in_force.policy, enforce=enforce, pod_level=pod_level)
+        return plan(self.live.known, in_force.policy, containers=containers, pods=pods)
 
     def _systemd_containers(self) -> list[UnitTarget]:
         """What every known container holds of ours, for systemd's drift repair."""

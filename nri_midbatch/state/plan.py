@@ -59,33 +59,33 @@ class Plan:
         return bool(self.containers or self.pods)
 
 
-def plan(known: Known, policy: Policy, *, enforce: bool = True, pod_level: bool = True) -> Plan:
+def plan(known: Known, policy: Policy, *, containers: bool = True, pods: bool = True) -> Plan:
     """Every workload whose values in force under `policy` differ from what was applied.
 
-    `enforce` False (`mode: observe`): nothing is claimed, so everything the plugin set is
-    given back. `pod_level` False (`cgroups.podLevel: false`): likewise for every pod.
+    `containers`, `pods`: whether the plugin claims values there (Settings.enforces: neither
+    in `mode: observe`, no pod with `cgroups.podLevel: false`); where it claims none,
+    everything it set there is given back.
     """
     applied = known.applied
-    containers = []
+    container_changes = []
     for container_id, (pod_id, container) in known.containers.items():
         pod = known.pods.get(pod_id)
         if pod is None:
             continue
         before = applied.get(container_id)
-        decision = decide_container(pod, container, policy) if enforce else None
-        values, claimed = target(decision, before, container.native, enforce=enforce)
+        decision = decide_container(pod, container, policy) if containers else None
+        values, claimed = target(decision, before, container.native, enforce=containers)
         if values is not None and values != before:
             path = known.cgroups_path(container_id)
-            containers.append(ContainerChange(pod, container, values, path, before, claimed))
-    pods = []
+            container_changes.append(ContainerChange(pod, container, values, path, before, claimed))
+    pod_changes = []
     for pod_id, pod in known.pods.items():
         before = applied.get(pod_id)
-        enforced = enforce and pod_level
-        decision = decide_pod(pod, policy) if enforced else None
-        values, claimed = target(decision, before, pod.native, enforce=enforced)
+        decision = decide_pod(pod, policy) if pods else None
+        values, claimed = target(decision, before, pod.native, enforce=pods)
         if values is not None and values != before:
-            pods.append(PodChange(pod, values, pod_id, before, claimed))
-    return Plan(tuple(containers), tuple(pods))
+            pod_changes.append(PodChange(pod, values, pod_id, before, claimed))
+    return Plan(tuple(container_changes), tuple(pod_changes))
 
 
 def split_pods(plan: Plan) -> tuple[tuple[PodChange, ...], tuple[PodChange, ...]]:

@@ -87,7 +87,7 @@ def known(*pods: tuple[str, PodView, list[ContainerView]]) -> Known:
 
 def settled(node: Known, policy: Policy, *, pod_level: bool = True) -> Known:
     """`node` as the plugin leaves it once `policy`'s plan is in force."""
-    result = plan(node, policy, pod_level=pod_level)
+    result = plan(node, policy, pods=pod_level)
     for change in result.containers:
         node.set_applied(change.container.id, change.claimed)
     for pod_change in result.pods:
@@ -158,7 +158,7 @@ def test_pod_cgroups_follow_pod_level_turned_on_and_off() -> None:
     )
     assert turned_on.containers == ()
     # Turned off: pod cgroups go back to kubelet's (here unlimited; its shares unknown).
-    turned_off = plan(settled(node, DEFAULT), HALVED, pod_level=False)
+    turned_off = plan(settled(node, DEFAULT), HALVED, pods=False)
     assert [(p.values, p.claimed) for p in turned_off.pods] == [(CgroupValues(None, -1, -1), None)]
     assert len(turned_off.containers) == 1
 
