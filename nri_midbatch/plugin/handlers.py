@@ -276,7 +276,7 @@ class MidBatchPlugin:
         if view is None:
             # A pod the plugin forgot past its bounds, or never heard of: its pod values
             # as at its RunPodSandbox, before its container's (a pod goes up first on v1).
-            self._set_met_pod(pod_id, self._meet(pod, "CreateContainer"), "CreateContainer")
+            self._set_met_pod(pod_id, self._meet(pod, "CreateContainer")[0], "CreateContainer")
             view = known.pods[pod_id]
         ctr_view = container_view(container)
         known.set_container(ctr_view.id, pod_id, ctr_view, container.linux.cgroups_path)
@@ -309,12 +309,18 @@ class MidBatchPlugin:
         ctx = self._ctx
         known, container_id = ctx.known, container.id
         ctr_view = container_view(container, resources)
-        entry = known.containers.get(container_id)
         view = known.pods.get(pod.id)
+        told = False
         if view is None:
             # As at CreateContainer: a pod forgotten past the bounds, or never heard of.
-            self._set_met_pod(pod.id, self._meet(pod, "UpdateContainer"), "UpdateContainer")
+            view, told = self._meet(pod, "UpdateContainer")
+            self._set_met_pod(pod.id, view, "UpdateContainer")
             view = known.pods[pod.id]
+        if container_id not in known.containers:
+            # Forgotten with its pod: as it was before this update, so that a resize moves
+            # its pod's baseline and what the plugin set on it can be given back.
+            self._records.meet_container(pod.id, container)
+        entry = known.containers.get(container_id)
         resized = entry is not None and entry[1].native != ctr_view.native
         if resized:
             # Kubelet writes the pod cgroup after the containers when a resize lowers them.
@@ -324,8 +330,13 @@ class MidBatchPlugin:
             known.set_container(container_id, pod.id, ctr_view, container.linux.cgroups_path)
             if resized:
                 known.recorded.add(container_id)
-            # Kubelet keeps a BestEffort pod's cgroup unlimited whatever its containers ask.
-            if resized and qos_from_cgroup_parent(view.cgroup_parent) is not QoSClass.BE:
+            # Kubelet keeps a BestEffort pod's cgroup unlimited whatever its containers ask;
+            # the runtime's values of a pod met here are kubelet's with this resize already.
+            if (
+                resized
+                and not told
+                and qos_from_cgroup_parent(view.cgroup_parent) is not QoSClass.BE
+            ):
                 siblings = [
                     known.containers[other][1].native
                     for other in known.containers_of(pod.id)
@@ -454,7 +465,12 @@ class MidBatchPlugin:
         known = self._ctx.known
         view = known.pods.get(pod.id)
         if view is None:
-            return
+            # A pod forgotten past the bounds: first its values from the baseline its record
+            # keeps (a reload while it was forgotten did not reach it; the pod sent carries
+            # the resize asked, which may yet fail), then the resize's.
+            met, _ = self._meet(pod, "UpdatePodSandbox", kept_first=True)
+            self._set_met_pod(pod.id, met, "UpdatePodSandbox")
+            view = known.pods[pod.id]
         # Kubelet writes the pod cgroup right after this call (kubernetes#137555), or wrote
         # it before: either way its write may come after the plugin's.
         self.reconcile.recheck_soon(pod.id)
@@ -510,16 +526,22 @@ class MidBatchPlugin:
         if self.systemd is not None:
             self.systemd.forget_pod(pod.uid)
 
-    def _meet(self, pod: api.PodSandbox, method: str) -> PodView:
-        """Remember a sandbox not known: with its pod's baseline, by uid (records.py)."""
+    def _meet(
+        self, pod: api.PodSandbox, method: str, *, kept_first: bool = False
+    ) -> tuple[PodView, bool]:
+        """Remember a sandbox not known: with its pod's baseline, by uid (records.py); and
+        whether the runtime or the pod's QoS class told that baseline."""
         told = told_baseline(pod, self._decide, method)
-        return self._records.meet(pod.id, pod_view(pod, told), told is not None)
+        view = self._records.meet(
+            pod.id, pod_view(pod, told), told is not None, kept_first=kept_first
+        )
+        return view, told is not None
 
     def _run_pod_sandbox(self, pod: api.PodSandbox) -> None:
         """A new sandbox: kubelet's values are its pod's, if the plugin knew the pod under an
         older sandbox or keeps its record; else the runtime's, or what its cgroup holds now,
         before any write of ours."""
-        self._set_met_pod(pod.id, self._meet(pod, "RunPodSandbox"), "RunPodSandbox")
+        self._set_met_pod(pod.id, self._meet(pod, "RunPodSandbox")[0], "RunPodSandbox")
 
     def _set_met_pod(self, pod_id: str, view: PodView, method: str) -> None:
         """A sandbox just met: its pod's values, unless pod level is off and the plugin set

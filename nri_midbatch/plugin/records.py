@@ -25,10 +25,13 @@ from dataclasses import replace
 
 import structlog
 
+from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.cgroups.values import baseline_of
 from nri_midbatch.plugin.cgroup_writer import CgroupUnreadable
+from nri_midbatch.plugin.codec import running_view
 from nri_midbatch.plugin.context import PluginContext
 from nri_midbatch.policy import PodView
+from nri_midbatch.state.known import container_at_sync
 from nri_midbatch.state.store import Kept, PodRecord
 
 log = structlog.get_logger(__name__)
@@ -49,17 +52,20 @@ class Records:
         #: uids of parked records, oldest first
         self._parked: dict[str, None] = {}
 
-    def meet(self, pod_id: str, view: PodView, told: bool) -> PodView:
+    def meet(self, pod_id: str, view: PodView, told: bool, *, kept_first: bool = False) -> PodView:
         """Remember a sandbox the plugin does not know; returns the view kept.
 
         `view.native`: kubelet's values as the runtime or the pod's QoS class tell them
         (`told`), which win; else those of the pod's sandbox the plugin knows (an older one,
-        dead: forgotten now), else its record's. What the plugin set on the pod carries
-        over from either, so that it can be given back.
+        dead: forgotten now), else its record's. `kept_first`: those two win over the told
+        ones (an UpdatePodSandbox's pod carries the resize it asks for, which may yet fail).
+        What the plugin set on the pod carries over from either, so that it can be given
+        back; so do its record's containers, until the runtime shows them (Known.unshown).
         """
         ctx = self._ctx
         known, uid = ctx.known, view.uid
         kept: Kept | None = None
+        unshown: dict[str, Kept] = {}
         sure = told
         twin = known.sandbox_of(uid)
         if twin is not None:
@@ -69,16 +75,36 @@ class Records:
             if twin != pod_id:
                 known.remove_pod(twin)
         elif ctx.store.keeping and (record := ctx.store.load(uid)) is not None:
-            kept = record.pod
+            kept, unshown = record.pod, record.containers
             sure = sure or kept is not None
         self._parked.pop(uid, None)
-        if kept is not None and not told:
+        if kept is not None and (kept_first or not told):
             view = replace(view, native=kept.kubelet)
         view = known.add_pod(pod_id, view)
         if sure:
             known.pod_baseline_known.add(pod_id)
         known.set_applied(pod_id, None if kept is None else kept.applied)
+        if unshown:
+            known.unshown[pod_id] = dict(unshown)
         return view
+
+    def meet_container(self, pod_id: str, container: api.Container) -> None:
+        """Remember a running container the plugin does not know (forgotten with its pod), as
+        the runtime shows it before this event: kubelet's values and what the plugin set on
+        it as its pod's record kept them, else as at a Synchronize (`container_at_sync`)."""
+        ctx = self._ctx
+        known = ctx.known
+        shown, current = running_view(container)
+        record = PodRecord(None, known.unshown.get(pod_id, {}))
+        view, applied, recorded = container_at_sync(
+            known, record, shown, current, ctx.store.keeping
+        )
+        known.set_container(view.id, pod_id, view, container.linux.cgroups_path)
+        known.set_applied(view.id, applied)
+        if shown.native_known:
+            known.annotated.add(view.id)
+        if recorded:
+            known.recorded.add(view.id)
 
     def sandbox_removed(self, pod: PodView) -> None:
         """A sandbox of the pod was removed: its record goes, unless the pod lives on.

@@ -18,9 +18,8 @@ from typing import Any
 from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.cgroups.values import differs, lowers, set_fields
 from nri_midbatch.plugin.codec import (
-    annotated_baseline,
-    limits_and_values,
     pod_view,
+    running_view,
     runtime_pod_baseline,
     set_resources,
 )
@@ -33,7 +32,6 @@ from nri_midbatch.plugin.records import Records
 from nri_midbatch.plugin.writes import Settled, Writes
 from nri_midbatch.policy import (
     CgroupValues,
-    ContainerView,
     NativeLimits,
     PodClass,
     PodView,
@@ -149,22 +147,11 @@ class SynchronizePass:
         for container in containers:
             if container.state not in _RUNNING_STATES:
                 continue
-            linux = container.linux
-            shown, current = limits_and_values(linux.resources)
-            annotated = annotated_baseline(container)
-            # Never adjusted by us (created while no plugin ran), or kept in the pod's record:
-            # what it holds is kubelet's as far as never-loosen goes; not sure enough to scale
-            # until the record says so (cpu-normalization).
-            view = ContainerView(
-                id=container.id,
-                name=intern(container.name),
-                native=shown if annotated is None else annotated,
-                native_known=annotated is not None,
-            )
+            view, current = running_view(container)
             waiting += (
                 intern(container.pod_sandbox_id),
                 view,
-                *split_path(linux.cgroups_path, container.id),
+                *split_path(container.linux.cgroups_path, container.id),
                 current,
             )
 
@@ -178,6 +165,10 @@ class SynchronizePass:
         native: NativeLimits | None
         if before is not None and before in previous.pod_baseline_known:
             native, applied = previous.pods[before].native, previous.applied.get(before)
+            if before == pod_id and pod_id in previous.unshown:
+                # Met again since it was forgotten: its containers not shown since are its
+                # record's.
+                part.records[pod_id] = PodRecord(None, previous.unshown[pod_id])
         elif (record := self._record(part, pod)) is not None and record.pod is not None:
             native, applied = record.pod.kubelet, record.pod.applied
         else:

@@ -77,6 +77,10 @@ class Known:
     #: container ids that carry the native-limits annotation (adjusted at their creation):
     #: the others' values are the record's to keep once the plugin sets any
     annotated: set[str] = field(default_factory=set)
+    #: pod sandbox id -> the containers its record keeps that the runtime has not shown
+    #: since the pod was met again after it was forgotten (plugin/records.py `meet`): the
+    #: record keeps them until they are shown, or the pod goes
+    unshown: dict[str, dict[str, Kept]] = field(default_factory=dict)
 
     max_pods: int = MAX_PODS
     max_containers: int = MAX_CONTAINERS
@@ -117,11 +121,14 @@ class Known:
         if pod is None:
             return None
         containers = {
-            container_id: Kept(
-                known.containers[container_id][1].native, known.applied.get(container_id)
-            )
-            for container_id in known.containers_of(pod_id)
-            if container_id in known.recorded
+            **known.unshown.get(pod_id, {}),
+            **{
+                container_id: Kept(
+                    known.containers[container_id][1].native, known.applied.get(container_id)
+                )
+                for container_id in known.containers_of(pod_id)
+                if container_id in known.recorded
+            },
         }
         applied = known.applied.get(pod_id)
         if applied is None and not containers:
@@ -189,6 +196,9 @@ class Known:
         elif path:
             self._paths[container_id] = path
         self._by_pod.setdefault(pod_id, []).append(container_id)
+        unshown = self.unshown.get(pod_id)
+        if unshown is not None and unshown.pop(container_id, None) is not None and not unshown:
+            del self.unshown[pod_id]
         if len(self.containers) > self.max_containers:
             self._make_room()
 
@@ -221,6 +231,7 @@ class Known:
             del self._by_uid[pod.uid]
         self.applied.pop(pod_id, None)
         self.pod_baseline_known.discard(pod_id)
+        self.unshown.pop(pod_id, None)
         for container_id in self._by_pod.pop(pod_id, ()):
             del self.containers[container_id]
             self._forget_path(container_id)
