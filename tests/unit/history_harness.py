@@ -16,6 +16,7 @@ import asyncio
 import errno
 import json
 import os
+import shutil
 import socket
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
@@ -327,8 +328,16 @@ class FakeContainerd:
         self.apply(others)
         return values_of(final)
 
+    def stop(self, ctr: api.Container) -> None:
+        """The container's task ends: runc deletes its cgroup (on v1 its quota would still
+        bound its pod's)."""
+        ctr.state = api.CONTAINER_STOPPED
+        for controller in ("cpu", "memory"):
+            shutil.rmtree(self.tree.directory(controller, ctr.linux.cgroups_path), True)
+
     async def remove_container(self, container_id: str) -> None:
         ctr = self.containers.pop(container_id)
+        self.stop(ctr)
         await self._call(
             "StateChange",
             api.StateChangeEvent(
@@ -624,7 +633,7 @@ async def recreate_sandbox(
     containerd = node.containerd
     for container in containerd.containers.values():
         if container.pod_sandbox_id == pod_id:
-            container.state = api.CONTAINER_STOPPED
+            containerd.stop(container)
     if old_removed_first:
         await containerd.remove_pod(pod_id)
     else:
