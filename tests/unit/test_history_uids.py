@@ -11,7 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from nri_midbatch.cgroups.paths import CgroupDriver
+from nri_midbatch.config.compile import settings_of
+from nri_midbatch.config.model import Config as PluginConfig
 from nri_midbatch.plugin import records as records_module
+from nri_midbatch.plugin.cgroup_writer import CgroupWriter
+from nri_midbatch.plugin.context import PluginContext
+from nri_midbatch.plugin.records import Records
+from nri_midbatch.policy import CgroupValues, NativeLimits
+from nri_midbatch.state.store import BaselineStore, Kept, PodRecord
+from tests.factory import pod_view as factory_pod_view
 from tests.oracle.model import MI, Config, ContainerModel, Extended, Kind, Native, PodModel
 from tests.oracle.targets import Values, kubelet_container, kubelet_pod
 
@@ -393,3 +402,37 @@ def test_a_pod_met_again_keeps_its_records_containers_not_shown_yet(
     node = run(scenario())
     assert node.tree.read(f"{first.cgroup_parent}/p0-app") == kubelet_container(SMALLER)
     assert node.mismatches() == []
+
+
+@pytest.mark.parametrize("met_again", [False, True], ids=["written", "met-again-first"])
+def test_a_pod_forgotten_before_its_record_is_written_keeps_what_the_plugin_set(
+    tmp_path: Path, met_again: bool
+) -> None:
+    """Defect 4: a pod's record is written after the reply (an UpdateContainer's resize); a
+    pod forgotten before that lost what the record was to keep. Its record is now taken as it
+    was when the pod was forgotten: written after the reply, or restored from at once if the
+    runtime shows the pod again first."""
+    settings = settings_of(PluginConfig())
+    writer = CgroupWriter(Path(settings.cgroups.root), CgroupDriver(settings.cgroups.driver))
+    native = NativeLimits(cpu_quota=150_000, memory_limit=2048 * MI, cpu_shares=1536)
+    applied = CgroupValues(cpu_shares=1024, cpu_quota=100_000, memory_limit=1024 * MI)
+
+    async def scenario() -> tuple[PodRecord | None, CgroupValues | None]:
+        ctx = PluginContext(settings, settings.compile(), writer, BaselineStore(tmp_path))
+        ctx.known.max_pods = 1
+        records = Records(ctx)
+        records.meet("s0", factory_pod_view(uid="u0", native=native), True)
+        ctx.known.set_applied("s0", applied)  # its record is written after the reply
+        records.meet("s1", factory_pod_view(uid="u1", native=native), True)
+        assert "s0" not in ctx.known.pods
+        if met_again:
+            ctx.known.max_pods = 2
+            records.meet("s0", factory_pod_view(uid="u0"), False)
+        ctx.after_reply.flush()
+        return BaselineStore(tmp_path).load("u0"), ctx.known.applied.get("s0")
+
+    record, restored = run(scenario())
+    if met_again:
+        assert restored == applied
+    else:
+        assert record == PodRecord(Kept(native, applied))
