@@ -10,7 +10,9 @@ A record is the pod's, by uid, not its sandbox's: it lives while the pod's cgrou
 be used again. A sandbox the plugin does not know (a new one of a pod whose sandbox
 died, or a pod forgotten to stay within Known's bounds) takes the pod's baseline and
 what the plugin set there from the sandbox of its uid the plugin knows, else from the
-record (`meet`), never from a cgroup the plugin may have written. The record goes when
+record (`meet`), never from a cgroup the plugin may have written; a container forgotten with
+its pod, when the runtime shows it again, takes its own from the record or its annotation
+(`meet_container`), and the record keeps those not shown yet (Known.unshown). The record goes when
 the pod's last sandbox is removed and its cgroup is gone; while the cgroup stays (kubelet
 may run a new sandbox in it) the record is parked, at most MAX_PARKED of them
 (`sandbox_removed`). A Synchronize removes the records of pods it did not list, but
@@ -74,13 +76,15 @@ class Records:
             sure = sure or twin in known.pod_baseline_known
             if twin != pod_id:
                 known.remove_pod(twin)
-        elif ctx.store.keeping and (record := ctx.store.load(uid)) is not None:
+        elif ctx.store.keeping and (record := self._record(uid)) is not None:
             kept, unshown = record.pod, record.containers
             sure = sure or kept is not None
         self._parked.pop(uid, None)
         if kept is not None and (kept_first or not told):
             view = replace(view, native=kept.kubelet)
         view = known.add_pod(pod_id, view)
+        if known.forgotten_records:
+            ctx.after_reply.defer(self.keep_forgotten)
         if sure:
             known.pod_baseline_known.add(pod_id)
         known.set_applied(pod_id, None if kept is None else kept.applied)
@@ -149,9 +153,34 @@ class Records:
         ctx.known.pod_baseline_known.add(pod_id)
         return kept
 
+    def _record(self, uid: str) -> PodRecord | None:
+        """The pod's record: as it was when the pod was forgotten, if not written yet."""
+        forgotten = self._ctx.known.forgotten_records
+        if forgotten and uid in forgotten:
+            return forgotten.pop(uid)
+        return self._ctx.store.load(uid)
+
+    def keep_forgotten(self) -> None:
+        """Write the records of the pods forgotten to stay within Known's bounds, as they
+        were then (Known.forgotten_records); run after the reply that forgot them, and before
+        any other record is written."""
+        ctx = self._ctx
+        forgotten = ctx.known.forgotten_records
+        if not forgotten:
+            return
+        ctx.known.forgotten_records = {}
+        for uid, record in forgotten.items():
+            if not ctx.store.keeping or ctx.known.sandbox_of(uid) is not None:
+                continue  # met again since: its record is its sandbox's to write
+            if record is None:
+                ctx.store.remove(uid)
+            else:
+                ctx.store.save(uid, record)
+
     def keep(self, pod_id: str, before: PodRecord | bool | None = True) -> None:
         """Write (or remove) the pod's record; `before`: what it held, True if not known."""
         ctx = self._ctx
+        self.keep_forgotten()
         pod = ctx.known.pods.get(pod_id)
         if pod is None or not ctx.store.keeping:
             return

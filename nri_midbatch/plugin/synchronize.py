@@ -93,6 +93,8 @@ class SyncPart:
     def __init__(self, stored: frozenset[str], bounds: Known) -> None:
         self.known = Known(max_pods=bounds.max_pods, max_containers=bounds.max_containers)
         self.known.evicted = bounds.evicted
+        # Its pods get their containers at the reply: their records stay as last written.
+        self.known.forgotten_records = None
         self.containers: list[Any] = []
         #: Pods and containers the runtime listed, running or not.
         self.listed = [0, 0]
@@ -137,6 +139,8 @@ class SynchronizePass:
         """
         ctx = self._ctx
         if first or self.part is None:
+            # Records of pods forgotten since the last write first: this pass reads records.
+            self._records.keep_forgotten()
             self.part = SyncPart(ctx.store.uids(), ctx.known)
         part = self.part
         part.listed[0] += len(pods)
@@ -290,6 +294,7 @@ class SynchronizePass:
                 lines.unchanged()
                 if not ctx.dry_run:
                     settled.append((pod, ctr_view, values))
+        known.forgotten_records = {}
         for fields, containers_updated in adjusted.items():
             ctx.counters.count_adjusted("Synchronize", containers_updated, fields)
         after_reply = ctx.after_reply

@@ -87,6 +87,11 @@ class Known:
     #: Pods (or containers of unknown pods) forgotten to stay within the bounds. A forgotten
     #: pod's record stays (plugin/records.py): met again, the pod is restored from it.
     evicted: int = 0
+    #: pod uid -> the record of a pod forgotten to stay within the bounds, as it was then,
+    #: to be written (plugin/records.py `keep_forgotten`): what the plugin knew of it and had
+    #: not written yet is not lost. None: not collected (a Synchronize being taken in, whose
+    #: pods have no containers yet: their records are as last written)
+    forgotten_records: dict[str, PodRecord | None] | None = field(default_factory=dict)
     #: pod uid -> the sandbox of it last remembered (one a uid but while a Synchronize is
     #: taken in: `keep_sandbox`)
     _by_uid: dict[str, str] = field(default_factory=dict, repr=False)
@@ -98,6 +103,9 @@ class Known:
                 # Containers of pods never told of: the oldest of those go.
                 self.forget_container(next(iter(self.containers)))
             else:
+                uid = self.pods[oldest].uid
+                if self.forgotten_records is not None and self._by_uid.get(uid) == oldest:
+                    self.forgotten_records[uid] = self.record_of(oldest)
                 self.remove_pod(oldest)
             self.evicted += 1
 
