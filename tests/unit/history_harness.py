@@ -31,6 +31,7 @@ from nri_midbatch.config.compile import settings_of
 from nri_midbatch.config.model import load_config_file
 from nri_midbatch.config.settings import Settings
 from nri_midbatch.nri.testing import LoopbackRuntime
+from nri_midbatch.plugin.reconcile import ConvergenceTimings
 from nri_midbatch.process import app as app_module
 from nri_midbatch.process.app import App
 from nri_midbatch.rpc.service import CallContext, Method, Service
@@ -587,6 +588,12 @@ class HistoryNode:
         return problems
 
 
+#: The plugin's re-checks after a resize run when the history says (`HistoryNode.recheck`),
+#: never on their own: on a loaded machine a step can outlast the real 0.3 s and 2 s, and a
+#: re-check that ran before kubelet's pod write made a history fail, and not again.
+RECHECKS_ON_CUE = ConvergenceTimings(rechecks=(3600.0, 7200.0))
+
+
 def new_app(config_path: Path, state_dir: Path) -> App:
     """The one place the history tests build an App; `state_dir` survives plugin restarts."""
     return App(
@@ -595,6 +602,7 @@ def new_app(config_path: Path, state_dir: Path) -> App:
         idx="10",
         config_path=str(config_path),
         state_dir=state_dir,
+        convergence_timings=RECHECKS_ON_CUE,
     )
 
 
