@@ -280,6 +280,7 @@ class MidBatchPlugin:
             view = known.pods[pod_id]
         ctr_view = container_view(container)
         known.set_container(ctr_view.id, pod_id, ctr_view, container.linux.cgroups_path)
+        self._records.keep_forgotten_later()
         lines = DecisionLines("CreateContainer")
         _, values = self._decide.container(view, ctr_view, lines, refuse=ctx.fail)
         lines.write_after(ctx.after_reply)

@@ -83,8 +83,7 @@ class Records:
         if kept is not None and (kept_first or not told):
             view = replace(view, native=kept.kubelet)
         view = known.add_pod(pod_id, view)
-        if known.forgotten_records:
-            ctx.after_reply.defer(self.keep_forgotten)
+        self.keep_forgotten_later()
         if sure:
             known.pod_baseline_known.add(pod_id)
         known.set_applied(pod_id, None if kept is None else kept.applied)
@@ -104,6 +103,7 @@ class Records:
             known, record, shown, current, ctx.store.keeping
         )
         known.set_container(view.id, pod_id, view, container.linux.cgroups_path)
+        self.keep_forgotten_later()
         known.set_applied(view.id, applied)
         if shown.native_known:
             known.annotated.add(view.id)
@@ -159,6 +159,12 @@ class Records:
         if forgotten and uid in forgotten:
             return forgotten.pop(uid)
         return self._ctx.store.load(uid)
+
+    def keep_forgotten_later(self) -> None:
+        """`keep_forgotten` after the reply, if a pod was forgotten (adding a pod or a
+        container may forget the oldest)."""
+        if self._ctx.known.forgotten_records:
+            self._ctx.after_reply.defer(self.keep_forgotten)
 
     def keep_forgotten(self) -> None:
         """Write the records of the pods forgotten to stay within Known's bounds, as they
