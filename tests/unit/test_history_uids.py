@@ -436,3 +436,31 @@ def test_a_pod_forgotten_before_its_record_is_written_keeps_what_the_plugin_set(
         assert restored == applied
     else:
         assert record == PodRecord(Kept(native, applied))
+
+
+def test_a_pod_met_again_at_a_resize_down_is_lowered_after_its_container(
+    tmp_path: Path,
+) -> None:
+    """Defect 4: a mid pod forgotten after its container was resized up (pod quota 400000)
+    is met again on containerd 2.x at the container's resize down, whose pod values the
+    runtime already tells. Its pod write then (100000) is refused on cgroup v1 while the
+    container still holds 400000, and nothing wrote it after the container was lowered:
+    kubelet's 512 shares stayed where the mid tier gives 1024 (the model found it)."""
+    pod = PodModel("p0", Kind.MID_LS, (ContainerModel("app", MID, SMALLER),))
+    batch = PodModel("p1", Kind.BATCH_BE, (ContainerModel("app", Extended(500, 1000), Native()),))
+
+    async def scenario() -> list[str]:
+        node = await start_node(
+            tmp_path, cgroup_version=1, flavour=CONTAINERD_2, config=Config(cfs_quota=False)
+        )
+        await node.run_pod(pod)
+        assert await node.create(pod.id, "app") == []
+        bound_the_table(node, 1)
+        assert await node.resize(pod.id, "app", Native(1000, 4000, 2048 * MI), "pod-after") == []
+        await node.run_pod(batch)
+        assert pod.id not in remembered(node)
+        wrong = await node.resize(pod.id, "app", SMALLER, "pod-after")
+        await node.stop_plugin()
+        return wrong
+
+    assert run(scenario()) == []
