@@ -331,27 +331,25 @@ class MidBatchPlugin:
             known.set_container(container_id, pod.id, ctr_view, container.linux.cgroups_path)
             if resized:
                 known.recorded.add(container_id)
-            # Kubelet keeps a BestEffort pod's cgroup unlimited whatever its containers ask;
-            # the runtime's values of a pod met here are kubelet's with this resize already.
-            if (
-                resized
-                and not told
-                and qos_from_cgroup_parent(view.cgroup_parent) is not QoSClass.BE
-            ):
-                siblings = [
-                    known.containers[other][1].native
-                    for other in known.containers_of(pod.id)
-                    if other != container_id
-                ]
-                native = resized_pod_baseline(
-                    view.native, entry[1].native, ctr_view.native, siblings
-                )
-                if newly_limited(view.native, native):
-                    # Kubelet's new pod limit also counts containers not created yet and
-                    # the overhead, which the runtime may not tell: read back from the pod's
-                    # cgroup once kubelet has written it, after the reply.
-                    known.pod_baseline_known.discard(pod.id)
-                view = replace(view, native=native)
+            # Kubelet keeps a BestEffort pod's cgroup unlimited whatever its containers ask.
+            if resized and qos_from_cgroup_parent(view.cgroup_parent) is not QoSClass.BE:
+                # The runtime's values of a pod met here are kubelet's with this resize
+                # already; its values follow them all the same (lowered after the reply).
+                if not told:
+                    siblings = [
+                        known.containers[other][1].native
+                        for other in known.containers_of(pod.id)
+                        if other != container_id
+                    ]
+                    native = resized_pod_baseline(
+                        view.native, entry[1].native, ctr_view.native, siblings
+                    )
+                    if newly_limited(view.native, native):
+                        # Kubelet's new pod limit also counts containers not created yet and
+                        # the overhead, which the runtime may not tell: read back from the
+                        # pod's cgroup once kubelet has written it, after the reply.
+                        known.pod_baseline_known.discard(pod.id)
+                    view = replace(view, native=native)
                 pod_moved = pod.id in known.pods
                 if pod_moved:
                     known.pods[pod.id] = view
