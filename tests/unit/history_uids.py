@@ -76,11 +76,14 @@ class SandboxSteps:
         if node.containerd.synchronized != self._synchronized:
             self._synchronized = node.containerd.synchronized
             self._forgotten = set()
-        newly = set(node.pods) - remembered(node) - self._forgotten
-        self._forgotten = (self._forgotten | newly) & set(node.pods)
-        if newly:
+        gone = set(node.pods) - remembered(node)
+        self._forgotten = (self._forgotten | gone) & set(node.pods)
+        # Taken when the plugin forgets the pod, and kept while it stays forgotten (a
+        # Synchronize may list it and forget it again without writing it).
+        unseen = gone - self._held_when_forgotten.keys()
+        if unseen:
             held = self._held_by_the_oracle()
-            for pod_id in newly:
+            for pod_id in unseen:
                 parent = node.pods[pod_id].cgroup_parent
                 self._held_when_forgotten[pod_id] = {
                     (path, name)
@@ -88,9 +91,7 @@ class SandboxSteps:
                     if path == parent or path.startswith(f"{parent}/{pod_id}-")
                 }
         self._held_when_forgotten = {
-            pod_id: held
-            for pod_id, held in self._held_when_forgotten.items()
-            if pod_id in self._forgotten
+            pod_id: held for pod_id, held in self._held_when_forgotten.items() if pod_id in gone
         }
         return self._forgotten
 
@@ -107,6 +108,6 @@ class SandboxSteps:
             parent, _, container_id = path.rpartition("/")
             pod_id = parents.get(path, parents.get(parent))
             shown = pod_id in known.pods if path in parents else container_id in known.containers
-            if pod_id is None or shown or (path, name) in self._held_when_forgotten[pod_id]:
+            if pod_id is None or shown or (path, name) in self._held_when_forgotten.get(pod_id, ()):
                 kept.append((path, name))
         return kept
