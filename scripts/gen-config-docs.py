@@ -409,8 +409,17 @@ field the plugin never set is never touched: it may be another plugin's.
   plugin set under the old sandbox is given back as under it.
 - **A pod the plugin forgot** to stay within its bound on the pods it remembers (10,000;
   [troubleshooting.md](troubleshooting.md#what-pods-and-files-can-make-the-plugin-hold)):
-  its record stays, and the pod is restored from it when the runtime shows it again (its
-  next container, the next `Synchronize`). Until then a reload does not reach it.
+  its record stays, with the pod's baseline, what the plugin set on the pod, and its
+  containers' baselines and values the annotation does not tell. While the pod is
+  forgotten, nothing reaches it: not a reload, not the convergence pass, so a value someone
+  else writes there stays. The runtime shows it again at its next event (a new sandbox of
+  its uid, `CreateContainer`, `UpdateContainer`, `UpdatePodSandbox`) or the next
+  `Synchronize`: the pod is then restored from its record and gets its values under the
+  configuration in force at once; each container as the runtime shows it (the one of the
+  event, all of them at the next `Synchronize`), and the record keeps those not shown yet.
+  A resize then moves the pod's baseline as for any pod, and from then on the pod
+  converges as any other. A value the plugin came to claim while the pod was forgotten it
+  never set, so it does not take that value back from whoever wrote it.
 
 A pod's record is a small file, `<pod uid>.json`, in `nri-midbatch run --state-dir` (default
 `/var/lib/nri-midbatch/pods`, a host path in the DaemonSet), at most 640 KiB and 2,500

@@ -196,6 +196,24 @@ def annotated_baseline(container: api.Container) -> NativeLimits | None:
     return None if text is None else decode_native_limits(text)
 
 
+def running_view(container: api.Container) -> tuple[ContainerView, CgroupValues]:
+    """A running container as the runtime shows it, and the values it reports for it.
+
+    Its baseline is its native-limits annotation's, known for sure; without one (never
+    adjusted by us, or kept in its pod's record) what it holds, which is kubelet's as far as
+    never-loosen goes, but not sure enough to scale until a record says so.
+    """
+    shown, current = limits_and_values(container.linux.resources)
+    annotated = annotated_baseline(container)
+    view = ContainerView(
+        id=container.id,
+        name=intern(container.name),
+        native=shown if annotated is None else annotated,
+        native_known=annotated is not None,
+    )
+    return view, current
+
+
 # -- values -> NRI ----------------------------------------------------------
 
 

@@ -234,13 +234,14 @@ class MidBatchPlugin:
         if view is None:
             # A pod the plugin forgot past its bounds, or never heard of: its pod values
             # as at its RunPodSandbox, before its container's (a pod goes up first on v1).
-            self._set_met_pod(pod_id, self._meet(pod, "CreateContainer"), "CreateContainer")
+            self._set_met_pod(pod_id, self._meet(pod, "CreateContainer")[0], "CreateContainer")
             view = known.pods[pod_id]
         # The container's resources read and looked up once, for its view and its values.
         linux = container.linux
         native, current = limits_and_values(linux.resources)
         ctr_view = container_view(container, native=native)
         known.set_container(ctr_view.id, pod_id, ctr_view, linux.cgroups_path)
+        self._records.keep_forgotten_later()
         lines = DecisionLines("CreateContainer")
         decided = self._decide.container(
             view, ctr_view, lines, refuse=in_force.fail, applied=None, current=current
@@ -268,19 +269,25 @@ class MidBatchPlugin:
         in_force = self.live.in_force
         known, container_id = self.live.known, container.id
         ctr_view = container_view(container, resources)
-        entry = known.containers.get(container_id)
         view = known.pods.get(pod.id)
+        told = False
         if view is None:
             # As at CreateContainer: a pod forgotten past the bounds, or never heard of.
-            self._set_met_pod(pod.id, self._meet(pod, "UpdateContainer"), "UpdateContainer")
+            view, told = self._meet(pod, "UpdateContainer")
+            self._set_met_pod(pod.id, view, "UpdateContainer")
             view = known.pods[pod.id]
+        if container_id not in known.containers:
+            # Forgotten with its pod: as it was before this update, so that a resize moves
+            # its pod's baseline and what the plugin set on it can be given back.
+            self._records.meet_container(pod.id, container)
+        entry = known.containers.get(container_id)
         moved = None
         if entry is not None:
             if entry[1].native != ctr_view.native:
                 # Kubelet writes the pod cgroup after the containers when a resize lowers them.
                 self.reconcile.recheck_soon(pod.id)
             path = container.linux.cgroups_path
-            moved = known.container_updated(pod.id, ctr_view, path, entry[1], view)
+            moved = known.container_updated(pod.id, ctr_view, path, entry[1], view, told=told)
         lines = DecisionLines("UpdateContainer")
         decided = self._decide.container(
             view if moved is None else moved,
@@ -395,7 +402,12 @@ class MidBatchPlugin:
         known = self.live.known
         view = known.pods.get(pod.id)
         if view is None:
-            return
+            # A pod forgotten past the bounds: first its values from the baseline its record
+            # keeps (a reload while it was forgotten did not reach it; the pod sent carries
+            # the resize asked, which may yet fail), then the resize's.
+            met, _ = self._meet(pod, "UpdatePodSandbox", kept_first=True)
+            self._set_met_pod(pod.id, met, "UpdatePodSandbox")
+            view = known.pods[pod.id]
         # Kubelet writes the pod cgroup right after this call (kubernetes#137555), or wrote
         # it before: either way its write may come after the plugin's.
         self.reconcile.recheck_soon(pod.id)
@@ -453,16 +465,22 @@ class MidBatchPlugin:
         if self.systemd is not None:
             self.systemd.forget_pod(pod.uid)
 
-    def _meet(self, pod: api.PodSandbox, method: str) -> PodView:
-        """Remember a sandbox not known: with its pod's baseline, by uid (records.py)."""
+    def _meet(
+        self, pod: api.PodSandbox, method: str, *, kept_first: bool = False
+    ) -> tuple[PodView, bool]:
+        """Remember a sandbox not known: with its pod's baseline, by uid (records.py); and
+        whether the runtime or the pod's QoS class told that baseline."""
         told = told_baseline(pod, self._decide, method)
-        return self._records.meet(pod.id, pod_view(pod, told), told is not None)
+        view = self._records.meet(
+            pod.id, pod_view(pod, told), told is not None, kept_first=kept_first
+        )
+        return view, told is not None
 
     def _run_pod_sandbox(self, pod: api.PodSandbox) -> None:
         """A new sandbox: kubelet's values are its pod's, if the plugin knew the pod under an
         older sandbox or keeps its record; else the runtime's, or what its cgroup holds now,
         before any write of ours."""
-        self._set_met_pod(pod.id, self._meet(pod, "RunPodSandbox"), "RunPodSandbox")
+        self._set_met_pod(pod.id, self._meet(pod, "RunPodSandbox")[0], "RunPodSandbox")
 
     def _set_met_pod(self, pod_id: str, view: PodView, method: str) -> None:
         """A sandbox just met: its pod's values, unless pod level is off and the plugin set

@@ -10,8 +10,10 @@ A record is the pod's, by uid, not its sandbox's: it lives while the pod's cgrou
 be used again. A sandbox the plugin does not know (a new one of a pod whose sandbox
 died, or a pod forgotten to stay within Known's bounds) takes the pod's baseline and
 what the plugin set there from the sandbox of its uid the plugin knows, else from the
-record (`meet`), never from a cgroup the plugin may have written. The record goes when
-the pod's last sandbox is removed and its cgroup is gone; while the cgroup stays (kubelet
+record (`meet`), never from a cgroup the plugin may have written; a container forgotten with
+its pod, when the runtime shows it again, takes its own from the record or its annotation
+(`meet_container`), and the record keeps those not shown yet (Known.unshown_of). The record
+goes when the pod's last sandbox is removed and its cgroup is gone; while the cgroup stays (kubelet
 may run a new sandbox in it) the record is parked, at most MAX_PARKED of them
 (`sandbox_removed`). A Synchronize removes the records of pods it did not list, but
 those parked (`keep_after_sync`).
@@ -30,11 +32,14 @@ from dataclasses import replace
 
 import structlog
 
+from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.cgroups.values import baseline_of
 from nri_midbatch.deferred import AfterReply
 from nri_midbatch.plugin.cgroup_writer import CgroupUnreadable
+from nri_midbatch.plugin.codec import running_view
 from nri_midbatch.plugin.context import Live
 from nri_midbatch.policy import PodView
+from nri_midbatch.state.known import split_path
 from nri_midbatch.state.store import BaselineStore, PodRecord
 
 log = structlog.get_logger(__name__)
@@ -61,14 +66,36 @@ class Records:
         #: uids of parked records, oldest first
         self._parked: dict[str, None] = {}
 
-    def meet(self, pod_id: str, view: PodView, told: bool) -> PodView:
+    def meet(self, pod_id: str, view: PodView, told: bool, *, kept_first: bool = False) -> PodView:
         """Remember a sandbox the plugin does not know, its pod's baseline restored from the
         sandbox of its uid the plugin knows or from its record (Known.meet_pod); returns the
-        view kept."""
+        view kept. `kept_first`: what is kept wins over what the runtime told."""
         self._parked.pop(view.uid, None)
-        return self._live.known.meet_pod(pod_id, view, told=told, load=self._load)
+        known = self._live.known
+        record = None if known.sandbox_of(view.uid) is not None else self._record(view.uid)
+        view = known.meet_pod(pod_id, view, record, told=told, kept_first=kept_first)
+        self.keep_forgotten_later()
+        return view
 
-    def _load(self, uid: str) -> PodRecord | None:
+    def meet_container(self, pod_id: str, container: api.Container) -> None:
+        """Remember a running container the plugin does not know (forgotten with its pod), as
+        the runtime shows it before this event: kubelet's values and what the plugin set on
+        it as its pod's record kept them, else as at a Synchronize (Known.take_container)."""
+        known = self._live.known
+        shown, current = running_view(container)
+        record = PodRecord(None, dict(known.unshown_of(pod_id)))
+        path, is_head = split_path(container.linux.cgroups_path, container.id)
+        view, applied, _ = known.take_container(
+            known, record, pod_id, shown, path, is_head, current, self._store.keeping
+        )
+        self.keep_forgotten_later()
+        known.set_applied(view.id, applied)
+
+    def _record(self, uid: str) -> PodRecord | None:
+        """The pod's record: as it was when the pod was forgotten, if not written yet."""
+        pending = self._live.known.take_forgotten(uid)
+        if uid in pending:
+            return pending[uid]
         store = self._store
         return store.load(uid) if store.keeping else None
 
@@ -112,9 +139,29 @@ class Records:
         self._live.known.learn_pod_baseline(pod_id, kept)
         return kept
 
+    def keep_forgotten_later(self) -> None:
+        """`keep_forgotten` after the reply, if a pod was forgotten (adding a pod or a
+        container may forget the oldest)."""
+        if self._live.known.forgot:
+            self._after_reply.defer(self.keep_forgotten)
+
+    def keep_forgotten(self) -> None:
+        """Write the records of the pods forgotten to stay within Known's bounds, as they
+        were then (Known.take_forgotten); run after the reply that forgot them, and before
+        any other record is written."""
+        known, store = self._live.known, self._store
+        for uid, record in known.take_forgotten().items():
+            if not store.keeping or known.sandbox_of(uid) is not None:
+                continue  # met again since: its record is its sandbox's to write
+            if record is None:
+                store.remove(uid)
+            else:
+                store.save(uid, record)
+
     def keep(self, pod_id: str, before: PodRecord | bool | None = True) -> None:
         """Write (or remove) the pod's record; `before`: what it held, True if not known."""
         store = self._store
+        self.keep_forgotten()
         if not store.keeping:
             return
         change = self._live.known.record_change(pod_id, before)

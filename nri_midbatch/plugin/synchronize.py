@@ -20,9 +20,8 @@ from nri_midbatch.api import nri_pb2 as api
 from nri_midbatch.cgroups.values import differs, lowers, set_fields
 from nri_midbatch.deferred import AfterReply
 from nri_midbatch.plugin.codec import (
-    annotated_baseline,
-    limits_and_values,
     pod_view,
+    running_view,
     runtime_pod_baseline,
     set_resources,
 )
@@ -120,6 +119,8 @@ class SyncPart:
     def __init__(self, stored: frozenset[str], bounds: Known) -> None:
         self.known = Known(max_pods=bounds.max_pods, max_containers=bounds.max_containers)
         self.known.evicted = bounds.evicted
+        # Its pods get their containers at the reply: their records stay as last written.
+        self.known.collects_forgotten = False
         self.containers = WaitingContainers()
         #: Pods and containers the runtime listed, running or not.
         self.listed = [0, 0]
@@ -171,6 +172,8 @@ class SynchronizePass:
         wait, as views with their current values, for the pods of later chunks.
         """
         if first or self.part is None:
+            # Records of pods forgotten since the last write first: this pass reads records.
+            self._records.keep_forgotten()
             self.part = SyncPart(self._store.uids(), self._live.known)
         part = self.part
         part.listed[0] += len(pods)
@@ -181,19 +184,8 @@ class SynchronizePass:
         for container in containers:
             if container.state not in _RUNNING_STATES:
                 continue
-            linux = container.linux
-            shown, current = limits_and_values(linux.resources)
-            annotated = annotated_baseline(container)
-            # Never adjusted by us (created while no plugin ran), or kept in the pod's record:
-            # what it holds is kubelet's as far as never-loosen goes; not sure enough to scale
-            # until the record says so (cpu-normalization).
-            view = ContainerView(
-                id=container.id,
-                name=intern(container.name),
-                native=shown if annotated is None else annotated,
-                native_known=annotated is not None,
-            )
-            path, is_head = split_path(linux.cgroups_path, container.id)
+            view, current = running_view(container)
+            path, is_head = split_path(container.linux.cgroups_path, container.id)
             waiting.add(intern(container.pod_sandbox_id), view, path, is_head, current)
 
     def _take_pod(self, part: SyncPart, pod: api.PodSandbox) -> None:
@@ -202,7 +194,12 @@ class SynchronizePass:
         them, or as its QoS class fixes them."""
         previous, known, pod_id, uid = self._live.known, part.known, pod.id, pod.uid
         kept = previous.kept_for(pod_id, uid)
-        if kept is None and (record := self._record(part, pod)) is not None:
+        if kept is not None:
+            if unshown := previous.unshown_of(pod_id):
+                # Met again since it was forgotten: its containers not shown since are its
+                # record's.
+                part.records[pod_id] = PodRecord(None, dict(unshown))
+        elif (record := self._record(part, pod)) is not None:
             kept = record.pod
         native = (
             kept.kubelet if kept is not None else told_baseline(pod, self._decide, "Synchronize")
@@ -316,6 +313,7 @@ class SynchronizePass:
                 lines.unchanged()
                 if not self._dry_run:
                     settled.append((pod_id, ctr_id, values))
+        known.collects_forgotten = True
         for fields, containers_updated in adjusted.items():
             self._counters.count_adjusted("Synchronize", containers_updated, fields)
         after_reply = self._after_reply

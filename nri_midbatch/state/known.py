@@ -23,7 +23,7 @@ set there from the older, which is forgotten (`meet_pod`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from sys import intern
 
@@ -86,12 +86,23 @@ class Known:
     #: container ids that carry the native-limits annotation (adjusted at their creation):
     #: the others' values are the record's to keep once the plugin sets any
     _annotated: set[str] = field(default_factory=set, repr=False)
+    #: pod sandbox id -> the containers its record keeps that the runtime has not shown
+    #: since the pod was met again after it was forgotten (`meet_pod`): the record keeps
+    #: them until they are shown, or the pod goes
+    _unshown: dict[str, dict[str, Kept]] = field(default_factory=dict, repr=False)
 
     max_pods: int = MAX_PODS
     max_containers: int = MAX_CONTAINERS
     #: Pods (or containers of unknown pods) forgotten to stay within the bounds. A forgotten
     #: pod's record stays (plugin/records.py): met again, the pod is restored from it.
     evicted: int = 0
+    #: Whether the records of pods forgotten to stay within the bounds are taken as they were
+    #: then (`take_forgotten`). Not while a Synchronize is taken in: its pods have no
+    #: containers yet, and their records are as last written.
+    collects_forgotten: bool = True
+    #: pod uid -> the record of a pod forgotten to stay within the bounds, as it was then,
+    #: not written yet: what the plugin knew of it is not lost
+    _forgotten: dict[str, PodRecord | None] = field(default_factory=dict, repr=False)
     #: pod uid -> the sandbox of it last remembered (one a uid but while a Synchronize is
     #: taken in: `keep_sandbox`)
     _by_uid: dict[str, str] = field(default_factory=dict, repr=False)
@@ -103,6 +114,9 @@ class Known:
                 # Containers of pods never told of: the oldest of those go.
                 self.forget_container(next(iter(self.containers)))
             else:
+                uid = self.pods[oldest].uid
+                if self.collects_forgotten and self._by_uid.get(uid) == oldest:
+                    self._forgotten[uid] = self.record_of(oldest)
                 self.remove_pod(oldest)
             self.evicted += 1
 
@@ -177,12 +191,16 @@ class Known:
         cgroups_path: str,
         before: ContainerView,
         pod: PodView,
+        *,
+        told: bool = False,
     ) -> PodView | None:
         """An UpdateContainer told kubelet's values of a known container (`before`: as known):
         returns the pod with its baseline as the resize moved it; None: not moved.
 
         A resize moves the container's baseline, which only its pod's record keeps, and its
-        pod's (`resized_pod_baseline`); a BestEffort pod's cgroup stays unlimited.
+        pod's (`resized_pod_baseline`); a BestEffort pod's cgroup stays unlimited. `told`: the
+        runtime told the pod's values at this very call (a pod met here, containerd 2.x),
+        kubelet's with the resize already: the pod follows them as they are.
         """
         self.set_container(view.id, pod_id, view, cgroups_path)
         if before.native == view.native:
@@ -190,6 +208,8 @@ class Known:
         self._recorded.add(view.id)
         if qos_from_cgroup_parent(pod.cgroup_parent) is QoSClass.BE:
             return None
+        if told:
+            return pod
         siblings = [
             self.containers[other][1].native
             for other in self.containers_of(pod_id)
@@ -214,11 +234,14 @@ class Known:
         if pod is None:
             return None
         containers = {
-            container_id: Kept(
-                self.containers[container_id][1].native, self._applied.get(container_id)
-            )
-            for container_id in self.containers_of(pod_id)
-            if container_id in self._recorded
+            **self._unshown.get(pod_id, {}),
+            **{
+                container_id: Kept(
+                    self.containers[container_id][1].native, self._applied.get(container_id)
+                )
+                for container_id in self.containers_of(pod_id)
+                if container_id in self._recorded
+            },
         }
         applied = self._applied.get(pod_id)
         if applied is None and not containers:
@@ -264,19 +287,23 @@ class Known:
         self,
         pod_id: str,
         view: PodView,
+        record: PodRecord | None,
         *,
         told: bool,
-        load: Callable[[str], PodRecord | None],
+        kept_first: bool = False,
     ) -> PodView:
         """Remember a sandbox the plugin does not know; returns the view kept.
 
         `view.native`: kubelet's values as the runtime or the pod's QoS class tell them
         (`told`), which win; else those of the pod's sandbox the plugin knows (an older one,
-        dead: forgotten now), else its record's (`load`: the record of a uid, None: none).
-        What the plugin set on the pod carries over from either, so that it can be given
-        back.
+        dead: forgotten now), else its `record`'s (read where no sandbox of its uid is known).
+        `kept_first`: those two win over the told ones (an UpdatePodSandbox's pod carries the
+        resize it asks for, which may yet fail). What the plugin set on the pod carries over
+        from either, so that it can be given back; so do its record's containers, until the
+        runtime shows them.
         """
         kept: Kept | None = None
+        unshown: Mapping[str, Kept] = {}
         sure = told
         twin = self.sandbox_of(view.uid)
         if twin is not None:
@@ -284,12 +311,35 @@ class Known:
             sure = sure or twin in self._baseline_known
             if twin != pod_id:
                 self.remove_pod(twin)
-        elif (record := load(view.uid)) is not None:
-            kept = record.pod
+        elif record is not None:
+            kept, unshown = record.pod, record.containers
             sure = sure or kept is not None
-        if kept is not None and not told:
+        if kept is not None and (kept_first or not told):
             view = replace(view, native=kept.kubelet)
-        return self.remember_pod(pod_id, view, None if kept is None else kept.applied, sure=sure)
+        view = self.remember_pod(pod_id, view, None if kept is None else kept.applied, sure=sure)
+        if unshown:
+            self._unshown[pod_id] = dict(unshown)
+        return view
+
+    def unshown_of(self, pod_id: str) -> Mapping[str, Kept]:
+        """The containers the pod's record keeps that the runtime has not shown since the pod
+        was met again (`meet_pod`)."""
+        return self._unshown.get(pod_id, {})
+
+    def take_forgotten(self, uid: str | None = None) -> dict[str, PodRecord | None]:
+        """The records of pods forgotten to stay within the bounds (all, or `uid`'s), as they
+        were then and not written yet: the caller's to write or use from now on."""
+        if uid is None:
+            taken, self._forgotten = self._forgotten, {}
+            return taken
+        if uid not in self._forgotten:
+            return {}
+        return {uid: self._forgotten.pop(uid)}
+
+    @property
+    def forgot(self) -> bool:
+        """Whether pods were forgotten whose records are not taken yet (`take_forgotten`)."""
+        return bool(self._forgotten)
 
     def take_container(
         self,
@@ -390,6 +440,9 @@ class Known:
         elif path:
             self._paths[container_id] = path
         self._by_pod.setdefault(pod_id, []).append(container_id)
+        unshown = self._unshown.get(pod_id)
+        if unshown is not None and unshown.pop(container_id, None) is not None and not unshown:
+            del self._unshown[pod_id]
         if len(self.containers) > self.max_containers:
             self._make_room()
 
@@ -422,6 +475,7 @@ class Known:
             del self._by_uid[pod.uid]
         self._applied.pop(pod_id, None)
         self._baseline_known.discard(pod_id)
+        self._unshown.pop(pod_id, None)
         for container_id in self._by_pod.pop(pod_id, ()):
             del self.containers[container_id]
             self._forget_path(container_id)

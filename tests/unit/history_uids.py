@@ -35,6 +35,11 @@ class SandboxSteps:
         #: Pods forgotten since the last Synchronize, and how many Synchronizes were sent then.
         self._forgotten: set[str] = set()
         self._synchronized = 0
+        #: forgotten pod -> the (cgroup, field) the plugin held of it when it was forgotten
+        self._held_when_forgotten: dict[str, set[tuple[str, str]]] = {}
+
+    def _held_by_the_oracle(self) -> list[tuple[str, str]]:
+        raise NotImplementedError  # the state machine's
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         raise NotImplementedError  # the state machine's
@@ -71,5 +76,38 @@ class SandboxSteps:
         if node.containerd.synchronized != self._synchronized:
             self._synchronized = node.containerd.synchronized
             self._forgotten = set()
-        self._forgotten = (self._forgotten | (set(node.pods) - remembered(node))) & set(node.pods)
+        gone = set(node.pods) - remembered(node)
+        self._forgotten = (self._forgotten | gone) & set(node.pods)
+        # Taken when the plugin forgets the pod, and kept while it stays forgotten (a
+        # Synchronize may list it and forget it again without writing it).
+        unseen = gone - self._held_when_forgotten.keys()
+        if unseen:
+            held = self._held_by_the_oracle()
+            for pod_id in unseen:
+                parent = node.pods[pod_id].cgroup_parent
+                self._held_when_forgotten[pod_id] = {
+                    (path, name)
+                    for path, name in held
+                    if path == parent or path.startswith(f"{parent}/{pod_id}-")
+                }
+        self._held_when_forgotten = {
+            pod_id: held for pod_id, held in self._held_when_forgotten.items() if pod_id in gone
+        }
         return self._forgotten
+
+    def held_while_forgotten(self, held: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """Of `held`, leave out what the plugin does not hold of the pods it forgot: a field it
+        came to claim while the pod or container was forgotten (a reload does not reach them)
+        is not the plugin's until the runtime shows it again, and may be anyone's."""
+        node = self._node()
+        assert node.app is not None
+        known = node.app.plugin.live.known
+        parents = {node.pods[pod_id].cgroup_parent: pod_id for pod_id in self.forgotten()}
+        kept = []
+        for path, name in held:
+            parent, _, container_id = path.rpartition("/")
+            pod_id = parents.get(path, parents.get(parent))
+            shown = pod_id in known.pods if path in parents else container_id in known.containers
+            if pod_id is None or shown or (path, name) in self._held_when_forgotten.get(pod_id, ()):
+                kept.append((path, name))
+        return kept

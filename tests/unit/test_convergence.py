@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,7 @@ from tests.oracle.targets import Values, kubelet_pod
 from .history_harness import (
     CONTAINERD_1_7,
     CONTAINERD_2,
+    RECHECKS_ON_CUE,
     HistoryNode,
     RuntimeFlavour,
     start_node,
@@ -58,7 +60,7 @@ async def node_with(
     config: Config,
     pod: PodModel,
     version: int = 1,
-    timings: ConvergenceTimings = ConvergenceTimings(),
+    timings: ConvergenceTimings = RECHECKS_ON_CUE,
 ) -> HistoryNode:
     node = await start_node(
         tmp_path,
@@ -268,7 +270,7 @@ def test_update_pod_sandbox_is_refused_only_under_failure_policy_fail(
 def test_a_reload_does_not_wait_for_a_whole_pass(tmp_path: Path) -> None:
     """A reload first lets the work after replies settle: a pass yields between its pieces."""
     pod = model_pod(Kind.MID_LS)
-    one = ConvergenceTimings(piece_workloads=1)  # the pod, then its container
+    one = replace(RECHECKS_ON_CUE, piece_workloads=1)  # the pod, then its container
 
     async def scenario() -> tuple[bool, bool]:
         node = await node_with(tmp_path, CONTAINERD_2, Config(), pod, timings=one)

@@ -236,7 +236,7 @@ class History(SandboxSteps, RuleBasedStateMachine):
         native = data.draw(st.sampled_from(NATIVES), label="native")
         self.bad_replies += self._run(self.n.reverted_resize(pod.id, container.name, native))
 
-    def _held_by_the_plugin(self) -> list[tuple[str, str]]:
+    def _held_by_the_oracle(self) -> list[tuple[str, str]]:
         """(cgroup, field) where the oracle's value is not kubelet's: the plugin's to keep.
 
         A file the plugin leaves at kubelet's value may be another plugin's: not repaired.
@@ -257,6 +257,10 @@ class History(SandboxSteps, RuleBasedStateMachine):
             # A container's cpu weight is the runtime's conversion: not compared on v2.
             held += [d for d in differing if node.tree.version == 1 or d[1] != "shares"]
         return sorted(held)
+
+    def _held_by_the_plugin(self) -> list[tuple[str, str]]:
+        """What the oracle holds of the plugin's, less what it came to claim on pods it forgot."""
+        return self.held_while_forgotten(self._held_by_the_oracle())
 
     @precondition(lambda self: self._held_by_the_plugin())
     @rule(data=st.data(), values=st.sampled_from(FOREIGN))

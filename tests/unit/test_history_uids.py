@@ -11,15 +11,27 @@ from pathlib import Path
 
 import pytest
 
+from nri_midbatch.cgroups.paths import CgroupDriver
+from nri_midbatch.config.compile import settings_of
+from nri_midbatch.config.model import Config as PluginConfig
+from nri_midbatch.deferred import AfterReply
 from nri_midbatch.plugin import records as records_module
+from nri_midbatch.plugin.cgroup_writer import CgroupWriter
+from nri_midbatch.plugin.context import InForce, Live
+from nri_midbatch.plugin.records import Records
+from nri_midbatch.policy import CgroupValues, NativeLimits
+from nri_midbatch.state.known import Known
+from nri_midbatch.state.store import BaselineStore, Kept, PodRecord
+from tests.factory import pod_view as factory_pod_view
 from tests.oracle.model import MI, Config, ContainerModel, Extended, Kind, Native, PodModel
-from tests.oracle.targets import Values, kubelet_pod
+from tests.oracle.targets import Values, kubelet_container, kubelet_pod
 
 from .history_harness import (
     CONTAINERD_1_7,
     CONTAINERD_2,
     HistoryNode,
     RuntimeFlavour,
+    bound_the_table,
     recreate_sandbox,
     remembered,
     remove_stale_sandbox,
@@ -288,3 +300,169 @@ def test_a_forgotten_pod_met_again_at_a_container_event_gets_its_pod_values(
     node = run(scenario())
     assert pod_values(node, pod) == want
     assert node.mismatches(skip={"p1"}) == []
+
+
+#: The app container's resize while its pod is forgotten: 1.5 CPUs and 2Gi down to 1 CPU and
+#: 512Mi, kubelet's pod write after the container's (a decrease).
+SMALLER = Native(cpu_request=500, cpu_limit=1000, memory_limit=512 * MI)
+
+
+@FLAVOURS
+@pytest.mark.parametrize("resized_before", [False, True], ids=["annotated", "recorded"])
+def test_a_container_resized_while_its_pod_is_forgotten_moves_the_pods_values(
+    tmp_path: Path, flavour: RuntimeFlavour, resized_before: bool
+) -> None:
+    """Defect 4: the UpdateContainer of a container forgotten with its pod was not taken as a
+    resize (the plugin did not know its values before), so the pod's baseline did not move,
+    no re-check came, and kubelet's pod write after the container's stayed: 250000 and 2.5Gi
+    where ratio 2 and the mid tier give 200000 and 2Gi. The container's values before come
+    from its annotation, or from the pod's record if it was resized before."""
+    first = mid_ls("p0", "app", "side")
+    others = [mid_ls(f"p{i}") for i in (1, 2)]
+
+    async def scenario() -> tuple[HistoryNode, list[str]]:
+        node = await start_node(tmp_path, cgroup_version=1, flavour=flavour, config=RATIO_2)
+        bound_the_table(node, 2)
+        await node.run_pod(first)
+        for name in ("app", "side"):
+            assert await node.create(first.id, name) == []
+        if resized_before:
+            assert await node.resize(first.id, "app", NATIVE, "pod-after") == []
+        for pod in others:
+            await node.run_pod(pod)
+        assert first.id not in remembered(node)
+        wrong = await node.resize(first.id, "app", SMALLER, "pod-after")
+        bound_the_table(node, 3)
+        await node.synchronize()
+        await node.restart_plugin()
+        await node.stop_plugin()
+        return node, wrong
+
+    node, wrong = run(scenario())
+    assert wrong == []
+    assert node.tree.read(first.cgroup_parent) == Values(2048, 200_000, 2048 * MI)
+    assert node.mismatches() == []
+
+
+def test_a_forgotten_pod_met_again_at_update_pod_sandbox_gets_its_pod_values(
+    tmp_path: Path,
+) -> None:
+    """Defect 4: UpdatePodSandbox of a pod forgotten past the bound was ignored. Here a reload
+    into observe mode did not reach the forgotten pod, and its resize, reverted, left the
+    mid tier's 1024 shares where kubelet's 1536 are right (the model found it)."""
+    pod = mid_ls("p0")
+    others = [mid_ls(f"p{i}") for i in (1, 2)]
+
+    async def scenario() -> tuple[HistoryNode, list[str]]:
+        node = await start_node(tmp_path, cgroup_version=1, flavour=CONTAINERD_2, config=Config())
+        bound_the_table(node, 2)
+        await node.run_pod(pod)
+        assert await node.create(pod.id, "app") == []
+        assert node.tree.read(pod.cgroup_parent).shares == 1024
+        for other in others:
+            await node.run_pod(other)
+        assert pod.id not in remembered(node)
+        await node.reload(Config(observe=True))
+        wrong = await node.reverted_resize(pod.id, "app", SMALLER)
+        assert pod.id in remembered(node)
+        await node.stop_plugin()
+        return node, wrong
+
+    node, wrong = run(scenario())
+    assert wrong == []
+    assert node.tree.read(pod.cgroup_parent) == kubelet_pod(pod)
+
+
+@FLAVOURS
+def test_a_pod_met_again_keeps_its_records_containers_not_shown_yet(
+    tmp_path: Path, flavour: RuntimeFlavour
+) -> None:
+    """Defect 4: a pod met again at its next CreateContainer, after a reload out of the mid
+    tier that it missed, had its record rewritten with only the containers the plugin knew,
+    which dropped the resized app container's baseline: restarted, the plugin took the app's
+    annotation (1.5 CPUs and 2Gi, before the resize) for kubelet's and gave those back, where
+    kubelet's are 1 CPU and 512Mi."""
+    first = mid_ls("p0", "app", "side")
+    others = [mid_ls(f"p{i}") for i in (1, 2)]
+
+    async def scenario() -> HistoryNode:
+        node = await start_node(tmp_path, cgroup_version=1, flavour=flavour, config=Config())
+        bound_the_table(node, 2)
+        await node.run_pod(first)
+        assert await node.create(first.id, "app") == []
+        assert await node.resize(first.id, "app", SMALLER, "pod-after") == []
+        for pod in others:
+            await node.run_pod(pod)
+        assert first.id not in remembered(node)
+        await node.reload(Config(mid_tier=False))
+        assert await node.create(first.id, "side") == []
+        await node.remove_pod("p1")
+        await node.restart_plugin()
+        await node.stop_plugin()
+        return node
+
+    node = run(scenario())
+    assert node.tree.read(f"{first.cgroup_parent}/p0-app") == kubelet_container(SMALLER)
+    assert node.mismatches() == []
+
+
+@pytest.mark.parametrize("met_again", [False, True], ids=["written", "met-again-first"])
+def test_a_pod_forgotten_before_its_record_is_written_keeps_what_the_plugin_set(
+    tmp_path: Path, met_again: bool
+) -> None:
+    """Defect 4: a pod's record is written after the reply (an UpdateContainer's resize); a
+    pod forgotten before that lost what the record was to keep. Its record is now taken as it
+    was when the pod was forgotten: written after the reply, or restored from at once if the
+    runtime shows the pod again first."""
+    settings = settings_of(PluginConfig())
+    writer = CgroupWriter(Path(settings.cgroups.root), CgroupDriver(settings.cgroups.driver))
+    native = NativeLimits(cpu_quota=150_000, memory_limit=2048 * MI, cpu_shares=1536)
+    applied = CgroupValues(cpu_shares=1024, cpu_quota=100_000, memory_limit=1024 * MI)
+
+    async def scenario() -> tuple[PodRecord | None, CgroupValues | None]:
+        live = Live(InForce(settings, settings.compile(), writer), Known(max_pods=1))
+        after_reply = AfterReply()
+        records = Records(live, BaselineStore(tmp_path), after_reply, dry_run=False)
+        records.meet("s0", factory_pod_view(uid="u0", native=native), True)
+        live.known.set_applied("s0", applied)  # its record is written after the reply
+        records.meet("s1", factory_pod_view(uid="u1", native=native), True)
+        assert "s0" not in live.known.pods
+        if met_again:
+            live.known.max_pods = 2
+            records.meet("s0", factory_pod_view(uid="u0"), False)
+        after_reply.flush()
+        return BaselineStore(tmp_path).load("u0"), live.known.applied.get("s0")
+
+    record, restored = run(scenario())
+    if met_again:
+        assert restored == applied
+    else:
+        assert record == PodRecord(Kept(native, applied))
+
+
+def test_a_pod_met_again_at_a_resize_down_is_lowered_after_its_container(
+    tmp_path: Path,
+) -> None:
+    """Defect 4: a mid pod forgotten after its container was resized up (pod quota 400000)
+    is met again on containerd 2.x at the container's resize down, whose pod values the
+    runtime already tells. Its pod write then (100000) is refused on cgroup v1 while the
+    container still holds 400000, and nothing wrote it after the container was lowered:
+    kubelet's 512 shares stayed where the mid tier gives 1024 (the model found it)."""
+    pod = PodModel("p0", Kind.MID_LS, (ContainerModel("app", MID, SMALLER),))
+    batch = PodModel("p1", Kind.BATCH_BE, (ContainerModel("app", Extended(500, 1000), Native()),))
+
+    async def scenario() -> list[str]:
+        node = await start_node(
+            tmp_path, cgroup_version=1, flavour=CONTAINERD_2, config=Config(cfs_quota=False)
+        )
+        await node.run_pod(pod)
+        assert await node.create(pod.id, "app") == []
+        bound_the_table(node, 1)
+        assert await node.resize(pod.id, "app", Native(1000, 4000, 2048 * MI), "pod-after") == []
+        await node.run_pod(batch)
+        assert pod.id not in remembered(node)
+        wrong = await node.resize(pod.id, "app", SMALLER, "pod-after")
+        await node.stop_plugin()
+        return wrong
+
+    assert run(scenario()) == []

@@ -4,7 +4,6 @@ restored from one."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -146,23 +145,11 @@ def test_the_record_changes_only_when_what_it_must_hold_does() -> None:
     assert node.record_change("gone") is None
 
 
-def _loads(record: PodRecord | None) -> tuple[list[str], Callable[[str], PodRecord | None]]:
-    """The uids asked for, and a loader that answers `record`."""
-    asked: list[str] = []
-
-    def load(uid: str) -> PodRecord | None:
-        asked.append(uid)
-        return record
-
-    return asked, load
-
-
 def test_a_pod_met_again_under_a_new_sandbox_takes_over_the_older_s() -> None:
     node = _burstable()
     node.set_applied("s", SET)
-    asked, load = _loads(PodRecord(Kept(APP_KUBELET, None)))
-    kept = node.meet_pod("s2", pod_view(uid="u"), told=False, load=load)
-    assert asked == []  # the older sandbox is more recent than any record
+    # The older sandbox is more recent than any record: the record is passed over.
+    kept = node.meet_pod("s2", pod_view(uid="u"), PodRecord(Kept(APP_KUBELET, None)), told=False)
     assert kept.native == POD_KUBELET and node.applied["s2"] == SET
     assert node.baseline_known("s2") and "s" not in node.pods and node.containers == {}
 
@@ -170,20 +157,25 @@ def test_a_pod_met_again_under_a_new_sandbox_takes_over_the_older_s() -> None:
 @pytest.mark.parametrize("told", [False, True])
 def test_a_pod_met_unknown_is_restored_from_its_record(told: bool) -> None:
     node = Known()
-    asked, load = _loads(PodRecord(Kept(POD_KUBELET, SET)))
     told_native = NativeLimits(cpu_shares=2)
     view = pod_view(uid="u", native=told_native if told else None)
-    kept = node.meet_pod("s", view, told=told, load=load)
-    assert asked == ["u"]
+    kept = node.meet_pod("s", view, PodRecord(Kept(POD_KUBELET, SET)), told=told)
     # What the runtime or the QoS class tells wins; what the plugin set carries over.
     assert kept.native == (told_native if told else POD_KUBELET)
     assert node.applied["s"] == SET and node.baseline_known("s")
 
 
+def test_a_pod_met_with_kept_first_takes_its_records_baseline_over_the_told_one() -> None:
+    """An UpdatePodSandbox's pod carries the resize it asks for, which may yet fail."""
+    node = Known()
+    view = pod_view(uid="u", native=NativeLimits(cpu_shares=2))
+    kept = node.meet_pod("s", view, PodRecord(Kept(POD_KUBELET, SET)), told=True, kept_first=True)
+    assert kept.native == POD_KUBELET
+
+
 def test_a_pod_met_with_no_record_is_a_guess_unless_told() -> None:
     node = Known()
-    _, load = _loads(None)
-    node.meet_pod("s", pod_view(uid="u"), told=False, load=load)
+    node.meet_pod("s", pod_view(uid="u"), None, told=False)
     assert not node.baseline_known("s") and "s" not in node.applied
 
 
