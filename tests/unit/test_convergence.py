@@ -28,9 +28,9 @@ from nri_midbatch.policy import NativeLimits
 from nri_midbatch.process.status import _rows, _workloads
 from nri_midbatch.rpc.errors import RpcError
 from tests import factory
-from tests.factory import model_pod
+from tests.factory import APP_MID, model_pod
 from tests.fake_cgroups import KERNEL_RULES, FakeTree
-from tests.oracle.model import MI, Config, Kind, Native, PodModel
+from tests.oracle.model import MI, Config, ContainerModel, Kind, Native, PodModel
 from tests.oracle.targets import Values, kubelet_pod
 
 from .history_harness import (
@@ -385,4 +385,75 @@ def test_each_trigger_raises_a_pod_before_its_container_on_cgroup_v1(
 
     drifting, wrong = run(scenario())
     assert {w.split(":")[0] for w in drifting} == {"pod mid", "container mid-app"}
+    assert wrong == []
+
+
+HALF_GI = Native(cpu_request=500, cpu_limit=1000, memory_limit=512 * MI)
+REQUEST_ONLY = Native(cpu_request=250)
+
+
+@pytest.mark.parametrize("version", [1, 2], ids=["cgroup-v1", "cgroup-v2"])
+def test_a_pod_whose_baseline_was_never_read_takes_kubelets_limit_written_after_a_resize(
+    tmp_path: Path, version: int
+) -> None:
+    """A history the model found (issue 34): on containerd 1.7 (no pod resources told) no
+    tier claims a mid pod at its RunPodSandbox, so the plugin never reads its baseline; a
+    container's memory limit goes 512Mi -> 2Gi, kubelet writing the pod's limit after the
+    container's. Before, the plugin read the pod cgroup after its reply, before that write,
+    and kept the old limit as kubelet's: the mid tier, turned on later, was capped by it."""
+    pod = PodModel(
+        "mid",
+        Kind.MID_LS,
+        (ContainerModel("app", APP_MID, HALF_GI), ContainerModel("side", APP_MID, HALF_GI)),
+    )
+    bigger = Native(cpu_request=1000, cpu_limit=4000, memory_limit=2048 * MI)
+
+    async def scenario() -> tuple[int, list[str], list[str]]:
+        node = await node_with(tmp_path, CONTAINERD_1_7, Config(mid_tier=False), pod, version)
+        resized = await node.resize(pod.id, "app", bigger, "pod-after")
+        kubelets = node.tree.read(pod.cgroup_parent).memory
+        await node.reload(Config())
+        wrong = node.mismatches()
+        await node.stop_plugin()
+        return kubelets, resized, wrong
+
+    kubelets, resized, wrong = run(scenario())
+    assert kubelets == kubelet_pod(pod.resized("app", bigger)).memory == 2560 * MI
+    assert resized == []
+    assert wrong == []
+
+
+@pytest.mark.parametrize("version", [1, 2], ids=["cgroup-v1", "cgroup-v2"])
+def test_a_resize_of_a_pod_kubelet_leaves_unlimited_never_takes_the_plugins_values(
+    tmp_path: Path, version: int
+) -> None:
+    """A history the model found (issue 34): on containerd 2.x a mid pod whose containers
+    have no limits, which kubelet leaves unlimited, holds the mid tier's values; its one
+    created container gets limits (the other, not created yet, has none). The plugin guessed
+    the pod newly limited and read its cgroup back: before, it took its own values there as
+    kubelet's, and a reload into observe mode left them in place of kubelet's unlimited."""
+    pod = PodModel(
+        "mid",
+        Kind.MID_LS,
+        (
+            ContainerModel("app", APP_MID, REQUEST_ONLY),
+            ContainerModel("side", APP_MID, REQUEST_ONLY),
+        ),
+        Native(cpu_request=250, cpu_limit=250, memory_limit=64 * MI),
+    )
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        node = await start_node(
+            tmp_path, cgroup_version=version, flavour=CONTAINERD_2, config=Config()
+        )
+        await node.run_pod(pod)
+        assert await node.create(pod.id, "app") == []
+        resized = await node.resize(pod.id, "app", HALF_GI, "pod-after")
+        await node.reload(Config(observe=True))
+        wrong = node.mismatches()
+        await node.stop_plugin()
+        return resized, wrong
+
+    resized, wrong = run(scenario())
+    assert resized == []
     assert wrong == []
