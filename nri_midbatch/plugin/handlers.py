@@ -53,7 +53,7 @@ from nri_midbatch.plugin.writes import Writes
 from nri_midbatch.policy import NativeLimits, PodView, QoSClass, decide_pod
 from nri_midbatch.policy.classify import qos_from_cgroup_parent
 from nri_midbatch.rpc.errors import RpcError
-from nri_midbatch.state.baseline import newly_limited, told_pod_baseline
+from nri_midbatch.state.baseline import kubelets_after_resize, told_pod_baseline
 from nri_midbatch.state.known import Known
 from nri_midbatch.state.plan import Plan, plan, quota_in_force, raises_quota
 from nri_midbatch.state.store import BaselineStore
@@ -139,6 +139,9 @@ class MidBatchPlugin:
         #: read (containerd 1.7): read again at the re-checks; and pods whose lowered values
         #: cgroup v1 refused before the runtime lowered their container: written again then.
         self._awaiting_kubelet: set[str] = set()
+        #: Pods resized whose baseline is not known for sure, until it is read back: their
+        #: baseline before the resize, and what their cgroup held at it (None: not read).
+        self._resized: dict[str, tuple[NativeLimits, NativeLimits | None]] = {}
 
     def _apply_config(self, config: Settings) -> None:
         """Put `config` in force, with the policy and the writer it implies."""
@@ -303,7 +306,7 @@ class MidBatchPlugin:
         if entry is not None:
             known.note_set(container_id, decided.claimed)
         if moved is not None and pod.id in known.pods:
-            self._follow_resize(pod.id, moved)
+            self._follow_resize(pod.id, moved, resized_from=view.native)
         elif known.is_recorded(container_id):
             self._records.keep_later(pod.id)
         if decided.values is None:
@@ -312,15 +315,22 @@ class MidBatchPlugin:
             self.counters.count_adjusted("UpdateContainer", fields=set_fields(decided.values))
         return [container_update(container_id, decided.values)]
 
-    def _follow_resize(self, pod_id: str, view: PodView) -> None:
+    def _follow_resize(
+        self, pod_id: str, view: PodView, *, resized_from: NativeLimits | None = None
+    ) -> None:
         """A container of the pod was resized: its pod's values follow its new baseline.
 
         Raised now, before the reply (on cgroup v1 the container's new quota may not fit the
         old pod quota); lowered after it, once the runtime has applied the container's update.
-        The pod's record keeps the new baselines.
+        The pod's record keeps the new baselines. A pod whose baseline is not known for sure
+        (`resized_from`: as it was before the resize) has it read back once kubelet has written it:
+        what its cgroup holds now is noted, to tell kubelet's write from it.
         """
         in_force = self.live.in_force
         if in_force.pod_level and not self.live.known.baseline_known(pod_id):
+            if resized_from is not None and pod_id not in self._resized:
+                read = self._records.read_pod(view, None)
+                self._resized[pod_id] = (resized_from, None if read is None else read[0])
             self.after_reply.defer(self._follow_resize_later, pod_id)
         elif in_force.pod_level:
             target = self._decide.pod(pod_id, view, "UpdateContainer", refuse=False)
@@ -342,24 +352,33 @@ class MidBatchPlugin:
             self._awaiting_kubelet.add(pod_id)
 
     def _follow_resize_later(self, pod_id: str, *, final: bool = False) -> None:
-        """A newly limited pod's baseline read back from its cgroup, then its values written.
+        """A resized pod's baseline read back from its cgroup, then its values written.
 
-        Kubelet writes a pod's new limit after the containers when a resize lowers them: a
-        read that still finds the pod unlimited where kubelet's formula limits it came before
-        kubelet's write, and is tried again at the pod's re-checks (`final`: the last one).
+        Kubelet writes a pod's new values after the containers when a resize lowers them
+        (and may for any resize): a read that finds a value as it was at the resize, still
+        unlimited where kubelet's formula limits it, or the plugin's own, came before
+        kubelet's write (or kubelet writes none there), and is tried again at the pod's
+        re-checks (`final`: the last one; state/baseline.py, `kubelets_after_resize`).
         """
         known = self.live.known
         view = known.pods.get(pod_id)
         if view is None:
             self._awaiting_kubelet.discard(pod_id)
+            self._resized.pop(pod_id, None)
             return
         if not known.baseline_known(pod_id):
-            kept = self._records.establish_pod_baseline(pod_id, view)
-            if not final and newly_limited(kept.native, view.native):
-                known.guess_pod_baseline(pod_id, view)
-                self._awaiting_kubelet.add(pod_id)
-                return
+            before, at_resize = self._resized.get(pod_id, (view.native, None))
+            read = self._records.read_pod(view, known.applied.get(pod_id))
+            if read is not None:
+                native = kubelets_after_resize(
+                    read[0], view.native, before, at_resize, read[1], final=final
+                )
+                if native is None:
+                    self._awaiting_kubelet.add(pod_id)
+                    return
+                known.learn_pod_baseline(pod_id, replace(view, native=native))
         self._awaiting_kubelet.discard(pod_id)
+        self._resized.pop(pod_id, None)
         view = known.pods[pod_id]
         target = self._decide.pod(pod_id, view, "UpdateContainer", refuse=False)
         if target is not None:

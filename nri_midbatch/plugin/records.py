@@ -33,12 +33,17 @@ from dataclasses import replace
 import structlog
 
 from nri_midbatch.api import nri_pb2 as api
-from nri_midbatch.cgroups.values import baseline_of
+from nri_midbatch.cgroups.values import (
+    CgroupReading,
+    baseline_of,
+    cpu_shares_to_weight,
+    cpu_weight_to_shares,
+)
 from nri_midbatch.deferred import AfterReply
 from nri_midbatch.plugin.cgroup_writer import CgroupUnreadable
 from nri_midbatch.plugin.codec import running_view
 from nri_midbatch.plugin.context import Live
-from nri_midbatch.policy import PodView
+from nri_midbatch.policy import CgroupValues, NativeLimits, PodView
 from nri_midbatch.state.known import split_path
 from nri_midbatch.state.store import BaselineStore, PodRecord
 
@@ -128,16 +133,41 @@ class Records:
         its record nor its QoS told (containerd 1.7 sends no pod resources). A replay reads
         nothing; an unreadable cgroup leaves the view as it is, and its write says why.
         """
-        if self._dry_run:
-            return view
-        try:
-            reading = self._live.in_force.cgroups.read(view)
-        except CgroupUnreadable as exc:
-            log.debug("pod cgroup not readable", error=str(exc), pod=view.name)
+        reading = self._read(view)
+        if reading is None:
             return view
         kept = replace(view, native=baseline_of(reading, view.native))
         self._live.known.learn_pod_baseline(pod_id, kept)
         return kept
+
+    def read_pod(
+        self, view: PodView, applied: CgroupValues | None
+    ) -> tuple[NativeLimits, NativeLimits | None] | None:
+        """What the pod's cgroup holds now, as kubelet's values would be (`baseline_of`), and
+        `applied` (what the plugin set there) as the cgroup gives it back (cgroup v2 keeps
+        a weight); None where nothing is read (a replay, an unreadable cgroup). Learns
+        nothing: the caller tells whose values they are."""
+        reading = self._read(view)
+        if reading is None:
+            return None
+        if applied is None:
+            return baseline_of(reading, view.native), None
+        shares = applied.cpu_shares
+        if shares is not None and reading.cpu_weight is not None:
+            shares = cpu_weight_to_shares(cpu_shares_to_weight(shares))
+        mine = NativeLimits(
+            cpu_quota=applied.cpu_quota, memory_limit=applied.memory_limit, cpu_shares=shares
+        )
+        return baseline_of(reading, view.native), mine
+
+    def _read(self, view: PodView) -> CgroupReading | None:
+        if self._dry_run:
+            return None
+        try:
+            return self._live.in_force.cgroups.read(view)
+        except CgroupUnreadable as exc:
+            log.debug("pod cgroup not readable", error=str(exc), pod=view.name)
+            return None
 
     def keep_forgotten_later(self) -> None:
         """`keep_forgotten` after the reply, if a pod was forgotten (adding a pod or a

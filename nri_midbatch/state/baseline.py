@@ -21,6 +21,7 @@ __all__ = [
     "Target",
     "in_force",
     "kubelet_value",
+    "kubelets_after_resize",
     "moved_by",
     "newly_limited",
     "resized_pod_baseline",
@@ -166,6 +167,55 @@ def newly_limited(before: NativeLimits, after: NativeLimits) -> bool:
     return (before.cpu_quota is None and after.cpu_quota is not None) or (
         before.memory_limit is None and after.memory_limit is not None
     )
+
+
+def kubelets_after_resize(
+    read: NativeLimits,
+    moved: NativeLimits,
+    before: NativeLimits,
+    at_resize: NativeLimits | None,
+    applied: NativeLimits | None,
+    *,
+    final: bool,
+) -> NativeLimits | None:
+    """Kubelet's pod values after a resize, read back from the pod's cgroup (`read`); None:
+    kubelet has not written them yet, the read is tried again at the pod's next re-check.
+
+    `moved`: the baseline as the resize moved it, a guess (kubelet's limit also counts
+    containers not created yet and the overhead, which the runtime may not tell); `before`:
+    the baseline before the resize; `at_resize`: what the cgroup held at the resize (None:
+    not read); `applied`: what the plugin set there, as the cgroup gives it back. A field
+    the resize moves that still holds what it held at the resize, a field still unlimited
+    where the guess limits it, and a field holding the plugin's own value are not kubelet's
+    new values (yet). At the last re-check (`final`) kubelet has written what it writes: a
+    field that holds the plugin's value then keeps kubelet's value before the resize where
+    the guess newly limits it (kubelet left it unlimited), else the guess's; the others are
+    what is read.
+    """
+    values: dict[str, int | None] = {}
+    pending = False
+    for name in ("cpu_quota", "memory_limit", "cpu_shares"):
+        value, guess, old = getattr(read, name), getattr(moved, name), getattr(before, name)
+        mine = applied is not None and _is_set(name, getattr(applied, name), value)
+        stale = at_resize is not None and guess != old and value == getattr(at_resize, name)
+        unwritten = name != "cpu_shares" and guess is not None and value is None
+        pending = pending or mine or stale or unwritten
+        if mine:
+            value = old if name != "cpu_shares" and old is None else guess
+        values[name] = value
+    if pending and not final:
+        return None
+    return NativeLimits(
+        cpu_quota=values["cpu_quota"],
+        cpu_period=read.cpu_period,
+        memory_limit=values["memory_limit"],
+        cpu_shares=values["cpu_shares"],
+    )
+
+
+def _is_set(name: str, applied: int | None, value: int | None) -> bool:
+    """Whether the cgroup holds `applied`, a value the plugin set (None: not set there)."""
+    return applied is not None and _as_file(name, applied) == _as_file(name, value)
 
 
 def told_pod_baseline(

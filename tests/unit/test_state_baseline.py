@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from nri_midbatch.policy import CgroupValues, Decision, NativeLimits
 from nri_midbatch.state.baseline import (
     in_force,
+    kubelets_after_resize,
     moved_by,
     resized_pod_baseline,
     target,
@@ -89,6 +92,37 @@ def test_update_pod_sandbox_never_takes_the_plugins_values_back_as_kubelets() ->
 
 def _decision(values: CgroupValues | None, error: str | None = None) -> Decision:
     return decide(pod_view())._replace(tier="batch", values=values, error=error)
+
+
+def test_a_pods_limit_read_back_after_a_resize_is_kubelets_once_it_moved() -> None:
+    """Memory 1Gi -> 2Gi: the read finds 1Gi, as at the resize, until kubelet writes."""
+    old, new = NativeLimits(memory_limit=1 << 30), NativeLimits(memory_limit=2 << 30)
+    guess = NativeLimits(memory_limit=(2 << 30) - 64 * MI)  # without the overhead
+    unknown = NativeLimits()
+
+    def after(read: NativeLimits, *, final: bool = False) -> NativeLimits | None:
+        return kubelets_after_resize(read, guess, unknown, old, None, final=final)
+
+    assert after(old) is None
+    assert after(new) == new
+    assert after(old, final=True) == old  # at the last re-check, what is there
+
+
+def test_a_pods_read_back_never_takes_the_plugins_values_as_kubelets() -> None:
+    """A pod kubelet leaves unlimited holds the plugin's values; the resize guessed it newly
+    limited (a container not created yet has no limit)."""
+    before = NativeLimits(cpu_shares=768)
+    guess = NativeLimits(cpu_quota=100_000, memory_limit=512 * MI, cpu_shares=1024)
+    mine = NativeLimits(cpu_quota=400_000, memory_limit=2048 * MI, cpu_shares=3072)
+
+    def after(read: NativeLimits, *, final: bool = False) -> NativeLimits | None:
+        return kubelets_after_resize(read, guess, before, mine, mine, final=final)
+
+    assert after(mine) is None
+    assert after(replace(mine, cpu_shares=1024)) is None
+    # Kubelet wrote the shares only: the limits it left unlimited stay so.
+    assert after(replace(mine, cpu_shares=1024), final=True) == NativeLimits(cpu_shares=1024)
+    assert after(mine, final=True) == NativeLimits(cpu_shares=1024)  # the shares guessed
 
 
 def test_a_target_enforced_claims_the_tier_s_values() -> None:
