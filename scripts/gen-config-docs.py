@@ -396,9 +396,10 @@ field the plugin never set is never touched: it may be another plugin's.
   overhead the runtime sends (containerd 2.x), or on a runtime that sends none (containerd
   1.7) its cgroup files. Kept by the pod's record.
 - **A pod after a resize**: moved by its container's change (kubelet's pod limit is the sum
-  of its containers' plus the overhead); a pod that gains a limit it did not have is read
-  back from its cgroup after the reply, once kubelet has written it; on NRI v0.10+ the new
-  pod resources of `UpdatePodSandbox`. Kept by the pod's record.
+  of its containers' plus the overhead); a pod that gains a limit it did not have, or whose
+  baseline the plugin never read (no tier claimed it at its `RunPodSandbox`), is read back
+  from its cgroup after the reply, once kubelet has written it; on NRI v0.10+ the new pod
+  resources of `UpdatePodSandbox`. Kept by the pod's record.
 - **A pod in a new sandbox**: a pod is its uid, not its sandbox. Kubelet runs a new sandbox
   for a pod whose sandbox died (a dead pause container, a node restart) with the same uid
   and in the same pod cgroup, which still holds the plugin's values, and removes the old
@@ -453,11 +454,16 @@ could not be read, written or removed:
   cpu-normalization at a `Synchronize`, as what it holds may be an earlier plugin's.
 - **Init containers** are not kept: kubelet's pod cgroup already holds their share of the
   pod's values at `RunPodSandbox`, and a resize moves the pod by the resized container only.
-- **A pod that becomes limited by a resize** (every container limited, where one was not)
-  is read back from its cgroup after the `UpdateContainer` reply; while the cgroup is still
-  unlimited there (kubelet writes the pod after the containers) it is read again at the
-  pod's re-checks (0.3 s and 2 s later), and if kubelet has not written its new pod limit
-  by the last one, the plugin takes what the cgroup holds.
+- **A pod that becomes limited by a resize** (every container limited, where one was not;
+  a container not created yet may still leave it unlimited), or whose baseline the plugin
+  never read, is read back from its cgroup after the `UpdateContainer` reply. A value the
+  resize moves that the cgroup still holds as at the `UpdateContainer`, a limit still
+  unlimited there, and a value the plugin set itself are not taken as kubelet's (kubelet
+  writes the pod after the containers, or leaves it): read again at the pod's re-checks
+  (0.3 s and 2 s later). At the last one the plugin takes what the cgroup holds, but where
+  it holds the plugin's own value: a limit kubelet had left unlimited then stays unlimited,
+  other values are the container's change added to the pod's. Of such a pod, a resize
+  kubelet writes first (its order for an increase) is known only at the last re-check.
 - **A resized pod on cgroup v2 under containerd 1.7**: the pod's shares are known only from
   its `cpu.weight`, which a range of about 26 shares gives; the plugin takes the fewest, and
   a resize moves them by the container's change. The weight it gives back can then be one
